@@ -1,0 +1,3 @@
+from repo_manager.cli import main
+
+main()

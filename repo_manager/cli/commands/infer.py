@@ -1,0 +1,57 @@
+"""`trm infer`: send one request and print the answer."""
+
+from __future__ import annotations
+
+import click
+import numpy as np
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.errors import UsageError
+from repo_manager.inputs import load_input_files
+from repo_manager.serving import embedded_server, model_config_for, text_inputs
+from repo_manager.triton.client import TritonClient
+
+
+@cli.command("infer")
+@click.argument("name")
+@click.option("--text", "texts", multiple=True, help="Text for a model with one STRING input (repeatable).")
+@click.option("--input", "input_files", multiple=True, help="NAME=FILE.npy for tensor models (repeatable).")
+@click.option("--version", type=int, help="Default: the version the server routes to (the latest).")
+@repo_option
+@url_option
+@json_option
+@pass_ctx
+def infer_command(ctx: Context, name: str, texts: tuple[str, ...], input_files: tuple[str, ...],
+                  version: int | None, repository: str | None, triton_url: str | None) -> None:
+    """Send one request to NAME (embedded server on the repository, or --url) and print the outputs."""
+    if bool(texts) == bool(input_files):
+        raise UsageError("give either --text or --input")
+    settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
+    if settings.triton_url:
+        with TritonClient(settings.triton_url) as client:
+            client.require_ready()
+            outputs = _run(settings, client, name, texts, input_files, version)
+    else:
+        ctx.progress("starting an embedded tritonserver")
+        with embedded_server(settings, [name], http_port=0, grpc_port=0, metrics_port=0) as info, \
+                TritonClient(info.endpoints.http) as client:
+            outputs = _run(settings, client, name, texts, input_files, version)
+    data = {"model": name, "outputs": {k: _jsonable(v) for k, v in outputs.items()},
+            "shapes": {k: list(v.shape) for k, v in outputs.items()}}
+    text = "\n".join(f"{k} {list(v.shape)} {v.dtype}:\n{np.array2string(v, threshold=20, precision=5)}"
+                     for k, v in outputs.items())
+    ctx.emit(data, text)
+
+
+def _run(settings, client, name, texts, input_files, version):
+    if texts:
+        inputs = text_inputs(model_config_for(settings, client, name), list(texts))
+    else:
+        inputs = load_input_files(list(input_files))
+    return client.infer(name, inputs, version=version)
+
+
+def _jsonable(array: np.ndarray):
+    if array.dtype.kind in ("O", "S"):
+        return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in array.ravel()]
+    return array.tolist()

@@ -1,0 +1,58 @@
+"""`trm publish model`."""
+
+from __future__ import annotations
+
+import click
+
+from repo_manager import config as cfg
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.publish import publish_model
+
+
+@cli.group()
+def publish() -> None:
+    """Publish checkpoints as new versions of the repository."""
+
+
+@publish.command("model")
+@click.argument("source", type=click.Path())
+@click.option("--name", required=True, help="Model name in the repository.")
+@click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface"]),
+              help="Source format (default: detected).")
+@repo_option
+@url_option
+@click.option("--max-batch-size", type=int, help="0 disables batching; default: 8 when the model has a "
+              "batch axis.")
+@click.option("--instances", "instance_count", type=int, default=1, show_default=True,
+              help="Model instances.")
+@click.option("--instance-kind", type=click.Choice(["CPU", "GPU", "AUTO"], case_sensitive=False),
+              default="CPU", show_default=True)
+@click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True)
+@click.option("--warmup/--no-warmup", default=True, show_default=True,
+              help="Add a model_warmup block so a loaded version is warm before traffic.")
+@click.option("--input", "inputs", multiple=True, help="NAME:TYPE:DIMS for Python models without "
+              "config.pbtxt, e.g. TEXT:STRING:1.")
+@click.option("--output", "outputs", multiple=True, help="NAME:TYPE:DIMS, as --input.")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Load the version on a real Triton and compare its answers with the source.")
+@json_option
+@pass_ctx
+def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None, repository: str | None,
+                          triton_url: str | None, max_batch_size: int | None, instance_count: int,
+                          instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
+                          outputs: tuple[str, ...], verify: bool) -> None:
+    """Publish SOURCE (an .onnx file or a Python-backend folder) as the next version of --name."""
+    settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
+    options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
+                                instance_kind=instance_kind.upper(), dynamic_batching=dynamic_batching,
+                                warmup=warmup)
+    result = publish_model(settings, source, name, fmt=fmt, options=options,
+                           inputs=[cfg.TensorSpec.parse(s) for s in inputs],
+                           outputs=[cfg.TensorSpec.parse(s) for s in outputs],
+                           verify_model=verify, progress=ctx.progress)
+    worst = result.verification.get("worst_abs_diff") or {}
+    check = ("not verified" if not result.verified else
+             f"verified on Triton ({result.verification.get('samples')} requests"
+             + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
+    ctx.emit(result.to_dict(), f"published {result.model} version {result.version} "
+                               f"({result.files} files, {result.bytes} bytes) at {result.path}; {check}")

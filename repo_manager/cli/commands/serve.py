@@ -1,0 +1,35 @@
+"""`trm serve`: the embedded Triton server on the local repository."""
+
+from __future__ import annotations
+
+import click
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.serving import embedded_server, wait_for_signal
+
+
+@cli.command("serve")
+@repo_option
+@click.option("--http-port", type=int, help="Default: settings http_port (8000); 0 picks a free port.")
+@click.option("--grpc-port", type=int, help="Default: settings grpc_port (8001).")
+@click.option("--metrics-port", type=int, help="Default: settings metrics_port (8002).")
+@click.option("--model", "models", multiple=True, help="Load only these models (default: all).")
+@click.option("--tritonserver", help="tritonserver binary (default: $PATH, then nvidia-pytriton's).")
+@json_option
+@pass_ctx
+def serve_command(ctx: Context, repository: str | None, http_port: int | None, grpc_port: int | None,
+                  metrics_port: int | None, models: tuple[str, ...], tritonserver: str | None) -> None:
+    """Start a real tritonserver (explicit model control) on the repository until Ctrl-C / SIGTERM."""
+    settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
+    ctx.progress(f"starting tritonserver on {settings.repository}")
+    with embedded_server(settings, list(models), http_port=http_port, grpc_port=grpc_port,
+                         metrics_port=metrics_port) as info:
+        loaded = ", ".join(f"{m}:{v}" for m, v in info.models.items()) or "none"
+        text = (f"Triton ready  http {info.endpoints.http}  grpc {info.endpoints.grpc}  "
+                f"metrics {info.endpoints.metrics}\nmodels: {loaded}\nlog: {info.log}\nCtrl-C to stop")
+
+        def announce() -> None:
+            ctx.emit({"status": "ready", **info.to_dict()}, text)
+
+        signum = wait_for_signal(announce)
+        ctx.progress(f"signal {signum}: stopping (in-flight requests finish)")

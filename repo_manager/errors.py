@@ -1,0 +1,134 @@
+"""Every error trm raises on purpose, and the exit code each one maps to.
+
+Errors carry the facts (model, version, path, server URL) as attributes and a one-line message that says
+what happened; ``hint`` says what fixes it. The CLI boundary (``repo_manager.cli.main``) is the only place
+that turns them into text and exit codes. Anything that is not a ``TrmError`` is a bug: exit code 1 and a
+traceback with ``--verbose``.
+
+Exit codes (documented in README.md, relied on by CI pipelines):
+
+====  ===========================  ==========================================================
+code  class                        meaning
+====  ===========================  ==========================================================
+0     -                            success
+1     (any other exception)        internal error: a bug in trm
+2     UsageError                   bad command-line usage (also click's own usage errors)
+3     InputError                   bad input: missing/corrupt source, bad name, malformed config
+4     NotFoundError                a model, version, environment or object does not exist
+5     VerificationError            a published model did not answer as its source does
+6     ServerError                  Triton is down, unreachable, or refused an operation
+7     StoreError                   the remote store (S3 or folder) failed or holds bad data
+8     ConflictError                lost a race (version number, environment pointer): retry
+9     GateError                    an SLO, a promotion gate or a health check was not met
+10    RolledBackError              a rollout failed and was rolled back
+11    CompatibilityError           an engine cannot run on this node (GPU, driver, memory)
+====  ===========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+
+class TrmError(Exception):
+    """Base of all expected failures. ``hint`` tells the user what to do next."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None, **facts: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.facts = {k: v for k, v in facts.items() if v is not None}
+        self.reported = False
+        """True when the command already printed its result (e.g. a validation report) to stdout."""
+
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {"kind": self.kind, "message": self.message, "exit_code": self.exit_code}
+        if self.hint:
+            data["hint"] = self.hint
+        data.update({k: str(v) for k, v in self.facts.items()})
+        return data
+
+
+class UsageError(TrmError):
+    exit_code = 2
+    kind = "usage"
+
+
+class InputError(TrmError):
+    """The user's input (a file, a folder, a name, a config) is wrong; nothing was changed."""
+
+    exit_code = 3
+    kind = "input"
+
+
+class ConfigError(InputError):
+    """A config.pbtxt or a trm settings file cannot be parsed or is not valid."""
+
+    kind = "config"
+
+
+class NotFoundError(TrmError):
+    exit_code = 4
+    kind = "not_found"
+
+
+class VerificationError(TrmError):
+    """The model loaded but its answers differ from the reference, or it did not load at all."""
+
+    exit_code = 5
+    kind = "verification"
+
+
+class ServerError(TrmError):
+    """Triton is not reachable, did not start, or refused a request."""
+
+    exit_code = 6
+    kind = "server"
+
+
+class ServerStartError(ServerError):
+    kind = "server_start"
+
+
+class ModelLoadError(ServerError):
+    kind = "model_load"
+
+
+class StoreError(TrmError):
+    exit_code = 7
+    kind = "store"
+
+
+class IntegrityError(StoreError):
+    """Data whose size or sha256 does not match its manifest, or a manifest that is hostile."""
+
+    kind = "integrity"
+
+
+class ConflictError(TrmError):
+    """Another writer won a race (a version number, an environment pointer)."""
+
+    exit_code = 8
+    kind = "conflict"
+
+
+class GateError(TrmError):
+    """A measured requirement was not met: an SLO, a promotion gate, a check."""
+
+    exit_code = 9
+    kind = "gate"
+
+
+class RolledBackError(TrmError):
+    """A rollout step failed; every changed server was rolled back. ``reason`` says which step."""
+
+    exit_code = 10
+    kind = "rolled_back"
+
+
+class CompatibilityError(TrmError):
+    """An engine or model cannot run on this node: GPU architecture, driver, memory."""
+
+    exit_code = 11
+    kind = "compatibility"

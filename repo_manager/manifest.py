@@ -1,0 +1,178 @@
+"""A version's manifest: the record that makes a version complete.
+
+One JSON file, ``trm-manifest.json``, inside the version folder (Triton ignores it). It lists every file
+of the version with its size and sha256, where the version came from, the exact config it was validated
+with, the verification results and, once tuned, the tuning record. A version folder without a manifest
+is not a version: every reader in trm ignores it. The same document is the manifest object in a remote
+store (``models/<model>/versions/<N>.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import posixpath
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from repo_manager.errors import InputError, IntegrityError
+
+MANIFEST_NAME = "trm-manifest.json"
+SCHEMA = "trm.manifest/1"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Triton model names: no path separators; trm also refuses leading dots and '..' (hidden / traversal).
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+CHUNK = 4 * 1024 * 1024
+
+
+def check_model_name(name: str) -> str:
+    if not isinstance(name, str) or not _MODEL_NAME.match(name) or ".." in name:
+        raise InputError(f"model name {name!r} is not allowed",
+                         hint="use letters, digits, '_', '-' and '.', no path separators and no '..'")
+    return name
+
+
+def check_version(version: object) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InputError(f"version {version!r} is not a positive integer")
+    return version
+
+
+def check_relative_path(path: str) -> str:
+    """A file path inside a version folder: relative, POSIX, no '..', no empty or hidden-trick parts."""
+    if not isinstance(path, str) or not path or "\\" in path or "\x00" in path:
+        raise IntegrityError(f"file path {path!r} is not allowed in a manifest")
+    if path.startswith("/") or posixpath.normpath(path) != path or path.split("/")[0] == "..":
+        raise IntegrityError(f"file path {path!r} leaves the version folder")
+    if any(part in ("", ".", "..") for part in path.split("/")) or path == MANIFEST_NAME:
+        raise IntegrityError(f"file path {path!r} is not allowed in a manifest")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    found: dict[str, str] = {"python": platform.python_version()}
+    for name in ("trm", *names):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+
+    def check(self) -> FileEntry:
+        check_relative_path(self.path)
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise IntegrityError(f"file {self.path!r} has an invalid size {self.size!r}")
+        if not isinstance(self.sha256, str) or not _HEX64.match(self.sha256):
+            raise IntegrityError(f"file {self.path!r} has an invalid sha256 {self.sha256!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: str
+    version: int
+    files: tuple[FileEntry, ...]
+    config: str
+    """config.pbtxt text the version was validated with."""
+    source: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    verification: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, Any] | None = None
+    members: dict[str, int] = field(default_factory=dict)
+    """For ensembles: composing model -> the version it was verified with."""
+    created_at: str = ""
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["files"] = [asdict(f) for f in self.files]
+        return data
+
+    def to_json(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @classmethod
+    def from_dict(cls, data: Any, origin: str = "manifest") -> Manifest:
+        """Parse and check a manifest, refusing anything hostile (bad names, paths, sizes, hashes)."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise IntegrityError(f"{origin} is not a trm manifest (schema {SCHEMA})")
+        try:
+            model = check_model_name(data["model"])
+            version = check_version(data["version"])
+            files = tuple(FileEntry(str(f["path"]), f["size"], f["sha256"]).check() for f in data["files"])
+            config = data["config"]
+            if not isinstance(config, str):
+                raise TypeError("config")
+        except (KeyError, TypeError, InputError) as exc:
+            raise IntegrityError(f"{origin} is malformed: {exc}") from exc
+        paths = [f.path for f in files]
+        if len(set(paths)) != len(paths):
+            raise IntegrityError(f"{origin} lists a file twice")
+        for path in paths:  # a file may not also be a folder of another file
+            if any(other.startswith(path + "/") for other in paths):
+                raise IntegrityError(f"{origin}: {path!r} is both a file and a folder")
+        members = data.get("members") or {}
+        for member, member_version in members.items():
+            check_model_name(member)
+            check_version(member_version)
+        return cls(model=model, version=version, files=files, config=config,
+                   source=data.get("source") or {}, environment=data.get("environment") or {},
+                   verification=data.get("verification") or {}, tuning=data.get("tuning"),
+                   members=dict(members), created_at=str(data.get("created_at", "")))
+
+    @classmethod
+    def from_json(cls, payload: bytes | str, origin: str = "manifest") -> Manifest:
+        try:
+            data = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise IntegrityError(f"{origin} is not valid JSON") from exc
+        return cls.from_dict(data, origin)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def scan_files(folder: Path) -> tuple[FileEntry, ...]:
+    """FileEntry for every regular file under ``folder`` (sorted), except the manifest.
+
+    Symlinks are refused: a version must be self-contained and cannot point outside itself.
+    """
+    entries = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            raise InputError(f"{path} is a symbolic link; a version must hold real files")
+        if path.is_dir() or rel == MANIFEST_NAME:
+            continue
+        entries.append(FileEntry(rel, path.stat().st_size, sha256_file(path)))
+    return tuple(entries)
+
+
+def read_manifest(version_dir: Path) -> Manifest:
+    path = version_dir / MANIFEST_NAME
+    return Manifest.from_json(path.read_bytes(), str(path))

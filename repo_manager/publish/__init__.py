@@ -1,0 +1,34 @@
+"""Publishing: source formats (ONNX, Python-backend folders, Hugging Face checkpoints) into versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from repo_manager import config as cfg
+from repo_manager.errors import InputError
+from repo_manager.manifest import check_model_name
+from repo_manager.publish.core import Progress, PublishResult, _quiet, detect_format, run_publish
+from repo_manager.settings import Settings
+
+__all__ = ["publish_model", "PublishResult"]
+
+
+def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str | None = None,
+                  options: cfg.ConfigOptions | None = None, inputs: list[cfg.TensorSpec] | None = None,
+                  outputs: list[cfg.TensorSpec] | None = None, verify_model: bool = True,
+                  progress: Progress = _quiet, **format_options) -> PublishResult:
+    """Publish ``source`` as the next version of ``name`` in ``settings.repository``."""
+    check_model_name(name)
+    source = Path(source)
+    options = options or cfg.ConfigOptions()
+    fmt = fmt or detect_format(source)
+    if fmt == "onnx":
+        from repo_manager.publish.onnx import build_onnx  # noqa: PLC0415
+        build = build_onnx(source, options)
+    elif fmt == "python":
+        from repo_manager.publish.python_model import build_python  # noqa: PLC0415
+        build = build_python(source, inputs or [], outputs or [], options)
+    else:
+        raise InputError(f"source format {fmt!r} is not supported yet",
+                         hint="publish an .onnx file or a Python-backend folder")
+    return run_publish(settings, name, build, verify_model=verify_model, progress=progress)

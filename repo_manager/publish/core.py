@@ -1,0 +1,194 @@
+"""`trm publish model`: a checkpoint in, a complete, verified, immutable version out.
+
+Steps, for every source format:
+
+1. check the name and the source; derive the config through the schema (``config``);
+2. stage the version's files in a temporary folder inside the model folder (``LocalRepository.stage``);
+3. verify on a real Triton (``verify``) unless disabled;
+4. write the manifest last and rename the folder into place (``LocalRepository.commit``).
+
+Any failure (including Ctrl-C) removes the staging folder: the repository keeps no half version.
+A converter for a source format returns a ``Staged`` model (or several, for an ensemble).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from repo_manager import config as cfg
+from repo_manager.errors import ConflictError, InputError
+from repo_manager.inputs import verification_samples
+from repo_manager.manifest import (
+    Manifest,
+    check_model_name,
+    now_iso,
+    package_versions,
+    scan_files,
+    sha256_file,
+)
+from repo_manager.publish.verify import Candidate, Reference, verify
+from repo_manager.repository import LocalRepository
+from repo_manager.settings import Settings
+from repo_manager.triton.connect import triton_client
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    model: str
+    version: int
+    path: str
+    files: int
+    bytes: int
+    verified: bool
+    verification: dict[str, Any]
+    seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+    members: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "path": self.path, "files": self.files,
+                "bytes": self.bytes, "verified": self.verified, "verification": self.verification,
+                "seconds": round(self.seconds, 3), "timings": self.timings, "members": self.members}
+
+
+@dataclass
+class Staged:
+    """One model version being built in its staging folder."""
+
+    name: str
+    folder: Path
+    config: cfg.ModelConfig
+    source: dict[str, Any]
+    reference: Reference | None = None
+    samples: list[dict[str, np.ndarray]] | None = None
+    members: dict[str, int] = field(default_factory=dict)
+    environment_packages: tuple[str, ...] = ()
+
+    def files(self) -> dict[str, Path]:
+        return {e.path: self.folder / e.path for e in scan_files(self.folder)}
+
+
+def copy_into(staging: Path, source: Path, relative: str) -> None:
+    target = staging / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+def source_record(path: Path, kind: str, **extra: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {"kind": kind, "path": str(path.resolve())}
+    if path.is_file():
+        record["sha256"] = sha256_file(path)
+        record["size"] = path.stat().st_size
+    record.update(extra)
+    return record
+
+
+def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str, Any],
+                  *, retries: int = 5) -> tuple[int, Path]:
+    """Write the manifest and rename into the next free version; retry on a lost race."""
+    files = scan_files(staged.folder)
+    for _ in range(retries):
+        version = repo.next_version(staged.name)
+        manifest = Manifest(
+            model=staged.name, version=version, files=files, config=cfg.config_to_text(staged.config),
+            source=staged.source,
+            environment=package_versions("onnx", "onnxruntime", "tritonclient", "numpy",
+                                         *staged.environment_packages),
+            verification=verification, members=staged.members, created_at=now_iso())
+        try:
+            return version, repo.commit(staged.folder, manifest)
+        except ConflictError:
+            continue
+    raise ConflictError(f"could not claim a version number for {staged.name} after {retries} tries")
+
+
+def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository, str], list[Staged]],
+                *, verify_model: bool = True, progress: Progress = _quiet) -> PublishResult:
+    """Build staged models with ``build``, verify them together, commit each (members first).
+
+    ``build`` returns the staged models; the last one is the entry point that verification calls.
+    """
+    check_model_name(name)
+    repo = LocalRepository(settings.repository)
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    staged: list[Staged] = []
+    try:
+        progress(f"preparing {name}")
+        t0 = time.monotonic()
+        staged = build(repo, name)
+        timings["convert"] = round(time.monotonic() - t0, 3)
+        entry = staged[-1]
+        verification: dict[str, Any] = {"skipped": True}
+        if verify_model:
+            t0 = time.monotonic()
+            progress("verifying on Triton" + (f" at {settings.triton_url}" if settings.triton_url else
+                                              " (embedded server)"))
+            samples = entry.samples if entry.samples is not None else verification_samples(entry.config)
+            candidates = [Candidate(s.name, s.config, s.files()) for s in staged]
+            with triton_client(settings) as client:
+                report = verify(client, candidates, entry.name, samples, entry.reference)
+            verification = report.to_dict()
+            timings["verify"] = round(time.monotonic() - t0, 3)
+        t0 = time.monotonic()
+        committed: dict[str, int] = {}
+        result_path = Path()
+        for item in staged:
+            if item.members:  # pin the member versions just committed
+                item.members = {m: committed.get(m, v) for m, v in item.members.items()}
+                pin_members(item.config, item.members)
+            version, result_path = commit_staged(repo, item, verification)
+            committed[item.name] = version
+            progress(f"committed {item.name} version {version}")
+        timings["write"] = round(time.monotonic() - t0, 3)
+    except BaseException:
+        for item in staged:
+            if item.folder.exists():
+                repo.discard(item.folder)
+        raise
+    files = scan_files(result_path)
+    return PublishResult(model=entry.name, version=committed[entry.name], path=str(result_path),
+                         files=len(files), bytes=sum(f.size for f in files), verified=verify_model,
+                         verification=verification, seconds=time.monotonic() - started, timings=timings,
+                         members={k: v for k, v in committed.items() if k != entry.name})
+
+
+def pin_members(config: cfg.ModelConfig, members: dict[str, int]) -> None:
+    for step in config.ensemble_scheduling.step:
+        if step.model_name in members:
+            step.model_version = members[step.model_name]
+
+
+# ------------------------------------------------------------------------------------ source formats
+
+def detect_format(source: Path) -> str:
+    if not source.exists():
+        raise InputError(f"source {source} does not exist")
+    if source.is_file():
+        if source.suffix == ".onnx":
+            return "onnx"
+        raise InputError(f"source {source} is not an .onnx file or a model folder",
+                         hint="publish an .onnx file, a Python-backend folder (model.py) or a "
+                              "Hugging Face checkpoint folder (config.json)")
+    if (source / "model.py").is_file():
+        return "python"
+    if (source / "config.json").is_file():
+        return "huggingface"
+    onnx_files = list(source.glob("*.onnx"))
+    if len(onnx_files) == 1:
+        return "onnx"
+    raise InputError(f"cannot tell what {source} holds",
+                     hint="expected model.py (Python backend), config.json (Hugging Face) or one .onnx file")

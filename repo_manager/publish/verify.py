@@ -1,0 +1,184 @@
+"""Verification: load a staged version on a real Triton server and compare its answers with a reference.
+
+The staged files are sent through Triton's load API (config override + file overrides) under a
+temporary, unique model name, so verification never touches the target repository, never replaces a
+model the server is serving, and works the same on the embedded server and on ``--url``. Several models
+(an ensemble and its members) are loaded together with their names mapped to temporary ones.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from repo_manager import config as cfg
+from repo_manager.errors import TrmError, VerificationError
+from repo_manager.triton.client import TritonClient
+
+Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model to load for verification: its config and its version folder's files."""
+
+    name: str
+    config: cfg.ModelConfig
+    files: Mapping[str, Path]
+    """relative path inside the version folder -> file on disk."""
+
+
+@dataclass
+class Tolerance:
+    atol: float = 1e-4
+    rtol: float = 1e-3
+
+    @classmethod
+    def for_dtype(cls, dtype: np.dtype) -> Tolerance:
+        if dtype == np.float16:
+            return cls(atol=2e-2, rtol=1e-2)
+        if dtype.kind in ("i", "u", "b", "O", "S", "U"):
+            return cls(atol=0.0, rtol=0.0)
+        return cls()
+
+
+@dataclass
+class VerificationReport:
+    server: str
+    samples: int = 0
+    outputs_checked: int = 0
+    worst: dict[str, float] = field(default_factory=dict)
+    """output name -> worst absolute difference seen."""
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"server": self.server, "samples": self.samples, "outputs_checked": self.outputs_checked,
+                "worst_abs_diff": self.worst, "seconds": round(self.seconds, 3), "passed": True,
+                **self.extra}
+
+
+def temporary_names(names: list[str]) -> dict[str, str]:
+    token = uuid.uuid4().hex[:8]
+    return {name: f"trm-verify-{token}-{name}"[:120] for name in names}
+
+
+def _renamed(config: cfg.ModelConfig, names: dict[str, str]) -> cfg.ModelConfig:
+    copy = cfg.ModelConfig()
+    copy.CopyFrom(config)
+    copy.name = names[config.name]
+    for step in copy.ensemble_scheduling.step:
+        if step.model_name in names:
+            step.model_name = names[step.model_name]
+            step.model_version = -1
+    copy.ClearField("version_policy")
+    return copy
+
+
+class LoadedCandidates:
+    """Context manager: load candidates under temporary names (members before ensembles), unload after."""
+
+    def __init__(self, client: TritonClient, candidates: list[Candidate]) -> None:
+        self.client = client
+        self.candidates = candidates
+        self.names = temporary_names([c.name for c in candidates])
+        self._loaded: list[str] = []
+
+    def __enter__(self) -> LoadedCandidates:
+        try:
+            for candidate in sorted(self.candidates, key=lambda c: c.config.HasField("ensemble_scheduling")):
+                temp = self.names[candidate.name]
+                files = {f"1/{rel}": Path(path).read_bytes() for rel, path in candidate.files.items()}
+                self.client.load(temp, _renamed(candidate.config, self.names), files or None)
+                self._loaded.append(temp)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for temp in reversed(self._loaded):
+            try:
+                self.client.unload(temp)
+            except TrmError:
+                pass
+        self._loaded.clear()
+
+
+def compare(name: str, got: np.ndarray, want: np.ndarray) -> float:
+    """Worst absolute difference; raises VerificationError when outside tolerance or shapes differ."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        raise VerificationError(f"output {name}: Triton returned shape {list(got.shape)}, "
+                                f"the reference {list(want.shape)}")
+    if want.dtype.kind in ("O", "S", "U"):
+        if not np.array_equal(got.astype(np.object_), want.astype(np.object_)):
+            raise VerificationError(f"output {name}: strings differ from the reference")
+        return 0.0
+    if got.size == 0:
+        return 0.0
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    worst = float(np.nanmax(diff))
+    tol = Tolerance.for_dtype(want.dtype)
+    if not np.allclose(got.astype(np.float64), want.astype(np.float64), atol=tol.atol, rtol=tol.rtol,
+                       equal_nan=True):
+        raise VerificationError(f"output {name} differs from the reference: worst absolute difference "
+                                f"{worst:.3g} (tolerance atol={tol.atol:g}, rtol={tol.rtol:g})", worst=worst)
+    return worst
+
+
+def verify(client: TritonClient, candidates: list[Candidate], entry: str,
+           samples: list[dict[str, np.ndarray]], reference: Reference | None) -> VerificationReport:
+    """Load ``candidates``, send ``samples`` to ``entry`` and compare with ``reference``.
+
+    Without a reference (a Python-backend model) the answers are checked against the config: every
+    declared output present, with the declared type and the request's batch size.
+    """
+    started = time.monotonic()
+    report = VerificationReport(server=client.url)
+    by_name = {c.name: c for c in candidates}
+    entry_config = by_name[entry].config
+    try:
+        with LoadedCandidates(client, candidates) as loaded:
+            for sample in samples:
+                answer = client.infer(loaded.names[entry], sample)
+                report.samples += 1
+                expected = reference(sample) if reference else None
+                for out in entry_config.output:
+                    if out.name not in answer:
+                        raise VerificationError(f"output {out.name} missing from Triton's answer")
+                    got = answer[out.name]
+                    if expected is not None:
+                        worst = compare(out.name, got, expected[out.name])
+                        report.worst[out.name] = max(report.worst.get(out.name, 0.0), worst)
+                    else:
+                        _check_against_config(entry_config, out, got, sample)
+                    report.outputs_checked += 1
+    except VerificationError:
+        raise
+    except TrmError as exc:
+        raise VerificationError(f"verification on {client.url} failed: {exc.message}") from exc
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _check_against_config(config: cfg.ModelConfig, out, got: np.ndarray, sample) -> None:
+    want_type = cfg.dtype_name(out.data_type)
+    got_type = "STRING" if got.dtype.kind in ("O", "S", "U") else cfg.dtype_name(cfg.from_numpy_dtype(got.dtype))
+    if want_type != got_type:
+        raise VerificationError(f"output {out.name}: config says {want_type}, the model returned {got_type}")
+    dims = list(out.dims)
+    shape = list(got.shape)
+    if config.max_batch_size > 0:
+        batch = len(next(iter(sample.values())))
+        if not shape or shape[0] != batch:
+            raise VerificationError(f"output {out.name}: batch of {batch} gave shape {shape}")
+        shape = shape[1:]
+    if len(shape) != len(dims) or any(d >= 0 and d != s for d, s in zip(dims, shape)):
+        raise VerificationError(f"output {out.name}: shape {shape} does not match config dims {dims}")

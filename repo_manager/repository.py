@@ -1,0 +1,266 @@
+"""The local Triton model repository, with trm's versions.
+
+Layout (what Triton reads, plus trm's manifest in each version)::
+
+    <root>/<model>/config.pbtxt
+    <root>/<model>/<N>/<files>
+    <root>/<model>/<N>/trm-manifest.json
+
+Writing a version: ``stage()`` gives a temporary folder *inside the model folder* (same filesystem;
+Triton ignores non-numeric folders), the caller fills it, then ``commit()`` writes the manifest last and
+renames the folder to ``<N>``. The rename is the commit point: a crash before it leaves only a
+``.trm-tmp-*`` folder that readers ignore and ``clean_staging()`` removes. config.pbtxt follows the
+newest version's manifest; ``commit()`` replaces it atomically right after the rename, and
+``repair_config()`` brings it back in line if a crash fell between the two.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from repo_manager import config as cfg
+from repo_manager.errors import ConflictError, InputError, IntegrityError, NotFoundError
+from repo_manager.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    check_model_name,
+    read_manifest,
+    sha256_file,
+)
+
+STAGING_PREFIX = ".trm-tmp-"
+CONFIG_NAME = "config.pbtxt"
+
+
+@dataclass(frozen=True)
+class Problem:
+    model: str
+    version: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.model if self.version is None else f"{self.model}/{self.version}"
+        return f"{where}: {self.message}"
+
+
+class LocalRepository:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    # ------------------------------------------------------------------------------------ reading
+    def model_dir(self, model: str) -> Path:
+        return self.root / check_model_name(model)
+
+    def version_dir(self, model: str, version: int) -> Path:
+        return self.model_dir(model) / str(version)
+
+    def models(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_NAME).exists())
+
+    def _numeric_dirs(self, model: str) -> list[int]:
+        folder = self.model_dir(model)
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def versions(self, model: str) -> list[int]:
+        """Complete versions only: those whose manifest exists."""
+        return [v for v in self._numeric_dirs(model)
+                if (self.version_dir(model, v) / MANIFEST_NAME).is_file()]
+
+    def latest(self, model: str) -> int:
+        versions = self.versions(model)
+        if not versions:
+            raise NotFoundError(f"model {model!r} has no published version in {self.root}",
+                                hint="publish one with `trm publish model`", model=model)
+        return versions[-1]
+
+    def manifest(self, model: str, version: int | None = None) -> Manifest:
+        version = self.latest(model) if version is None else version
+        folder = self.version_dir(model, version)
+        if not (folder / MANIFEST_NAME).is_file():
+            raise NotFoundError(f"model {model!r} has no version {version} in {self.root}",
+                                model=model, version=version)
+        return read_manifest(folder)
+
+    def config(self, model: str) -> cfg.ModelConfig:
+        path = self.model_dir(model) / CONFIG_NAME
+        if not path.exists():
+            raise NotFoundError(f"model {model!r} not found in {self.root}", model=model,
+                                hint="`trm list` shows the models")
+        return cfg.read_config(path)
+
+    def next_version(self, model: str) -> int:
+        """Highest version folder present (complete or not) + 1, so a number is never reused."""
+        numbers = self._numeric_dirs(model)
+        return (numbers[-1] + 1) if numbers else 1
+
+    # ------------------------------------------------------------------------------------ writing
+    def stage(self, model: str) -> Path:
+        """A fresh temporary folder for a new version of ``model``, on the repository's filesystem."""
+        folder = self.model_dir(model)
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        staging.mkdir()
+        return staging
+
+    def discard(self, staging: Path) -> None:
+        """Remove a staging folder; drop the model folder too if it holds nothing else."""
+        shutil.rmtree(staging, ignore_errors=True)
+        model_dir = staging.parent
+        try:
+            if model_dir.is_dir() and not any(model_dir.iterdir()):
+                model_dir.rmdir()
+        except OSError:
+            pass
+
+    def commit(self, staging: Path, manifest: Manifest, *, update_config: bool = True) -> Path:
+        """Write the manifest (last), rename the staged folder to its version, then install its config.
+
+        Raises ConflictError if another writer took that version number first; the staged folder is
+        left in place so that the caller can retry with the next number.
+        """
+        model = manifest.model
+        if staging.parent != self.model_dir(model):
+            raise InputError(f"{staging} is not a staging folder of model {model}")
+        cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json())
+        _fsync_dir(staging)
+        target = self.version_dir(model, manifest.version)
+        try:
+            # os.rename onto an existing non-empty folder fails, but onto an empty one it succeeds:
+            # refuse any existing target first; the rename itself settles a race on a non-empty one.
+            if target.exists():
+                raise FileExistsError(str(target))
+            os.rename(staging, target)
+        except OSError as exc:
+            raise ConflictError(f"version {manifest.version} of {model} was taken by another writer",
+                                model=model, version=manifest.version) from exc
+        _fsync_dir(target.parent)
+        if update_config:
+            self.repair_config(model)
+        return target
+
+    def repair_config(self, model: str) -> bool:
+        """Make config.pbtxt equal to the newest version's validated config. True if it changed."""
+        versions = self.versions(model)
+        if not versions:
+            return False
+        wanted = read_manifest(self.version_dir(model, versions[-1])).config
+        path = self.model_dir(model) / CONFIG_NAME
+        if path.exists() and path.read_text() == wanted:
+            return False
+        cfg.write_config(path, cfg.parse_config(wanted, f"manifest of {model}/{versions[-1]}"))
+        return True
+
+    def clean_staging(self, model: str | None = None) -> list[Path]:
+        """Remove leftover staging folders (from a crash). Returns what was removed."""
+        removed = []
+        for name in [model] if model else [p.name for p in self.root.iterdir() if p.is_dir()]:
+            folder = self.root / name
+            if not folder.is_dir():
+                continue
+            for child in folder.iterdir():
+                if child.name.startswith(STAGING_PREFIX):
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(child)
+        return removed
+
+    # --------------------------------------------------------------------------------- validation
+    def validate(self) -> list[Problem]:
+        """Every problem in the repository: layout, config schema, manifests, checksums."""
+        problems: list[Problem] = []
+        if not self.root.is_dir():
+            return [Problem(str(self.root), None, "repository folder does not exist")]
+        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            problems.extend(self._validate_model(model_dir))
+        return problems
+
+    def _validate_model(self, model_dir: Path) -> list[Problem]:
+        name = model_dir.name
+        problems: list[Problem] = []
+        try:
+            check_model_name(name)
+        except InputError as exc:
+            return [Problem(name, None, exc.message)]
+        config_path = model_dir / CONFIG_NAME
+        if not config_path.exists():
+            problems.append(Problem(name, None, "no config.pbtxt"))
+        else:
+            try:
+                config = cfg.read_config(config_path)
+                if config.name and config.name != name:
+                    problems.append(Problem(name, None, f"config.pbtxt names the model {config.name!r}"))
+            except InputError as exc:
+                problems.append(Problem(name, None, exc.message))
+        for child in sorted(model_dir.iterdir()):
+            if child.name.startswith(STAGING_PREFIX):
+                problems.append(Problem(name, None, f"leftover staging folder {child.name} (interrupted "
+                                                    "publish; `trm validate --fix` removes it)"))
+            elif child.is_dir() and child.name.isdigit():
+                problems.extend(self._validate_version(name, int(child.name), child))
+        versions = self.versions(name)
+        if versions and config_path.exists():
+            try:
+                if read_manifest(model_dir / str(versions[-1])).config != config_path.read_text():
+                    problems.append(Problem(name, None, f"config.pbtxt differs from the config version "
+                                                        f"{versions[-1]} was validated with"))
+            except IntegrityError:
+                pass  # reported by the version check
+        return problems
+
+    def _validate_version(self, model: str, version: int, folder: Path) -> list[Problem]:
+        if not (folder / MANIFEST_NAME).is_file():
+            return [Problem(model, version, "no manifest: incomplete version, ignored by trm")]
+        try:
+            manifest = read_manifest(folder)
+        except IntegrityError as exc:
+            return [Problem(model, version, exc.message)]
+        problems = []
+        if manifest.model != model or manifest.version != version:
+            problems.append(Problem(model, version, f"manifest is for {manifest.model}/{manifest.version}"))
+        try:
+            cfg.parse_config(manifest.config, "manifest config")
+        except InputError as exc:
+            problems.append(Problem(model, version, exc.message))
+        listed = {f.path for f in manifest.files}
+        try:
+            present = _present_files(folder)
+        except OSError as exc:
+            return problems + [Problem(model, version, f"cannot read files: {exc}")]
+        for extra in sorted(present - listed):
+            problems.append(Problem(model, version, f"file {extra} is not in the manifest"))
+        for entry in manifest.files:
+            path = folder / entry.path
+            if not path.is_file():
+                problems.append(Problem(model, version, f"file {entry.path} is missing"))
+            elif path.stat().st_size != entry.size:
+                problems.append(Problem(model, version, f"file {entry.path} has size {path.stat().st_size}, "
+                                                        f"manifest says {entry.size}"))
+            elif sha256_file(path) != entry.sha256:
+                problems.append(Problem(model, version, f"file {entry.path} does not match its sha256"))
+        return problems
+
+
+def _present_files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+            if (p.is_file() or p.is_symlink()) and p.name != MANIFEST_NAME}
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

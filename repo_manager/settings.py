@@ -1,0 +1,120 @@
+"""The one settings object.
+
+Precedence, lowest to highest:
+
+1. built-in defaults (below),
+2. the YAML settings file: ``--config FILE``, else ``$TRM_CONFIG``, else ``configs/trm.yaml`` in the
+   current directory when it exists,
+3. environment variables ``TRM_<KEY>`` (``TRM_REPOSITORY``, ``TRM_STORE``, ``TRM_TRITONSERVER`` …),
+4. command-line options.
+
+Commands receive a ``Settings`` and never read the environment or files for settings themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from repo_manager.errors import ConfigError
+
+DEFAULT_CONFIG = Path("configs/trm.yaml")
+
+
+@dataclass(frozen=True)
+class Settings:
+    repository: Path = Path("model_repository")
+    """The local Triton model repository."""
+    store: str | None = None
+    """Remote store: ``s3://bucket/prefix`` or a folder. None: no store."""
+    s3_endpoint_url: str | None = None
+    """For S3-compatible stores (MinIO, SeaweedFS). Credentials come from the standard AWS chain."""
+    tritonserver: str | None = None
+    """Path of the tritonserver binary; None: $PATH, then the one bundled with nvidia-pytriton."""
+    triton_url: str | None = None
+    """A running Triton server (HTTP, e.g. http://127.0.0.1:8000). None: trm starts an embedded one."""
+    bind_address: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    server_start_timeout_s: float = 120.0
+    cache_dir: Path | None = None
+    """Node-local content-addressed cache for sync; None: <repository>/../.trm-cache."""
+    environments: dict[str, Any] = field(default_factory=dict)
+    """Named environments (staging, production, …) and the store each lives in."""
+    gates: dict[str, Any] = field(default_factory=dict)
+    """Promotion gate defaults."""
+    source: str = "defaults"
+    """Where the settings file came from, for `trm config`-style reporting."""
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with the given fields changed; None values are ignored (an option that was not given)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        for key in ("repository", "cache_dir"):
+            if key in changes:
+                changes[key] = Path(changes[key])
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (str(v) if isinstance(v, Path) else v) for f in dataclasses.fields(self)
+                for v in [getattr(self, f.name)]}
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_INT_FIELDS = {"http_port", "grpc_port", "metrics_port"}
+_FLOAT_FIELDS = {"server_start_timeout_s"}
+
+
+def _coerce(key: str, value: Any, origin: str) -> Any:
+    try:
+        if key in ("repository", "cache_dir"):
+            return Path(value)
+        if key in _INT_FIELDS:
+            return int(value)
+        if key in _FLOAT_FIELDS:
+            return float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{origin}: setting '{key}' has an invalid value {value!r}") from exc
+    return value
+
+
+def load_settings(config_file: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
+    """Build the settings from defaults, the YAML file and ``TRM_*`` environment variables."""
+    env = dict(os.environ) if env is None else env
+    values: dict[str, Any] = {}
+    path = Path(config_file) if config_file else (Path(env["TRM_CONFIG"]) if env.get("TRM_CONFIG") else None)
+    if path is None and DEFAULT_CONFIG.is_file():
+        path = DEFAULT_CONFIG
+    source = "defaults"
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"settings file {path} does not exist", hint="pass an existing file to --config")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"settings file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"settings file {path} must hold a mapping of settings")
+        unknown = sorted(set(data) - set(_FIELDS))
+        if unknown:
+            raise ConfigError(f"settings file {path}: unknown setting(s) {', '.join(unknown)}",
+                              hint=f"known settings: {', '.join(sorted(_FIELDS))}")
+        base = path.parent.parent if path.parent.name == "configs" else path.parent
+        for key, value in data.items():
+            if value is None:
+                continue
+            value = _coerce(key, value, str(path))
+            if key in ("repository", "cache_dir") and not value.is_absolute():
+                value = base / value
+            values[key] = value
+        source = str(path)
+    for key in _FIELDS:
+        env_value = env.get(f"TRM_{key.upper()}")
+        if env_value:
+            values[key] = _coerce(key, env_value, f"${'TRM_' + key.upper()}")
+    return Settings(**values, source=source) if "source" not in values else Settings(**values)

@@ -1,0 +1,1 @@
+"""Adapters for Triton: the launcher (``server``), the client wrapper (``client``), and ``connect``."""

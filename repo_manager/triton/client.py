@@ -1,0 +1,162 @@
+"""The one Triton client wrapper (HTTP/REST, KServe v2 protocol plus Triton's repository extension).
+
+Every call to a Triton server in trm goes through ``TritonClient``, which turns transport failures and
+server refusals into ``ServerError`` / ``ModelLoadError`` with the server URL in the message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from repo_manager import config as cfg
+from repo_manager.errors import ModelLoadError, NotFoundError, ServerError
+
+
+def normalize_url(url: str) -> str:
+    """``http://host:port`` -> ``host:port`` (what tritonclient.http expects)."""
+    for prefix in ("http://", "https://"):
+        if url.startswith(prefix):
+            url = url[len(prefix):]
+    return url.rstrip("/")
+
+
+class TritonClient:
+    def __init__(self, url: str, *, timeout_s: float = 60.0, concurrency: int = 1) -> None:
+        self.url = url if url.startswith("http") else f"http://{url}"
+        self._client = httpclient.InferenceServerClient(
+            normalize_url(url), connection_timeout=timeout_s, network_timeout=timeout_s,
+            concurrency=concurrency)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> TritonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------- helpers
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InferenceServerException as exc:
+            raise ServerError(f"Triton at {self.url} refused {what}: {exc.message()}", url=self.url) from exc
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            raise ServerError(f"Triton at {self.url} is not reachable ({what}): {exc}",
+                              hint="start one with `trm serve`, or pass --url of a running server",
+                              url=self.url) from exc
+
+    # ------------------------------------------------------------------------------------ health
+    def is_ready(self) -> bool:
+        try:
+            return bool(self._client.is_server_ready())
+        except Exception:  # noqa: BLE001 - any failure means "not ready yet"
+            return False
+
+    def require_ready(self) -> None:
+        if not self.is_ready():
+            raise ServerError(f"Triton at {self.url} is not reachable or not ready",
+                              hint="start one with `trm serve`, or pass --url of a running server",
+                              url=self.url)
+
+    def server_metadata(self) -> dict[str, Any]:
+        return self._call("server metadata", self._client.get_server_metadata)
+
+    def is_model_ready(self, name: str, version: int | None = None) -> bool:
+        try:
+            return bool(self._client.is_model_ready(name, str(version) if version else ""))
+        except InferenceServerException:
+            return False
+        except (ConnectionError, OSError) as exc:
+            raise ServerError(f"Triton at {self.url} is not reachable: {exc}", url=self.url) from exc
+
+    # -------------------------------------------------------------------------------- repository
+    def repository_index(self) -> list[dict[str, Any]]:
+        return self._call("the repository index", self._client.get_model_repository_index)
+
+    def loaded_versions(self, name: str) -> list[int]:
+        """Versions of ``name`` that are READY on the server."""
+        return sorted(int(entry["version"]) for entry in self.repository_index()
+                      if entry.get("name") == name and entry.get("state") == "READY" and entry.get("version"))
+
+    def load(self, name: str, config: cfg.ModelConfig | None = None,
+             files: Mapping[str, bytes] | None = None) -> None:
+        """Load (or reload) ``name``, optionally with a config override and file overrides.
+
+        ``files`` maps paths inside the model folder (``"1/model.onnx"``) to their bytes.
+        """
+        config_json = cfg.config_to_json(config) if config is not None else None
+        overrides = {f"file:{path}": data for path, data in (files or {}).items()} or None
+        try:
+            self._client.load_model(name, config=config_json, files=overrides)
+        except InferenceServerException as exc:
+            raise ModelLoadError(f"Triton at {self.url} failed to load {name}: {_first_line(exc)}",
+                                 model=name, url=self.url) from exc
+        except (ConnectionError, OSError) as exc:
+            raise ServerError(f"Triton at {self.url} is not reachable (load {name}): {exc}",
+                              url=self.url) from exc
+
+    def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+        self._call(f"unload of {name}", self._client.unload_model, name,
+                   unload_dependents=unload_dependents)
+
+    def model_config(self, name: str, version: int | None = None) -> cfg.ModelConfig:
+        try:
+            data = self._client.get_model_config(name, str(version) if version else "")
+        except InferenceServerException as exc:
+            raise NotFoundError(f"model {name} is not loaded on {self.url}: {exc.message()}",
+                                model=name, url=self.url) from exc
+        except (ConnectionError, OSError) as exc:
+            raise ServerError(f"Triton at {self.url} is not reachable: {exc}", url=self.url) from exc
+        return cfg.config_from_json(data)
+
+    def statistics(self, name: str = "", version: int | None = None) -> list[dict[str, Any]]:
+        data = self._call("statistics", self._client.get_inference_statistics, name,
+                          str(version) if version else "")
+        return list(data.get("model_stats", []))
+
+    # ------------------------------------------------------------------------------------ infer
+    def infer(self, name: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
+              outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        request = build_inputs(inputs)
+        requested = [httpclient.InferRequestedOutput(o, binary_data=True) for o in outputs] if outputs else None
+        try:
+            result = self._client.infer(name, request, model_version=str(version) if version else "",
+                                        outputs=requested)
+        except InferenceServerException as exc:
+            raise ServerError(f"inference on {name} at {self.url} failed: {_first_line(exc)}",
+                              model=name, url=self.url) from exc
+        except (ConnectionError, OSError) as exc:
+            raise ServerError(f"Triton at {self.url} is not reachable (infer {name}): {exc}",
+                              url=self.url) from exc
+        response = result.get_response()
+        return {out["name"]: result.as_numpy(out["name"]) for out in response.get("outputs", [])}
+
+
+def build_inputs(inputs: Mapping[str, np.ndarray]) -> list[httpclient.InferInput]:
+    request = []
+    for name, array in inputs.items():
+        array = np.asarray(array)
+        dtype = "BYTES" if array.dtype.kind in ("O", "S", "U") else np_to_triton_dtype(array.dtype)
+        if array.dtype.kind == "U":
+            array = np.char.encode(array, "utf-8").astype(np.object_)
+        tensor = httpclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array, binary_data=True)
+        request.append(tensor)
+    return request
+
+
+def _first_line(exc: InferenceServerException) -> str:
+    message = exc.message() or str(exc)
+    try:  # Triton sometimes wraps JSON in the message
+        message = json.loads(message).get("error", message)
+    except (ValueError, AttributeError):
+        pass
+    return " ".join(str(message).split())[:500]

@@ -1,0 +1,36 @@
+"""Get a Triton client for an operation: a running server (``--url``) or an embedded one."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from repo_manager.settings import Settings
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
+
+
+@contextmanager
+def triton_client(settings: Settings, repository: Path | None = None,
+                  models: tuple[str, ...] = ()) -> Iterator[TritonClient]:
+    """A ready client. With ``settings.triton_url`` it talks to that server; otherwise it starts an
+    embedded server on ``repository`` (an empty scratch folder when None) for the ``with`` block."""
+    if settings.triton_url:
+        client = TritonClient(settings.triton_url)
+        try:
+            client.require_ready()
+            yield client
+        finally:
+            client.close()
+        return
+    with tempfile.TemporaryDirectory(prefix="trm-scratch-") as scratch:
+        repo = repository if repository is not None else Path(scratch)
+        with TritonServer(repo, binary=settings.tritonserver, models=models,
+                          start_timeout_s=settings.server_start_timeout_s) as server:
+            client = TritonClient(server.url)
+            try:
+                yield client
+            finally:
+                client.close()

@@ -1,0 +1,265 @@
+"""The one Triton launcher: find a ``tritonserver`` binary and run it as a context manager.
+
+Binary lookup order: the ``tritonserver`` setting (option ``--tritonserver`` or ``$TRM_TRITONSERVER``),
+then ``tritonserver`` on $PATH (the NGC container's), then the one bundled in the ``nvidia-pytriton``
+wheel. For the bundled binary trm assembles a backend folder per server: the python backend with the
+stub for the running Python, and trm's Python-based ``onnxruntime`` backend, so configs written for the
+official onnxruntime backend load unchanged. A server from $PATH keeps its own backends.
+
+The server always runs in explicit model-control mode (never polling, which can read half-written
+folders), in a new process session, with its log in a file whose tail goes into any start-up error.
+Stopping sends SIGTERM (Triton lets in-flight requests finish, up to its exit timeout), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from repo_manager.errors import ServerStartError
+
+BACKENDS_SRC = Path(__file__).parent / "backends"
+
+
+@dataclass(frozen=True)
+class TritonBinary:
+    path: Path
+    bundled: bool
+    """True for the nvidia-pytriton binary, which needs trm's assembled backend folder."""
+
+    @property
+    def lib_dir(self) -> Path | None:
+        if not self.bundled:
+            return None
+        return self.path.parent.parent.parent.parent / "nvidia_pytriton.libs"
+
+
+def find_tritonserver(explicit: str | None = None) -> TritonBinary:
+    if explicit:
+        path = Path(explicit)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ServerStartError(f"tritonserver binary {explicit} does not exist or is not executable",
+                                   hint="fix --tritonserver / $TRM_TRITONSERVER")
+        return TritonBinary(path, bundled="pytriton" in path.parts)
+    on_path = shutil.which("tritonserver")
+    if on_path and "pytriton" not in Path(on_path).parts:
+        return TritonBinary(Path(on_path), bundled=False)
+    try:
+        import pytriton  # noqa: PLC0415 - optional until needed
+    except ImportError as exc:
+        raise ServerStartError(
+            "no tritonserver binary found",
+            hint="pip install nvidia-pytriton (bundles tritonserver), use the NGC tritonserver container, "
+                 "or pass --tritonserver PATH") from exc
+    bundled = Path(pytriton.__file__).parent / "tritonserver" / "bin" / "tritonserver"
+    if not bundled.is_file():
+        raise ServerStartError(f"nvidia-pytriton is installed but {bundled} is missing",
+                               hint="reinstall nvidia-pytriton")
+    return TritonBinary(bundled, bundled=True)
+
+
+def assemble_backends(binary: TritonBinary, target: Path) -> Path:
+    """A backend folder for the bundled server: python backend + stub, and trm's Python-based backends."""
+    root = binary.path.parent.parent
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    # Copies, not symlinks: Triton refuses a backend library whose real path escapes the backend folder.
+    for item in (root / "backends" / "python").iterdir():
+        if item.is_file():
+            shutil.copy2(item, python_dir / item.name)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerStartError(f"the bundled tritonserver has no python backend stub for Python {version}")
+    shutil.copy2(stub, python_dir / stub.name)
+    for backend in BACKENDS_SRC.iterdir():
+        if (backend / "model.py").is_file():
+            shutil.copytree(backend, target / backend.name, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def port_is_free(port: int, address: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports (all sockets are held open together so none is picked twice)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((address, 0))
+            sockets.append(sock)
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    http: str
+    grpc: str
+    metrics: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
+
+
+class TritonServer:
+    """A real tritonserver process. Use as ``with TritonServer(repo) as server: server.url``.
+
+    Ports set to 0 are chosen free. ``models`` are loaded at start-up (explicit mode).
+    """
+
+    def __init__(self, repository: str | Path | list[str | Path], *, binary: str | None = None,
+                 http_port: int = 0, grpc_port: int = 0, metrics_port: int = 0,
+                 address: str = "127.0.0.1", models: list[str] | tuple[str, ...] = (),
+                 start_timeout_s: float = 120.0, log_verbose: int = 0,
+                 extra_args: list[str] | tuple[str, ...] = ()) -> None:
+        repos = repository if isinstance(repository, list) else [repository]
+        self.repositories = [Path(r).resolve() for r in repos]
+        self.binary = find_tritonserver(binary)
+        self.address = address
+        self.ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
+        self.models = list(models)
+        self.start_timeout_s = start_timeout_s
+        self.log_verbose = log_verbose
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+        self.log_path: Path | None = None
+
+    # ------------------------------------------------------------------------------- properties
+    @property
+    def url(self) -> str:
+        return f"http://{self._client_host}:{self.ports['http']}"
+
+    @property
+    def endpoints(self) -> Endpoints:
+        host = self._client_host
+        return Endpoints(f"http://{host}:{self.ports['http']}", f"{host}:{self.ports['grpc']}",
+                         f"http://{host}:{self.ports['metrics']}/metrics")
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.address in ("0.0.0.0", "") else self.address
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    # ---------------------------------------------------------------------------------- control
+    def command(self) -> list[str]:
+        cmd = [str(self.binary.path)]
+        cmd += [f"--model-repository={r}" for r in self.repositories]
+        cmd += ["--model-control-mode=explicit", "--strict-readiness=false", "--exit-timeout-secs=30",
+                f"--http-address={self.address}", f"--grpc-address={self.address}",
+                f"--metrics-address={self.address}",
+                f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
+                f"--metrics-port={self.ports['metrics']}", f"--log-verbose={self.log_verbose}"]
+        if self._workdir and self.binary.bundled:
+            cmd.append(f"--backend-directory={self._workdir / 'backends'}")
+        cmd += [f"--load-model={m}" for m in self.models]
+        return cmd + self.extra_args
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Python models run in stubs that import numpy/onnxruntime: put this interpreter's env first.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.binary.lib_dir:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in [str(self.binary.lib_dir), env.get("LD_LIBRARY_PATH", "")] if p)
+        return env
+
+    def start(self) -> TritonServer:
+        for repo in self.repositories:
+            if not repo.is_dir():
+                raise ServerStartError(f"model repository {repo} does not exist",
+                                       hint="create it, or publish a model into it first")
+        wanted = [kind for kind, port in self.ports.items() if port == 0]
+        for kind, port in zip(wanted, free_ports(len(wanted), self._client_host)):
+            self.ports[kind] = port
+        for kind, port in self.ports.items():
+            if kind not in wanted and not port_is_free(port, self.address):
+                raise ServerStartError(f"{kind} port {port} is already in use",
+                                       hint=f"stop what uses it, or pass --{kind}-port with a free port",
+                                       port=port)
+        self._workdir = Path(tempfile.mkdtemp(prefix="trm-triton-"))
+        if self.binary.bundled:
+            assemble_backends(self.binary, self._workdir / "backends")
+        self.log_path = self._workdir / "tritonserver.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=self._environment(),
+                                            start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
+
+        client = TritonClient(self.url, timeout_s=2.0)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"tritonserver exited with code {self.process.returncode} during start-up:\n"
+                    f"{self.log_tail()}", log=self.log_path)
+            if client.is_ready():
+                return
+            time.sleep(0.2)
+        raise ServerStartError(f"tritonserver was not ready after {self.start_timeout_s:.0f} s:\n"
+                               f"{self.log_tail()}", log=self.log_path)
+
+    def stop(self, timeout_s: float = 40.0) -> int | None:
+        """SIGTERM, wait (in-flight requests finish), then SIGKILL. Returns the exit code."""
+        code = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                try:
+                    os.killpg(self.process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                try:
+                    self.process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait()
+            code = self.process.returncode
+            self.process = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+        return code
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
