@@ -1,0 +1,169 @@
+"""The `trm` command line: exit codes, --json, serve/infer on a real tritonserver, error mapping."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx_models as om
+import pytest
+from helpers import run_cli
+
+from repo_manager.triton.client import TritonClient
+
+
+def test_publish_list_show_validate_json(capsys, tmp_path, triton):
+    source = om.linear(tmp_path / "m.onnx")
+    repo = tmp_path / "repo"
+    result = run_cli(capsys, "publish", "model", source, "--name", "lin", "--repo", repo, "--url", triton.url,
+                     "--json")
+    assert result.code == 0, result.err
+    assert result.json()["version"] == 1
+    listing = run_cli(capsys, "--json", "list", "--repo", repo).json()
+    assert listing["models"] == [{"model": "lin", "versions": [1], "latest": 1}]
+    shown = run_cli(capsys, "show", "lin", "--repo", repo, "--json").json()
+    assert shown["config"]["max_batch_size"] == 8 and shown["manifest"]["verification"]["passed"]
+    valid = run_cli(capsys, "validate", str(repo), "--json")
+    assert valid.code == 0 and valid.json()["ok"] is True
+
+
+def test_validate_lists_every_problem_and_exits_3(capsys, tmp_path, triton):
+    repo = tmp_path / "repo"
+    run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin", "--repo", repo,
+            "--url", triton.url)
+    (repo / "lin" / "1" / "model.onnx").write_bytes(b"tampered")
+    (repo / "lin" / "5").mkdir()
+    (repo / "broken").mkdir()
+    (repo / "broken" / "config.pbtxt").write_text("max_batch_size: {")
+    result = run_cli(capsys, "validate", str(repo), "--json")
+    assert result.code == 3
+    problems = result.json()["problems"]
+    assert any("model.onnx has size" in p for p in problems)
+    assert any("lin/5: no manifest" in p for p in problems)
+    assert any(p.startswith("broken:") and "not a valid Triton model config" in p for p in problems)
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run_cli(capsys, "publish", "model").code == 2
+    assert run_cli(capsys, "no-such-command").code == 2
+
+
+def test_unknown_model_exits_4(capsys, tmp_path):
+    (tmp_path / "repo").mkdir()
+    result = run_cli(capsys, "show", "ghost", "--repo", tmp_path / "repo")
+    assert result.code == 4 and "ghost" in result.err
+
+
+def test_server_down_is_a_clear_error(capsys, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin",
+                     "--repo", tmp_path / "repo", "--url", f"http://127.0.0.1:{port}")
+    assert result.code == 6
+    errors = [line for line in result.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "not reachable" in errors[0]
+    assert not (tmp_path / "repo" / "lin").exists()
+
+
+def test_missing_tritonserver_binary(capsys, tmp_path):
+    result = run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin",
+                     "--repo", tmp_path / "repo")
+    assert result.code == 0  # embedded server found (bundled)
+    os.environ["TRM_TRITONSERVER"] = str(tmp_path / "nope")
+    try:
+        result = run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin",
+                         "--repo", tmp_path / "repo")
+    finally:
+        del os.environ["TRM_TRITONSERVER"]
+    assert result.code == 6 and "does not exist" in result.err
+
+
+def test_malformed_settings_file(capsys, tmp_path):
+    (tmp_path / "bad.yaml").write_text("repository: [unclosed\n")
+    result = run_cli(capsys, "--config", tmp_path / "bad.yaml", "list")
+    assert result.code == 3 and "not valid YAML" in result.err
+    (tmp_path / "odd.yaml").write_text("colour: blue\n")
+    result = run_cli(capsys, "--config", tmp_path / "odd.yaml", "list")
+    assert result.code == 3 and "unknown setting" in result.err
+
+
+def _start_serve(repo, *extra):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "repo_manager", "--json", "serve", "--repo", str(repo),
+                             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        return proc, None
+    decoder = json.JSONDecoder()
+    text = line
+    while True:
+        try:
+            return proc, decoder.decode(text)
+        except json.JSONDecodeError:
+            text += proc.stdout.readline()
+
+
+def test_serve_answers_then_stops_cleanly_on_sigterm(tmp_path, triton, capsys):
+    repo = tmp_path / "repo"
+    source = om.linear(tmp_path / "m.onnx", seed=3)
+    run_cli(capsys, "publish", "model", source, "--name", "lin", "--repo", repo, "--url", triton.url)
+    run_cli(capsys, "publish", "model", source, "--name", "lin", "--repo", repo, "--url", triton.url)
+    proc, info = _start_serve(repo)
+    try:
+        assert info["status"] == "ready" and info["models"] == {"lin": 2}
+        with TritonClient(info["endpoints"]["http"]) as client:
+            out = client.infer("lin", {"X": np.ones((2, 4), np.float32)})
+            assert out["Y"].shape == (2, 3)
+            assert client.loaded_versions("lin") == [2]
+        result = run_cli(capsys, "infer", "lin", "--input", f"X={_npy(tmp_path)}", "--url",
+                         info["endpoints"]["http"], "--json")
+        assert result.code == 0 and result.json()["shapes"] == {"Y": [2, 3]}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
+    with pytest.raises(OSError):  # the server is gone with it
+        socket.create_connection(("127.0.0.1", int(info["endpoints"]["http"].rsplit(":", 1)[1])), timeout=1)
+
+
+def _npy(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.ones((2, 4), np.float32))
+    return path
+
+
+def test_serve_refuses_a_port_in_use(tmp_path, capsys, triton):
+    repo = tmp_path / "repo"
+    run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin", "--repo", repo,
+            "--url", triton.url)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        started = time.monotonic()
+        result = run_cli(capsys, "serve", "--repo", repo, "--http-port", port, "--grpc-port", "0",
+                         "--metrics-port", "0")
+    assert result.code == 6 and f"port {port} is already in use" in result.err
+    assert time.monotonic() - started < 30
+
+
+def test_serve_refuses_a_malformed_config_in_the_repository(tmp_path, capsys, triton):
+    repo = tmp_path / "repo"
+    run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin", "--repo", repo,
+            "--url", triton.url)
+    manifest = repo / "lin" / "1" / "trm-manifest.json"
+    data = json.loads(manifest.read_text())
+    data["config"] = "max_batch_size: {"
+    manifest.write_text(json.dumps(data))
+    result = run_cli(capsys, "serve", "--repo", repo, "--http-port", "0", "--grpc-port", "0",
+                     "--metrics-port", "0")
+    assert result.code == 3 and "not a valid Triton model config" in result.err
