@@ -16,11 +16,6 @@ from repo_manager.errors import InputError
 SAMPLE_TEXT = ["hello world", "Triton serves this model", "", "naïve café ☕ — ünïcode", "a b c " * 20]
 
 
-def input_shape(tensor, batch_size: int, variable: int) -> list[int]:
-    dims = [variable if d < 0 else d for d in tensor.dims]
-    return dims
-
-
 def generate_inputs(config: cfg.ModelConfig, *, batch_size: int = 1, variable_dim: int = 4,
                     seed: int = 0, int_high: int = 16) -> dict[str, np.ndarray]:
     """Random inputs that respect ``config``: types, dims (-1 -> ``variable_dim``) and the batch axis.

@@ -7,7 +7,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -119,11 +118,6 @@ def text_inputs(config: cfg.ModelConfig, texts: list[str]) -> dict[str, np.ndarr
     return {tensor.name: data.reshape(dims if len(texts) == 1 else [len(texts)] + dims[1:])}
 
 
-def infer(client: TritonClient, model: str, inputs: dict[str, np.ndarray],
-          version: int | None = None) -> dict[str, np.ndarray]:
-    return client.infer(model, inputs, version=version)
-
-
 def model_config_for(settings: Settings, client: TritonClient, model: str) -> cfg.ModelConfig:
     """The served config when the server has the model, else the repository's."""
     try:
@@ -131,6 +125,3 @@ def model_config_for(settings: Settings, client: TritonClient, model: str) -> cf
     except NotFoundError:
         return LocalRepository(settings.repository).config(model)
 
-
-def repository_path(settings: Settings) -> Path:
-    return Path(settings.repository)

@@ -117,4 +117,5 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
         env_value = env.get(f"TRM_{key.upper()}")
         if env_value:
             values[key] = _coerce(key, env_value, f"${'TRM_' + key.upper()}")
-    return Settings(**values, source=source) if "source" not in values else Settings(**values)
+    values["source"] = source
+    return Settings(**values)
