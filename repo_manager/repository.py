@@ -62,7 +62,8 @@ class LocalRepository:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_NAME).exists())
+                      if p.is_dir() and not p.name.startswith(".")
+                      and ((p / CONFIG_NAME).exists() or self.versions(p.name)))
 
     def _numeric_dirs(self, model: str) -> list[int]:
         folder = self.model_dir(model)
@@ -191,7 +192,11 @@ class LocalRepository:
             return [Problem(name, None, exc.message)]
         config_path = model_dir / CONFIG_NAME
         if not config_path.exists():
-            problems.append(Problem(name, None, "no config.pbtxt"))
+            if self.versions(name):
+                problems.append(Problem(name, None, "config.pbtxt is missing (interrupted publish; "
+                                                    "`trm validate --fix` rewrites it from the latest manifest)"))
+            elif not any(c.name.startswith(STAGING_PREFIX) for c in model_dir.iterdir()):
+                problems.append(Problem(name, None, "no config.pbtxt and no versions: not a model"))
         else:
             try:
                 config = cfg.read_config(config_path)

@@ -126,6 +126,8 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
     started = time.monotonic()
     timings: dict[str, float] = {}
     staged: list[Staged] = []
+    if repo.versions(name):
+        repo.repair_config(name)  # heal a config.pbtxt left stale by an interrupted earlier publish
     try:
         progress(f"preparing {name}")
         t0 = time.monotonic()
