@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx
 from repo_manager.errors import CompatibilityError
+from repo_manager.llm.layout import ServingOptions
 from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, PlanRequest, plan_memory, require_fit
+from repo_manager.llm.publish import TrtllmOptions
 from repo_manager.llm.shape import load_shape
 
 
@@ -56,3 +61,63 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
     except CompatibilityError as exc:
         exc.reported = True
         raise
+
+
+# ------------------------------------------------------------------------ publish --format tensorrt-llm
+
+_TRTLLM = [
+    click.option("--layout", "trtllm_layout", type=click.Choice(["engine", "llmapi"]), default="engine",
+                 show_default=True, help="tensorrt-llm: engine + inflight_batcher_llm models, or the LLM-API "
+                 "backend (no engine build)."),
+    click.option("--gpu-memory", "trtllm_gpu_memory", type=float,
+                 help="tensorrt-llm: GiB of one serving GPU to plan for (default: this node's GPU)."),
+    click.option("--dtype", "trtllm_dtype", type=click.Choice(WEIGHT_DTYPES), help="tensorrt-llm: weights."),
+    click.option("--kv-cache-dtype", "trtllm_kv_dtype", type=click.Choice(KV_DTYPES)),
+    click.option("--max-input-len", "trtllm_max_input_len", type=int, help="tensorrt-llm: prompt tokens."),
+    click.option("--max-seq-len", "trtllm_max_seq_len", type=int,
+                 help="tensorrt-llm: prompt + output tokens (default: the model's maximum)."),
+    click.option("--max-beam-width", "trtllm_max_beam_width", type=int, default=1, show_default=True),
+    click.option("--max-num-tokens", "trtllm_max_num_tokens", type=int, default=8192, show_default=True),
+    click.option("--tp", "trtllm_tp", type=int, default=1, show_default=True, help="tensorrt-llm: GPUs."),
+    click.option("--engine-dir", "trtllm_engine_dir", type=click.Path(file_okay=False),
+                 help="tensorrt-llm: an engine trtllm-build already built; skips the build."),
+    click.option("--builder", "trtllm_builder", help="tensorrt-llm: build command prefix taking trtllm-build's "
+                 "options, e.g. 'docker run --gpus all -v /m:/m IMAGE trtllm-build'."),
+    click.option("--compute-capability", "trtllm_cc", help="tensorrt-llm: GPU architecture the engine was built "
+                 "for (e.g. 9.0), when --engine-dir has no trm-build.json."),
+    click.option("--tensorrt-version", "trtllm_trt_version", help="tensorrt-llm: TensorRT of the engine build."),
+    click.option("--cuda-version", "trtllm_cuda_version", help="tensorrt-llm: CUDA of the engine build."),
+    click.option("--batching-strategy", "trtllm_batching", default="inflight_fused_batching", show_default=True,
+                 type=click.Choice(["inflight_fused_batching", "v1"])),
+    click.option("--kv-cache-fraction", "trtllm_kv_fraction", type=float, default=0.9, show_default=True,
+                 help="tensorrt-llm: kv_cache_free_gpu_mem_fraction."),
+    click.option("--streaming/--no-streaming", "trtllm_streaming", default=False, show_default=True,
+                 help="tensorrt-llm: decoupled mode, tokens streamed as generated."),
+    click.option("--bls/--no-bls", "trtllm_bls", default=False, show_default=True,
+                 help="tensorrt-llm: also publish the tensorrt_llm_bls model."),
+]
+
+
+def trtllm_options(function):
+    """Adds the tensorrt-llm options to a command and hands them over as one ``trtllm`` argument."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("trtllm_")}
+        kwargs["trtllm"] = TrtllmOptions(
+            layout=values["trtllm_layout"], gpu_memory_gib=values["trtllm_gpu_memory"],
+            dtype=values["trtllm_dtype"], kv_cache_dtype=values["trtllm_kv_dtype"],
+            max_batch_size=kwargs.get("max_batch_size") or 8, max_input_len=values["trtllm_max_input_len"],
+            max_seq_len=values["trtllm_max_seq_len"], max_beam_width=values["trtllm_max_beam_width"],
+            max_num_tokens=values["trtllm_max_num_tokens"], tp=values["trtllm_tp"],
+            engine_dir=Path(values["trtllm_engine_dir"]) if values["trtllm_engine_dir"] else None,
+            builder=values["trtllm_builder"], compute_capability=values["trtllm_cc"],
+            tensorrt_version=values["trtllm_trt_version"], cuda_version=values["trtllm_cuda_version"],
+            bls=values["trtllm_bls"],
+            serving=ServingOptions(batching_strategy=values["trtllm_batching"],
+                                   kv_cache_free_gpu_mem_fraction=values["trtllm_kv_fraction"],
+                                   decoupled=values["trtllm_streaming"]))
+        return function(*args, **kwargs)
+
+    for option in reversed(_TRTLLM):
+        wrapper = option(wrapper)
+    return wrapper
