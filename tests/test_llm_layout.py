@@ -16,12 +16,12 @@ import os
 import sys
 from pathlib import Path
 
+import llm_fixtures as fx
 import numpy as np
 import pytest
 import yaml
-
-import llm_fixtures as fx
 from helpers import run_cli
+
 from repo_manager import config as cfg
 from repo_manager.errors import CompatibilityError, InputError
 from repo_manager.llm.layout import ServingOptions, localize_gpt_model_path

@@ -179,7 +179,8 @@ class DoctorReport:
 
 def node_findings(node: NodeFacts) -> list[Finding]:
     if not node.gpus:
-        findings = [Finding("node", "gpu", "fail", f"no GPU visible: {node.probe}")]
+        why = node.probe.removeprefix("none ").strip("()")
+        findings = [Finding("node", "gpu", "fail", f"no GPU visible ({why})")]
     else:
         findings = [Finding("node", "gpu", "ok", ", ".join(
             f"#{g.index} {g.name} ({g.memory_bytes / GIB:.1f} GiB, cc {g.compute_capability})" for g in node.gpus)

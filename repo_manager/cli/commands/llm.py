@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx
-from repo_manager.errors import CompatibilityError
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.errors import CompatibilityError, InputError
+from repo_manager.llm.doctor import diagnose
 from repo_manager.llm.layout import ServingOptions
+from repo_manager.llm.node import NodeFacts, probe_node
 from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, PlanRequest, plan_memory, require_fit
 from repo_manager.llm.publish import TrtllmOptions
 from repo_manager.llm.shape import load_shape
@@ -61,6 +64,34 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
     except CompatibilityError as exc:
         exc.reported = True
         raise
+
+
+@cli.command("doctor")
+@repo_option
+@click.option("--node-facts", type=click.Path(dir_okay=False, exists=True),
+              help="Judge the facts of another node (the 'node' object of its `trm doctor --json`) instead of "
+                   "probing this one.")
+@json_option
+@pass_ctx
+def doctor_command(ctx: Context, repository: str | None, node_facts: str | None) -> None:
+    """Check this serving node: GPU, driver CUDA, and every engine of the repository (architecture,
+    TensorRT/TensorRT-LLM versions, memory plan). Exits 11 naming each mismatch."""
+    settings = ctx.settings.replace(repository=repository)
+    if node_facts:
+        try:
+            node = NodeFacts.from_dict(json.loads(Path(node_facts).read_text()))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InputError(f"{node_facts} does not hold node facts: {exc}") from exc
+    else:
+        node = probe_node()
+    repo = settings.repository if (repository or settings.repository.is_dir()) else None
+    report = diagnose(node, repo)
+    ctx.emit(report.to_dict(), "\n".join(str(f) for f in report.findings) + ("\nok" if report.ok else ""))
+    if not report.ok:
+        error = CompatibilityError("; ".join(f"{f.subject}: {f.message}" for f in report.failures),
+                                   hint="fix the node (driver, GPU) or rebuild the engines for it")
+        error.reported = True
+        raise error
 
 
 # ------------------------------------------------------------------------ publish --format tensorrt-llm
