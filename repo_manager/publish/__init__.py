@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from repo_manager import config as cfg
@@ -36,8 +37,10 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
         from repo_manager.llm.node import probe_node  # noqa: PLC0415
         from repo_manager.llm.publish import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415
         node = format_options.get("node") or probe_node()
-        build = prepare_tensorrt_llm(source, name, format_options.get("trtllm") or TrtllmOptions(), node=node,
-                                     progress=progress)
+        trtllm = format_options.get("trtllm") or TrtllmOptions()
+        if not trtllm.builder and settings.trtllm_builder:
+            trtllm = replace(trtllm, builder=settings.trtllm_builder)
+        build = prepare_tensorrt_llm(source, name, trtllm, node=node, progress=progress)
         return run_publish(settings, name, build, verify_model=False, progress=progress,
                            skipped_verification=skipped_verification(node))
     else:
