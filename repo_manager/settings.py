@@ -49,6 +49,9 @@ class Settings:
     """Named environments (staging, production, …) and the store each lives in."""
     gates: dict[str, Any] = field(default_factory=dict)
     """Promotion gate defaults."""
+    trtllm_builder: str | None = None
+    """TensorRT-LLM engine build command prefix taking trtllm-build's options (e.g. ``docker run --gpus all
+    -v /models:/models nvcr.io/nvidia/tensorrt-llm/release:<tag> trtllm-build``); None: trm's default."""
     source: str = "defaults"
     """Where the settings file came from, for `trm config`-style reporting."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from repo_manager import config as cfg
@@ -17,7 +18,11 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
                   options: cfg.ConfigOptions | None = None, inputs: list[cfg.TensorSpec] | None = None,
                   outputs: list[cfg.TensorSpec] | None = None, verify_model: bool = True,
                   progress: Progress = _quiet, **format_options) -> PublishResult:
-    """Publish ``source`` as the next version of ``name`` in ``settings.repository``."""
+    """Publish ``source`` as the next version of ``name`` in ``settings.repository``.
+
+    ``fmt="tensorrt-llm"`` takes ``trtllm=TrtllmOptions(...)`` (``repo_manager.llm.publish``); its versions are
+    not verified on Triton (that needs a GPU and the TensorRT-LLM backend) and say why in their manifest.
+    """
     check_model_name(name)
     source = Path(source)
     options = options or cfg.ConfigOptions()
@@ -28,6 +33,16 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     elif fmt == "python":
         from repo_manager.publish.python_model import build_python  # noqa: PLC0415
         build = build_python(source, inputs or [], outputs or [], options)
+    elif fmt == "tensorrt-llm":
+        from repo_manager.llm.node import probe_node  # noqa: PLC0415
+        from repo_manager.llm.publish import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415
+        node = format_options.get("node") or probe_node()
+        trtllm = format_options.get("trtllm") or TrtllmOptions()
+        if not trtllm.builder and settings.trtllm_builder:
+            trtllm = replace(trtllm, builder=settings.trtllm_builder)
+        build = prepare_tensorrt_llm(source, name, trtllm, node=node, progress=progress)
+        return run_publish(settings, name, build, verify_model=False, progress=progress,
+                           skipped_verification=skipped_verification(node))
     else:
         raise InputError(f"source format {fmt!r} is not supported yet",
                          hint="publish an .onnx file or a Python-backend folder")

@@ -116,10 +116,12 @@ def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str,
 
 
 def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository, str], list[Staged]],
-                *, verify_model: bool = True, progress: Progress = _quiet) -> PublishResult:
+                *, verify_model: bool = True, progress: Progress = _quiet,
+                skipped_verification: dict[str, Any] | None = None) -> PublishResult:
     """Build staged models with ``build``, verify them together, commit each (members first).
 
     ``build`` returns the staged models; the last one is the entry point that verification calls.
+    ``skipped_verification`` is what the manifests record when ``verify_model`` is False (why it was skipped).
     """
     check_model_name(name)
     repo = LocalRepository(settings.repository)
@@ -134,7 +136,7 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
         staged = build(repo, name)
         timings["convert"] = round(time.monotonic() - t0, 3)
         entry = staged[-1]
-        verification: dict[str, Any] = {"skipped": True}
+        verification: dict[str, Any] = dict(skipped_verification or {"skipped": True})
         if verify_model:
             t0 = time.monotonic()
             progress("verifying on Triton" + (f" at {settings.triton_url}" if settings.triton_url else

@@ -6,6 +6,7 @@ import click
 
 from repo_manager import config as cfg
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.cli.commands.llm import trtllm_options
 from repo_manager.publish import publish_model
 
 
@@ -17,7 +18,7 @@ def publish() -> None:
 @publish.command("model")
 @click.argument("source", type=click.Path())
 @click.option("--name", required=True, help="Model name in the repository.")
-@click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface"]),
+@click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface", "tensorrt-llm"]),
               help="Source format (default: detected).")
 @repo_option
 @url_option
@@ -35,12 +36,13 @@ def publish() -> None:
 @click.option("--output", "outputs", multiple=True, help="NAME:TYPE:DIMS, as --input.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
+@trtllm_options
 @json_option
 @pass_ctx
 def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None, repository: str | None,
                           triton_url: str | None, max_batch_size: int | None, instance_count: int,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
-                          outputs: tuple[str, ...], verify: bool) -> None:
+                          outputs: tuple[str, ...], verify: bool, trtllm) -> None:
     """Publish SOURCE (an .onnx file or a Python-backend folder) as the next version of --name."""
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
@@ -49,9 +51,10 @@ def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None,
     result = publish_model(settings, source, name, fmt=fmt, options=options,
                            inputs=[cfg.TensorSpec.parse(s) for s in inputs],
                            outputs=[cfg.TensorSpec.parse(s) for s in outputs],
-                           verify_model=verify, progress=ctx.progress)
+                           verify_model=verify, progress=ctx.progress, trtllm=trtllm)
     worst = result.verification.get("worst_abs_diff") or {}
-    check = ("not verified" if not result.verified else
+    skipped = result.verification.get("skipped")
+    check = (f"not verified ({skipped})" if isinstance(skipped, str) else "not verified" if not result.verified else
              f"verified on Triton ({result.verification.get('samples')} requests"
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
     ctx.emit(result.to_dict(), f"published {result.model} version {result.version} "

@@ -1,0 +1,160 @@
+"""The memory planner against published figures and hand-computed cases (no GPU needed).
+
+Fixtures in tests/data/llm/ are the published config.json files of the models (Hugging Face model cards:
+meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, mistralai/Mistral-7B-Instruct-v0.3,
+Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen2.5-0.5B, mistralai/Mixtral-8x7B-v0.1), copied as data.
+Published figures checked: 8B ≈ 16 GB at FP16 and ≈ 5 GB at 4-bit; 70B ≈ 140 GB at FP16; Llama 3.1 8B
+at BF16 on a 24 GB GPU leaves ≈ 45k tokens of KV cache (vLLM's start-up report for that setup).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+
+from repo_manager.errors import CompatibilityError, InputError
+from repo_manager.llm.plan import GB, PlanRequest, kv_bytes_per_token, plan_memory, require_fit
+from repo_manager.llm.shape import load_shape, parameter_breakdown, shape_from_config
+
+DATA = Path(__file__).parent / "data" / "llm"
+LLAMA8 = DATA / "llama-3.1-8b.json"
+LLAMA70 = DATA / "llama-3.1-70b.json"
+MISTRAL = DATA / "mistral-7b-v0.3.json"
+QWEN7 = DATA / "qwen2.5-7b.json"
+QWEN05 = DATA / "qwen2.5-0.5b.json"
+MIXTRAL = DATA / "mixtral-8x7b-v0.1.json"
+
+
+# ------------------------------------------------------------------------------------ published figures
+
+def test_8b_model_is_about_16_gb_at_fp16_and_5_gb_at_4_bit():
+    shape = load_shape(LLAMA8)
+    fp16 = plan_memory(shape, PlanRequest(80, dtype="fp16"))
+    int4 = plan_memory(shape, PlanRequest(80, dtype="int4"))
+    assert fp16.parameters.total == 8_030_261_248  # Meta's published 8.03B
+    assert 15.5 < fp16.weight_bytes / GB < 16.5
+    assert 4.5 < int4.weight_bytes / GB < 5.5
+
+
+def test_70b_model_needs_about_140_gb_at_fp16():
+    plan = plan_memory(load_shape(LLAMA70), PlanRequest(141, dtype="fp16"))
+    assert 70.0e9 < plan.parameters.total < 71.0e9  # published 70.6B
+    assert 138 < plan.weight_bytes / GB < 143
+    assert not plan.fits  # 141 GB of weights do not fit one 141 GB GPU with any KV cache
+    two = plan_memory(load_shape(LLAMA70), PlanRequest(80, dtype="fp16", tp=2, max_seq_len=8192))
+    assert two.fits and two.weight_bytes_per_gpu == pytest.approx(plan.weight_bytes / 2, abs=1)
+
+
+def test_llama_3_1_8b_bf16_on_24_gb_leaves_about_45k_tokens_and_refuses_128k_context():
+    plan = plan_memory(load_shape(LLAMA8), PlanRequest(24))
+    assert plan.dtype == "bf16" and plan.kv_bytes_per_token == 131_072
+    assert 42_000 <= plan.max_tokens <= 48_000
+    assert plan.max_seq_len == 131_072 and not plan.fits
+    with pytest.raises(CompatibilityError, match="max_seq_len 131,072") as info:
+        require_fit(plan)
+    assert f"--max-seq-len to {plan.max_tokens}" in info.value.hint
+    shorter = plan_memory(load_shape(LLAMA8), PlanRequest(24, max_seq_len=plan.max_tokens))
+    assert require_fit(shorter).fits and shorter.concurrent_full_sequences == 1
+
+
+# -------------------------------------------------------------------------------- hand-computed cases
+
+def _dense(h, layers, heads, kv, head_dim, inter, vocab, *, tied=False, qkv_bias=False):
+    attention = h * heads * head_dim * 2 + 2 * h * kv * head_dim
+    if qkv_bias:
+        attention += heads * head_dim + 2 * kv * head_dim
+    mlp = 3 * h * inter
+    return vocab * h * (1 if tied else 2) + layers * (attention + mlp + 2 * h) + h
+
+
+def test_llama_parameters_and_kv_match_hand_computation():
+    shape = load_shape(LLAMA8)
+    assert parameter_breakdown(shape).total == _dense(4096, 32, 32, 8, 128, 14336, 128256)
+    # 2 (K,V) × 32 layers × 8 KV heads × 128 × 2 bytes
+    assert kv_bytes_per_token(shape, "bf16") == 2 * 32 * 8 * 128 * 2 == 128 * 1024
+
+
+def test_mistral_gqa_kv_cache_is_a_quarter_of_full_attention():
+    shape = load_shape(MISTRAL)
+    assert parameter_breakdown(shape).total == _dense(4096, 32, 32, 8, 128, 14336, 32768) == 7_248_023_552
+    mha = shape_from_config({**json.loads(MISTRAL.read_text()), "num_key_value_heads": 32})
+    assert kv_bytes_per_token(mha, "fp16") == 4 * kv_bytes_per_token(shape, "fp16")
+    assert kv_bytes_per_token(shape, "fp8") == 2 * 32 * 8 * 128 * 1
+
+
+def test_qwen_gqa_with_qkv_bias_and_tied_embeddings():
+    qwen7 = load_shape(QWEN7)
+    assert qwen7.qkv_bias and qwen7.num_kv_heads == 4 and qwen7.head_dim == 128
+    assert parameter_breakdown(qwen7).total == _dense(3584, 28, 28, 4, 128, 18944, 152064, qkv_bias=True)
+    assert 7.6e9 < parameter_breakdown(qwen7).total < 7.62e9  # published 7.61B
+    assert kv_bytes_per_token(qwen7, "bf16") == 2 * 28 * 4 * 128 * 2 == 57_344
+    qwen05 = load_shape(QWEN05)
+    params = parameter_breakdown(qwen05)
+    assert qwen05.tied_embeddings and params.lm_head == 0
+    assert params.total == _dense(896, 24, 14, 2, 64, 4864, 151936, tied=True, qkv_bias=True)
+    assert 0.49e9 < params.total < 0.50e9  # published 0.49B
+
+
+def test_mixtral_counts_every_expert_in_weights_but_kv_like_a_dense_model():
+    shape = load_shape(MIXTRAL)
+    assert shape.num_experts == 8 and shape.experts_per_token == 2
+    params = parameter_breakdown(shape)
+    attention = 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024)
+    experts = 32 * 8 * 3 * 4096 * 14336
+    router = 32 * 4096 * 8
+    assert params.attention == attention and params.mlp == experts and params.router == router
+    assert params.total == 2 * 32000 * 4096 + attention + experts + router + 32 * 2 * 4096 + 4096
+    assert 46.6e9 < params.total < 46.8e9  # published 46.7B
+    assert kv_bytes_per_token(shape, "bf16") == kv_bytes_per_token(load_shape(MISTRAL), "bf16")
+    # 93 GB in BF16: not on one 80 GB GPU, yes on two
+    assert not plan_memory(shape, PlanRequest(80, max_seq_len=4096)).fits
+    assert plan_memory(shape, PlanRequest(80, max_seq_len=32768, tp=2)).fits
+
+
+def test_tensor_parallel_splits_kv_heads_and_never_below_one_head():
+    shape = load_shape(QWEN05)  # 2 KV heads
+    assert kv_bytes_per_token(shape, "bf16", tp=2) == kv_bytes_per_token(shape, "bf16") // 2
+    assert kv_bytes_per_token(shape, "bf16", tp=4) == kv_bytes_per_token(shape, "bf16", tp=2)  # replicated
+
+
+def test_engine_config_json_gives_the_same_shape_as_the_checkpoint():
+    hf = json.loads(LLAMA8.read_text())
+    engine = {"version": "0.12.0", "pretrained_config": {
+        "architecture": "LlamaForCausalLM", "dtype": "bfloat16", "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+        "vocab_size": 128256, "max_position_embeddings": 131072, "hidden_act": "silu",
+        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}, "build_config": {"max_batch_size": 8}}
+    a, b = shape_from_config(hf), shape_from_config(engine)
+    assert parameter_breakdown(a).total == parameter_breakdown(b).total
+    assert kv_bytes_per_token(a, "bf16") == kv_bytes_per_token(b, "bf16")
+
+
+def test_bad_configs_and_requests_are_refused_with_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_shape(tmp_path)
+    with pytest.raises(InputError, match="no num_attention_heads"):
+        shape_from_config({"hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10})
+    with pytest.raises(InputError, match="not a multiple"):
+        shape_from_config({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 6,
+                           "num_key_value_heads": 4, "vocab_size": 10})
+    with pytest.raises(InputError, match="GPU memory"):
+        plan_memory(load_shape(LLAMA8), PlanRequest(0))
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+def test_plan_command_prints_the_arithmetic_and_exits_11_when_the_context_does_not_fit(capsys):
+    result = run_cli(capsys, "plan", LLAMA8, "--gpu-memory", "24")
+    assert result.code == 11
+    assert "131,072 bytes" in result.out and "16.06 GB" in result.out
+    assert "--max-seq-len to" in result.err
+    ok = run_cli(capsys, "plan", LLAMA8, "--gpu-memory", "24", "--max-seq-len", "32768", "--json")
+    assert ok.code == 0
+    data = ok.json()
+    assert data["fits"] and data["kv_bytes_per_token"] == 131072 and data["parameters"]["total"] == 8030261248
+    missing = run_cli(capsys, "plan", "no-such-dir", "--gpu-memory", "24")
+    assert missing.code == 3 and "config.json" in missing.err
