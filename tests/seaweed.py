@@ -129,11 +129,12 @@ class SeaweedServer:
     def stop(self, kill: bool = False) -> None:
         if self.process is not None and self.process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+                # weed stops promptly on SIGINT (its Ctrl-C path); on SIGTERM it lingers
+                os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGINT)
             except ProcessLookupError:
                 pass
             try:
-                self.process.wait(15)
+                self.process.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()

@@ -168,13 +168,14 @@ class BlobCache:
             if size <= RANGED_THRESHOLD:
                 self._copy(store.read_blob(digest, 0, size), fd, 0, size, digest, on_bytes, limit)
                 return size, 0
-            count = (size + PART_SIZE - 1) // PART_SIZE
+            part_size = self._part_size(folder)
+            count = (size + part_size - 1) // part_size
             done = folder / "done"
             missing = [i for i in range(count) if not (done / str(i)).exists()]
 
             def part(index: int) -> int:
-                start = index * PART_SIZE
-                length = min(PART_SIZE, size - start)
+                start = index * part_size
+                length = min(part_size, size - start)
                 self._copy(store.read_blob(digest, start, length), fd, start, length, digest, on_bytes, limit)
                 (done / str(index)).touch()  # after the bytes are written: a marker never lies
                 return length
@@ -182,6 +183,16 @@ class BlobCache:
             return got, size - got
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _part_size(folder: Path) -> int:
+        """The part size this partial download was started with (markers count in its parts)."""
+        record = folder / "part_size"
+        try:
+            return int(record.read_text())
+        except (FileNotFoundError, ValueError):
+            record.write_text(str(PART_SIZE))
+            return PART_SIZE
 
     @staticmethod
     def _copy(chunks: Iterator[bytes], fd: int, start: int, length: int, digest: str, on_bytes: OnBytes,

@@ -172,7 +172,11 @@ def materialize(store: Store, cache: BlobCache, repo: LocalRepository, action: M
 
 
 def replace_config(repo: LocalRepository, action: ModelAction) -> None:
-    cfg.write_config(repo.model_dir(action.model) / CONFIG_NAME, cfg.parse_config(action.manifest.config))
+    """config.pbtxt becomes, atomically, exactly the text the version was validated with (parsed through
+    Triton's schema when the plan was built), so `trm validate` finds them equal."""
+    text = action.manifest.config
+    cfg.parse_config(text, f"config of {action.model}/{action.version}")
+    cfg.atomic_write_bytes(repo.model_dir(action.model) / CONFIG_NAME, text.encode())
 
 
 def prune_version(repo: LocalRepository, model: str, version: int) -> None:

@@ -181,12 +181,10 @@ def local_state(repo: LocalRepository, manifest: Manifest) -> str:
 
 
 def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
-    path = repo.model_dir(manifest.model) / CONFIG_NAME
     try:
-        current = cfg.read_config(path)
-    except Exception:  # noqa: BLE001 - missing or unreadable: replace it
+        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != manifest.config
+    except (OSError, UnicodeDecodeError):
         return True
-    return current != cfg.parse_config(manifest.config)
 
 
 def prune_actions(repo: LocalRepository, wanted: dict[str, int], loaded: dict[str, list[int]]) -> list[PruneAction]:
