@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import onnx
+import onnx_models as om
 import pytest
 from onnx import TensorProto, helper
 
-import onnx_models as om
 from repo_manager import config as cfg
 from repo_manager.errors import ConfigError, InputError
 from repo_manager.publish.onnx import load_onnx, onnx_config, signature

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx_models as om
 import onnxruntime as ort
 import pytest
 
-import onnx_models as om
 from repo_manager import config as cfg
 from repo_manager.errors import InputError, VerificationError
 from repo_manager.manifest import MANIFEST_NAME, read_manifest, sha256_file

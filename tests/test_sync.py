@@ -8,13 +8,13 @@ import time
 
 import boto3
 import pytest
-
 from helpers import run_cli
+from seaweed import BUCKET, SeaweedServer
+from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
+
 from repo_manager.repository import LocalRepository
 from repo_manager.storage import open_store
 from repo_manager.storage.base import blob_key
-from seaweed import BUCKET, SeaweedServer
-from store_helpers import finish, make_version, pseudo_random, trm_process, tree_digest
 
 MB = 1024 * 1024
 
