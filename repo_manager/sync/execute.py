@@ -179,19 +179,20 @@ def replace_config(repo: LocalRepository, action: ModelAction) -> None:
     cfg.atomic_write_bytes(repo.model_dir(action.model) / CONFIG_NAME, text.encode())
 
 
-def prune_version(repo: LocalRepository, model: str, version: int) -> None:
-    """Remove ``<repo>/<model>/<version>``: renamed out of Triton's sight first, then deleted.
-    Only a real folder inside the repository is touched (never a symlink's target)."""
+def prune_version(repo: LocalRepository, model: str, version: int) -> bool:
+    """Remove ``<repo>/<model>/<version>``: renamed out of Triton's sight first, then deleted. Only a
+    real folder inside the repository is touched, never a symlink or what it points to. True if removed."""
     root = repo.root.resolve()
     model_dir = repo.model_dir(model)
     folder = repo.version_dir(model, version)
     if model_dir.is_symlink() or folder.is_symlink() or not folder.is_dir():
-        return
+        return False
     if folder.resolve().parent != (root / model) or not folder.resolve().is_relative_to(root):
-        return
+        return False
     aside = model_dir / f"{STAGING_PREFIX}prune-{uuid.uuid4().hex}"
     os.rename(folder, aside)
     shutil.rmtree(aside, ignore_errors=True)
+    return True
 
 
 def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = None,
@@ -214,8 +215,8 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     pruned, kept = [], []
     for item in plan.prune:
         if item.remove:
-            prune_version(repo, item.model, item.version)
-            pruned.append(f"{item.model}/{item.version}")
+            if prune_version(repo, item.model, item.version):
+                pruned.append(f"{item.model}/{item.version}")
         else:
             kept.append(f"{item.model}/{item.version}")
     removed = freed = 0
