@@ -171,6 +171,8 @@ class LocalRepository:
                 if child.name.startswith(STAGING_PREFIX):
                     shutil.rmtree(child, ignore_errors=True)
                     removed.append(child)
+            if removed and not any(folder.iterdir()):
+                folder.rmdir()  # a first publish that never committed: leave no empty model folder
         return removed
 
     # --------------------------------------------------------------------------------- validation
