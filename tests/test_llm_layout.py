@@ -334,3 +334,21 @@ def test_gpu_builds_and_serves_a_tiny_engine(tmp_path):
         out = client.infer("llm", {"text_input": np.array([[b"hello world"]], dtype=np.object_),
                                    "max_tokens": np.array([[4]], dtype=np.int32)})
         assert out["text_output"].size == 1
+
+
+def test_builder_setting_comes_from_trm_settings(tmp_path, monkeypatch, capsys):
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    monkeypatch.setenv("TRM_TRTLLM_BUILDER", "/nonexistent/ngc-trtllm-build")
+    result = run_cli(capsys, "publish", "model", checkpoint, "--name", "m", "--format", "tensorrt-llm",
+                     "--repo", tmp_path / "repo", "--gpu-memory", "24", "--max-seq-len", "128")
+    assert result.code == 3 and "/nonexistent/ngc-trtllm-build" in result.err
+
+
+def test_engine_with_a_vocabulary_padded_for_tensor_parallelism_matches_its_checkpoint(tmp_path):
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    engine = fx.engine_dir(tmp_path / "engine", checkpoint, tp=8, fingerprint=FINGERPRINT)
+    config = json.loads((engine / "config.json").read_text())
+    config["pretrained_config"]["vocab_size"] = 16  # 12 words padded to a multiple of tp 8
+    (engine / "config.json").write_text(json.dumps(config))
+    result = _publish(tmp_path, checkpoint, engine_dir=engine)
+    assert result.members["llm_tensorrt_llm"] == 1
