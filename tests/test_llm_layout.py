@@ -334,3 +334,78 @@ def test_gpu_builds_and_serves_a_tiny_engine(tmp_path):
         out = client.infer("llm", {"text_input": np.array([[b"hello world"]], dtype=np.object_),
                                    "max_tokens": np.array([[4]], dtype=np.int32)})
         assert out["text_output"].size == 1
+
+
+def test_builder_setting_comes_from_trm_settings(tmp_path, monkeypatch, capsys):
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    monkeypatch.setenv("TRM_TRTLLM_BUILDER", "/nonexistent/ngc-trtllm-build")
+    result = run_cli(capsys, "publish", "model", checkpoint, "--name", "m", "--format", "tensorrt-llm",
+                     "--repo", tmp_path / "repo", "--gpu-memory", "24", "--max-seq-len", "128")
+    assert result.code == 3 and "/nonexistent/ngc-trtllm-build" in result.err
+
+
+def test_engine_with_a_vocabulary_padded_for_tensor_parallelism_matches_its_checkpoint(tmp_path):
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    engine = fx.engine_dir(tmp_path / "engine", checkpoint, tp=8, fingerprint=FINGERPRINT)
+    config = json.loads((engine / "config.json").read_text())
+    config["pretrained_config"]["vocab_size"] = 16  # 12 words padded to a multiple of tp 8
+    (engine / "config.json").write_text(json.dumps(config))
+    result = _publish(tmp_path, checkpoint, engine_dir=engine)
+    assert result.members["llm_tensorrt_llm"] == 1
+
+
+ECHO_ENGINE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Stand-in for the TensorRT-LLM engine (which needs a GPU): "generates" the prompt's own tokens."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+            lengths = pb_utils.get_input_tensor_by_name(request, "input_lengths").as_numpy().reshape(-1)
+            wanted = pb_utils.get_input_tensor_by_name(request, "request_output_len").as_numpy().reshape(-1)
+            out = np.minimum(lengths, wanted).astype(np.int32)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("output_ids", ids[:, None, :].astype(np.int32)),
+                pb_utils.Tensor("sequence_length", out.reshape(-1, 1))]))
+        return responses
+'''
+
+
+def test_generated_ensemble_wires_text_through_all_three_models_on_a_real_triton(tmp_path):
+    """The published repository served by a real tritonserver: ensemble, BLS, preprocessing and
+    postprocessing exactly as published; only the engine model is a stand-in (its generated config with the Python
+    backend instead of tensorrtllm, which needs a GPU). Triton checks every tensor name, type and shape of
+    the ensemble's wiring when it loads it."""
+    import shutil  # noqa: PLC0415
+
+    from repo_manager.triton.server import TritonServer  # noqa: PLC0415
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    _publish(tmp_path, checkpoint, engine_dir=fx.engine_dir(tmp_path / "e", checkpoint, fingerprint=FINGERPRINT),
+             bls=True)
+    served = tmp_path / "served"
+    shutil.copytree(tmp_path / "repo", served)
+    engine_config = cfg.read_config(served / "llm_tensorrt_llm" / "config.pbtxt")
+    engine_config.backend = "python"
+    cfg.write_config(served / "llm_tensorrt_llm" / "config.pbtxt", engine_config)
+    (served / "llm_tensorrt_llm" / "1" / "model.py").write_text(ECHO_ENGINE)
+    with TritonServer(served) as server, TritonClient(server.url) as client:
+        for model in ("llm_preprocessing", "llm_tensorrt_llm", "llm_postprocessing", "llm"):
+            client.load(model)
+        out = client.infer("llm", {"text_input": np.array([[b"hello world"]], dtype=np.object_),
+                                   "max_tokens": np.array([[1]], dtype=np.int32)})
+        assert out["text_output"].ravel()[0].decode() == "hello"  # the stand-in echoes max_tokens tokens
+        out = client.infer("llm", {"text_input": np.array([[b"the engine runs"]], dtype=np.object_),
+                                   "max_tokens": np.array([[8]], dtype=np.int32),
+                                   "temperature": np.array([[0.5]], dtype=np.float32)})
+        assert out["text_output"].ravel()[0].decode() == "the engine runs"
+        client.load("llm_tensorrt_llm_bls")  # the BLS chain gives the same answer
+        out = client.infer("llm_tensorrt_llm_bls", {"text_input": np.array([b"hello world"], dtype=np.object_),
+                                                    "max_tokens": np.array([2], dtype=np.int32),
+                                                    "top_k": np.array([1], dtype=np.int32)})
+        assert out["text_output"].ravel()[0].decode() == "hello world"

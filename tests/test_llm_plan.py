@@ -158,3 +158,20 @@ def test_plan_command_prints_the_arithmetic_and_exits_11_when_the_context_does_n
     assert data["fits"] and data["kv_bytes_per_token"] == 131072 and data["parameters"]["total"] == 8030261248
     missing = run_cli(capsys, "plan", "no-such-dir", "--gpu-memory", "24")
     assert missing.code == 3 and "config.json" in missing.err
+
+
+def test_plan_of_an_engine_folder_takes_the_engines_limits(tmp_path, capsys):
+    import llm_fixtures as fx  # noqa: PLC0415
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt", tokenizer=False)
+    engine = fx.engine_dir(tmp_path / "engine", checkpoint, tp=2, max_batch_size=16, max_seq_len=128)
+    data = run_cli(capsys, "plan", engine, "--gpu-memory", "24", "--json").json()
+    assert data["request"]["max_seq_len"] == 128 and data["request"]["tp"] == 2
+    assert data["request"]["max_batch_size"] == 16 and data["request"]["dtype"] == "fp16"
+    data = run_cli(capsys, "plan", engine, "--gpu-memory", "24", "--max-seq-len", "64", "--json").json()
+    assert data["request"]["max_seq_len"] == 64 and data["request"]["tp"] == 2
+
+
+def test_fp32_weights_take_four_bytes():
+    plan = plan_memory(load_shape(QWEN05), PlanRequest(24, dtype="fp32"))
+    assert plan.weight_bytes == 4 * plan.parameters.total and plan.kv_cache_dtype == "fp32"

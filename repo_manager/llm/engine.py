@@ -24,11 +24,12 @@ import json
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from repo_manager.errors import CompatibilityError, InputError
+from repo_manager.llm.plan import DEFAULT_UTILIZATION, MemoryPlan, PlanRequest, plan_memory
 from repo_manager.llm.shape import ModelShape, read_config_json, shape_from_config
 
 FINGERPRINT_FILE = "trm-build.json"
@@ -120,10 +121,47 @@ def read_engine(engine_dir: str | Path) -> EngineConfig:
     return engine
 
 
+_QUANT = {"W4A16": "int4", "W4A16_AWQ": "int4", "W4A16_GPTQ": "int4", "W4A8_AWQ": "int4", "W8A16": "int8",
+          "W8A8_SQ_PER_CHANNEL": "int8", "FP8": "fp8", "INT8": "int8"}
+_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def engine_plan_request(engine: EngineConfig, gpu_memory_gib: float, *,
+                        kv_cache_dtype: str | None = None) -> PlanRequest:
+    """The memory-plan request an engine implies: its precision, limits and tensor parallelism."""
+    dtype = _QUANT.get(engine.quant_algo or "", _DTYPES.get(engine.dtype, "bf16"))
+    kv = {"FP8": "fp8", "INT8": "int8"}.get(engine.kv_cache_quant_algo or "", kv_cache_dtype)
+    if kv is None and dtype == "fp32":
+        kv = "fp32"
+    return PlanRequest(gpu_memory_gib=gpu_memory_gib, dtype=dtype, kv_cache_dtype=kv,
+                       max_batch_size=engine.max_batch_size, max_seq_len=engine.max_seq_len, tp=engine.tp_size,
+                       max_num_tokens=engine.max_num_tokens or 8192)
+
+
+def plan_for(path: str | Path, gpu_memory_gib: float, *, dtype: str | None = None,
+             kv_cache_dtype: str | None = None, max_batch_size: int | None = None, max_seq_len: int | None = None,
+             tp: int | None = None, max_num_tokens: int | None = None,
+             utilization: float = DEFAULT_UTILIZATION) -> MemoryPlan:
+    """Plan a checkpoint or an engine folder. What is not given comes from the engine's build_config (for
+    an engine) or the plan's defaults (batch 1, the model's maximum length, tp 1, 8192 tokens per step)."""
+    data, file = read_config_json(path)
+    shape = shape_from_config(data, str(file))
+    base = PlanRequest(gpu_memory_gib=gpu_memory_gib)
+    if "build_config" in data:
+        base = engine_plan_request(parse_engine_config(data, Path(path), str(file)), gpu_memory_gib)
+    given = {"dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "max_batch_size": max_batch_size,
+             "max_seq_len": max_seq_len, "tp": tp, "max_num_tokens": max_num_tokens}
+    request = replace(base, utilization=utilization, **{k: v for k, v in given.items() if v is not None})
+    return plan_memory(shape, request)
+
+
 def check_engine_matches(engine: EngineConfig, checkpoint: ModelShape, origin: str) -> None:
     """An engine built from another model must not be published under this checkpoint's name."""
     for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "vocab_size"):
-        if getattr(engine.shape, field) != getattr(checkpoint, field):
+        ours, theirs = getattr(engine.shape, field), getattr(checkpoint, field)
+        if field == "vocab_size" and ours == -(-theirs // engine.tp_size) * engine.tp_size:
+            continue  # TensorRT-LLM pads the vocabulary to a multiple of tp
+        if ours != theirs:
             raise InputError(f"engine {engine.path} has {field} {getattr(engine.shape, field)}, the checkpoint "
                              f"{origin} has {getattr(checkpoint, field)}: it was built from another model")
 

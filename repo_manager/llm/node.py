@@ -69,7 +69,9 @@ def _probe_nvml() -> tuple[list[GpuFacts], str | None, str | None]:
         driver = buffer.value.decode() if lib.nvmlSystemGetDriverVersion(buffer, 96) == 0 else None
         cuda = ctypes.c_int()
         cuda_version = None
-        if lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)) == 0:
+        # _v2 since driver 418; older libraries only have the unversioned symbol
+        get_cuda = getattr(lib, "nvmlSystemGetCudaDriverVersion_v2", None) or lib.nvmlSystemGetCudaDriverVersion
+        if get_cuda(ctypes.byref(cuda)) == 0:
             cuda_version = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
         count = ctypes.c_uint()
         if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:

@@ -40,10 +40,10 @@ RUNTIME_STATE_BYTES = GIB // 2
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default --max_num_tokens
 ACTIVATION_BYTES = 2
 
-WEIGHT_DTYPES = ("fp16", "bf16", "fp8", "int8", "int4")
-KV_DTYPES = ("fp16", "bf16", "fp8", "int8")
-_LINEAR_BYTES = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 4.25 / 8}
-_KV_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+WEIGHT_DTYPES = ("fp16", "bf16", "fp8", "int8", "int4", "fp32")
+KV_DTYPES = ("fp16", "bf16", "fp8", "int8", "fp32")
+_LINEAR_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 4.25 / 8}
+_KV_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 _TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "bf16"}
 
 
@@ -131,8 +131,8 @@ def default_dtype(shape: ModelShape) -> str:
 
 
 def weight_bytes(params: Parameters, dtype: str) -> int:
-    if dtype in ("fp16", "bf16"):
-        return 2 * params.total
+    if dtype in ("fp16", "bf16", "fp32"):
+        return int(_LINEAR_BYTES[dtype]) * params.total
     # quantized: linear layers in the quantized type, embedding table, norms and router in 16 bits
     return round(params.linear * _LINEAR_BYTES[dtype]) + 2 * (params.embedding + params.norms + params.router)
 
@@ -150,7 +150,7 @@ def plan_memory(shape: ModelShape, request: PlanRequest) -> MemoryPlan:
     """The memory plan of ``shape`` under ``request``; every figure is derived in ``steps``."""
     request.check()
     dtype = request.dtype or default_dtype(shape)
-    kv_dtype = request.kv_cache_dtype or ("bf16" if dtype == "bf16" else "fp16")
+    kv_dtype = request.kv_cache_dtype or (dtype if dtype in ("bf16", "fp32") else "fp16")
     tp = request.tp
     params = parameter_breakdown(shape)
     steps = [f"parameters = embedding {params.embedding:,} + lm_head {params.lm_head:,}"
@@ -158,8 +158,8 @@ def plan_memory(shape: ModelShape, request: PlanRequest) -> MemoryPlan:
              f"{f' ({shape.num_experts} experts)' if shape.num_experts else ''} + router {params.router:,}"
              f" + norms {params.norms:,} = {params.total:,}"]
     weights = weight_bytes(params, dtype)
-    if dtype in ("fp16", "bf16"):
-        steps.append(f"weights = {params.total:,} × 2 bytes ({dtype}) = {_gb(weights)}")
+    if dtype in ("fp16", "bf16", "fp32"):
+        steps.append(f"weights = {params.total:,} × {_LINEAR_BYTES[dtype]:g} bytes ({dtype}) = {_gb(weights)}")
     else:
         steps.append(f"weights = linear {params.linear:,} × {_LINEAR_BYTES[dtype]:g} bytes ({dtype}) + "
                      f"embedding/norms/router {params.embedding + params.norms + params.router:,} × 2 bytes"
@@ -188,7 +188,7 @@ def plan_memory(shape: ModelShape, request: PlanRequest) -> MemoryPlan:
     max_seq_len = request.max_seq_len or shape.max_position_embeddings
     concurrent = max_tokens // max_seq_len
     per_sequence = min(max_tokens // request.max_batch_size, max_seq_len)
-    steps.append(f"at max_seq_len {max_seq_len:,}: {concurrent} full-length sequence(s) at once; at batch "
+    steps.append(f"at max_seq_len {max_seq_len:,}: {concurrent:,} full-length sequence(s) at once; at batch "
                  f"{request.max_batch_size}: {per_sequence:,} tokens per sequence")
     if budget <= 0:
         fits = False
@@ -200,7 +200,7 @@ def plan_memory(shape: ModelShape, request: PlanRequest) -> MemoryPlan:
                   f" cache, only {max_tokens:,} tokens ({_gb(budget)}) fit")
     else:
         fits = True
-        reason = f"{max_tokens:,} tokens of KV cache: {concurrent} sequence(s) of {max_seq_len:,} tokens at once"
+        reason = f"{max_tokens:,} tokens of KV cache: {concurrent:,} sequence(s) of {max_seq_len:,} tokens at once"
     return MemoryPlan(
         shape=shape, request=request, dtype=dtype, kv_cache_dtype=kv_dtype, parameters=params,
         gpu_memory_bytes=gpu_bytes, usable_bytes=usable, weight_bytes=weights, weight_bytes_per_gpu=per_gpu_weights,

@@ -35,6 +35,7 @@ from repo_manager.llm.engine import (
     builder_command,
     check_engine_matches,
     engine_fingerprint,
+    engine_plan_request,
     read_engine,
     run_builder,
 )
@@ -49,9 +50,6 @@ MODELS_DIR = Path(__file__).parent / "triton_models"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
 LAYOUTS = ("engine", "llmapi")
-_QUANT = {"W4A16": "int4", "W4A16_AWQ": "int4", "W4A16_GPTQ": "int4", "W4A8_AWQ": "int4", "W8A16": "int8",
-          "W8A8_SQ_PER_CHANNEL": "int8", "FP8": "fp8", "INT8": "int8"}
-_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -90,14 +88,6 @@ def _tokenizer_files(source: Path) -> list[Path]:
                          hint="save the fast tokenizer into the checkpoint: "
                               "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
     return found
-
-
-def _engine_request(engine: EngineConfig, options: TrtllmOptions, gpu_gib: float) -> PlanRequest:
-    dtype = _QUANT.get(engine.quant_algo or "", _DTYPES.get(engine.dtype, "bf16"))
-    kv = {"FP8": "fp8", "INT8": "int8"}.get(engine.kv_cache_quant_algo or "", options.kv_cache_dtype)
-    return PlanRequest(gpu_memory_gib=gpu_gib, dtype=dtype, kv_cache_dtype=kv, max_batch_size=engine.max_batch_size,
-                       max_seq_len=engine.max_seq_len, tp=engine.tp_size,
-                       max_num_tokens=engine.max_num_tokens or options.max_num_tokens)
 
 
 def _gpu_memory(options: TrtllmOptions, node: NodeFacts) -> float:
@@ -154,7 +144,7 @@ def prepare_tensorrt_llm(source: str | Path, name: str, options: TrtllmOptions, 
         options.serving.check(engine)
         fingerprint = engine_fingerprint(engine, compute_capability=options.compute_capability,
                                          tensorrt_version=options.tensorrt_version, cuda_version=options.cuda_version)
-        request = _engine_request(engine, options, gpu_gib)
+        request = engine_plan_request(engine, gpu_gib, kv_cache_dtype=options.kv_cache_dtype)
     else:
         max_seq = options.max_seq_len or shape.max_position_embeddings
         request = PlanRequest(gpu_memory_gib=gpu_gib, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
@@ -212,7 +202,8 @@ def prepare_tensorrt_llm(source: str | Path, name: str, options: TrtllmOptions, 
             built_fingerprint = engine_fingerprint(built, compute_capability=options.compute_capability,
                                                    tensorrt_version=options.tensorrt_version,
                                                    cuda_version=options.cuda_version)
-            built_plan = require_fit(plan_memory(shape, _engine_request(built, options, gpu_gib)))
+            built_request = engine_plan_request(built, gpu_gib, kv_cache_dtype=options.kv_cache_dtype)
+            built_plan = require_fit(plan_memory(shape, built_request))
         else:
             for entry in scan_files(built.path):
                 copy_into(engine_staging, built.path / entry.path, entry.path)

@@ -11,11 +11,11 @@ import click
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.errors import CompatibilityError, InputError
 from repo_manager.llm.doctor import diagnose
+from repo_manager.llm.engine import plan_for
 from repo_manager.llm.layout import ServingOptions
 from repo_manager.llm.node import NodeFacts, probe_node
-from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, PlanRequest, plan_memory, require_fit
+from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
 from repo_manager.llm.publish import TrtllmOptions
-from repo_manager.llm.shape import load_shape
 
 
 def plan_text(plan) -> str:
@@ -37,27 +37,27 @@ def plan_text(plan) -> str:
               help="Memory of one GPU in GiB, as nvidia-smi reports it (a '24 GB' card: 24).")
 @click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), help="Weight precision (default: the checkpoint's).")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_DTYPES), help="KV-cache precision (default: 16-bit).")
-@click.option("--max-batch-size", type=int, default=1, show_default=True)
+@click.option("--max-batch-size", type=int, help="Sequences at once (default: 1, or the engine's).")
 @click.option("--max-seq-len", type=int, help="Prompt + output tokens per sequence (default: the model's "
-              "max_position_embeddings).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel GPUs.")
-@click.option("--max-num-tokens", type=int, default=8192, show_default=True,
-              help="Tokens per forward pass (sizes the activation memory).")
+              "max_position_embeddings, or the engine's max_seq_len).")
+@click.option("--tp", type=int, help="Tensor-parallel GPUs (default: 1, or the engine's).")
+@click.option("--max-num-tokens", type=int, help="Tokens per forward pass, sizing the activation memory "
+              "(default: 8192, or the engine's).")
 @click.option("--utilization", type=float, default=0.9, show_default=True,
               help="Fraction of GPU memory the server may use.")
 @json_option
 @pass_ctx
 def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | None, kv_cache_dtype: str | None,
-                 max_batch_size: int, max_seq_len: int | None, tp: int, max_num_tokens: int,
+                 max_batch_size: int | None, max_seq_len: int | None, tp: int | None, max_num_tokens: int | None,
                  utilization: float) -> None:
-    """Plan GPU memory for CHECKPOINT (a folder or config.json): weights, overhead, KV cache.
+    """Plan GPU memory for CHECKPOINT (a folder or config.json, or an engine folder: its limits are the
+    defaults): weights, overhead, KV cache.
 
     Exits 11 when one sequence of --max-seq-len tokens does not fit, naming the length that does.
     """
-    request = PlanRequest(gpu_memory_gib=gpu_memory, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                          max_batch_size=max_batch_size, max_seq_len=max_seq_len, tp=tp,
-                          max_num_tokens=max_num_tokens, utilization=utilization)
-    plan = plan_memory(load_shape(checkpoint), request)
+    plan = plan_for(checkpoint, gpu_memory, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                    max_batch_size=max_batch_size, max_seq_len=max_seq_len, tp=tp, max_num_tokens=max_num_tokens,
+                    utilization=utilization)
     ctx.emit(plan.to_dict(), plan_text(plan))
     try:
         require_fit(plan)

@@ -69,5 +69,6 @@ def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None,
     check = (f"not verified ({skipped})" if isinstance(skipped, str) else "not verified" if not result.verified else
              f"verified on Triton ({result.verification.get('samples')} requests"
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
+    members = "".join(f", {m} version {v}" for m, v in result.members.items())
     ctx.emit(data, f"published {result.model} version {data['version']} "
-                   f"({result.files} files, {result.bytes} bytes) at {data['path']}; {check}")
+                   f"({result.files} files, {result.bytes} bytes) at {data['path']}{members}; {check}")
