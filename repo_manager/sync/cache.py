@@ -3,7 +3,8 @@
 Layout::
 
     <cache>/blobs/sha256/<hex>            verified blobs, read-only; repositories hard-link to them
-    <cache>/partial/<hex>.<token>/data    a download in progress (+ done/<part> markers for resuming)
+    <cache>/partial/<hex>.<token>/data    a large download in progress (+ done/<part> markers for resuming)
+    <cache>/partial/<hex>.<token>.small   a small download in progress (one GET, hashed as it streams)
     <cache>/locks/<hex>                   advisory lock: only avoids two downloads of one blob at once
     <cache>/manifests/<store-id>/<model>/<N>.json   manifests already verified (they are immutable)
 
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from repo_manager.errors import IntegrityError, NotFoundError
 from repo_manager.manifest import CHUNK, Manifest
@@ -124,6 +126,8 @@ class BlobCache:
         with self._lock(digest):
             if self.has(digest, size):  # another sync fetched it while we waited
                 return 0, 0
+            if size <= RANGED_THRESHOLD:
+                return self._fetch_small(store, digest, size, on_bytes, limit), 0
             downloaded = resumed = 0
             for attempt in (1, 2):
                 folder = self._adopt_partial(digest) if attempt == 1 else None
@@ -142,6 +146,38 @@ class BlobCache:
                 return downloaded, resumed
         raise AssertionError("unreachable")
 
+    def _fetch_small(self, store: Store, digest: str, size: int, on_bytes: OnBytes, limit: RateLimit | None) -> int:
+        """One GET streamed into a unique temporary file while hashing (no second read), then linked in."""
+        downloaded = 0
+        for attempt in (1, 2):
+            tmp = self.partial / f"{digest}.{uuid.uuid4().hex}.small"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                hasher = hashlib.sha256()
+                try:
+                    self._copy(_hashed(store.read_blob(digest, 0, size), hasher), fd, 0, size, digest, on_bytes,
+                               limit)
+                    downloaded += size
+                    if hasher.hexdigest() != digest:
+                        raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
+                                             f"{hasher.hexdigest()[:12]}…)",
+                                             hint="the object in the store is corrupt: push the version again")
+                    os.fchmod(fd, 0o444)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(tmp, self.path(digest))
+                except FileExistsError:
+                    pass  # installed by another writer (only where locks do not work): same content
+                return downloaded
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+            finally:
+                tmp.unlink(missing_ok=True)
+        raise AssertionError("unreachable")
+
     def _new_partial(self, digest: str) -> Path:
         folder = self.partial / f"{digest}.{uuid.uuid4().hex}"
         (folder / "done").mkdir(parents=True)
@@ -149,7 +185,8 @@ class BlobCache:
 
     def _adopt_partial(self, digest: str) -> Path | None:
         """Take over an abandoned partial download of ``digest`` (we hold its lock: its owner is gone)."""
-        for candidate in sorted(self.partial.glob(f"{digest}.*")):
+        candidates = [e.path for e in os.scandir(self.partial) if e.name.startswith(digest) and e.is_dir()]
+        for candidate in sorted(candidates):
             mine = self.partial / f"{digest}.{uuid.uuid4().hex}"
             try:
                 os.rename(candidate, mine)
@@ -165,9 +202,6 @@ class BlobCache:
         fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.ftruncate(fd, size)
-            if size <= RANGED_THRESHOLD:
-                self._copy(store.read_blob(digest, 0, size), fd, 0, size, digest, on_bytes, limit)
-                return size, 0
             part_size = self._part_size(folder)
             count = (size + part_size - 1) // part_size
             done = folder / "done"
@@ -266,10 +300,20 @@ class BlobCache:
                 removed += 1
                 freed += info.st_size
         cutoff = time.time() - STALE_PARTIAL_S
-        for folder in self.partial.iterdir():
+        for entry in self.partial.iterdir():
             try:
-                if folder.stat().st_mtime < cutoff:
-                    shutil.rmtree(folder, ignore_errors=True)
+                if entry.stat().st_mtime >= cutoff:
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink()
             except FileNotFoundError:
                 continue
         return removed, freed
+
+
+def _hashed(chunks: Iterator[bytes], hasher: Any) -> Iterator[bytes]:
+    for chunk in chunks:
+        hasher.update(chunk)
+        yield chunk
