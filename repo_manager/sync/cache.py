@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -128,23 +128,31 @@ class BlobCache:
                 return 0, 0
             if size <= RANGED_THRESHOLD:
                 return self._fetch_small(store, digest, size, on_bytes, limit), 0
-            downloaded = resumed = 0
-            for attempt in (1, 2):
-                folder = self._adopt_partial(digest) if attempt == 1 else None
-                folder = folder or self._new_partial(digest)
+            downloaded = resumed = failures = lost = 0
+            adopt = True
+            while True:
+                folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
+                adopt = False  # a retry always starts from scratch
                 try:
                     got, kept = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
                     downloaded += got
                     resumed += kept
                     self._verify(folder / "data", digest, size)
+                    self._install(folder, digest)
+                    return downloaded, resumed
                 except IntegrityError:
                     shutil.rmtree(folder, ignore_errors=True)
-                    if attempt == 2:
+                    failures += 1
+                    if failures == 2:
                         raise
-                    continue
-                self._install(folder, digest)
-                return downloaded, resumed
-        raise AssertionError("unreachable")
+                except FileNotFoundError:
+                    # our partial folder was adopted by another sync: only possible where locks do not
+                    # work; it finishes that download, we start a fresh one unless it is already done
+                    if self.has(digest, size):
+                        return downloaded, resumed
+                    lost += 1
+                    if lost == 3:
+                        raise
 
     def _fetch_small(self, store: Store, digest: str, size: int, on_bytes: OnBytes, limit: RateLimit | None) -> int:
         """One GET streamed into a unique temporary file while hashing (no second read), then linked in."""
@@ -213,7 +221,14 @@ class BlobCache:
                 self._copy(store.read_blob(digest, start, length), fd, start, length, digest, on_bytes, limit)
                 (done / str(index)).touch()  # after the bytes are written: a marker never lies
                 return length
-            got = sum(parts_pool.map(part, missing) if parts_pool else map(part, missing))
+            if parts_pool is None:
+                got = sum(map(part, missing))
+            else:
+                # wait for every part before the fd is closed, even when one fails: a part still running
+                # could otherwise write into whatever file reuses the fd number
+                futures = [parts_pool.submit(part, i) for i in missing]
+                wait(futures)
+                got = sum(f.result() for f in futures)
             return got, size - got
         finally:
             os.close(fd)
