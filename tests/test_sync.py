@@ -75,14 +75,19 @@ def test_dry_run_prints_the_plan_and_changes_nothing(capsys, s3_location, tmp_pa
     assert not (tmp_path / "dst").exists()
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "corrupt-ranged", "truncated-ranged"])
 def test_a_bad_object_in_the_store_is_fetched_again_then_reported_never_installed(capsys, s3_location, tmp_path,
-                                                                                   damage):
+                                                                                   damage, monkeypatch):
+    from repo_manager.sync import cache as cache_module
+
+    if damage.endswith("ranged"):  # 64 KiB parts: the 300 kB blob is fetched as ranged parts
+        monkeypatch.setattr(cache_module, "PART_SIZE", 64 * 1024)
+        monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 128 * 1024)
     manifest = make_version(tmp_path / "src", "m", {"w.bin": pseudo_random(300_000, 3)})
     _push(capsys, tmp_path / "src", s3_location)
     digest = manifest.files[0].sha256
     good = pseudo_random(300_000, 3)
-    bad = good[:1000] + b"X" + good[1001:] if damage == "corrupt" else good[:200_000]
+    bad = good[:250_000] + b"X" + good[250_001:] if damage.startswith("corrupt") else good[:200_000]
     _raw_client().put_object(Bucket=BUCKET, Key=_raw_key(s3_location, blob_key(digest)), Body=bad)
     result = _sync(capsys, s3_location, tmp_path / "dst", tmp_path / "cache")
     assert result.code == 7, result.err

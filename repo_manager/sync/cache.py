@@ -134,10 +134,13 @@ class BlobCache:
                 folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
                 adopt = False  # a retry always starts from scratch
                 try:
-                    got, kept = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
+                    got, kept, actual = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
                     downloaded += got
                     resumed += kept
-                    self._verify(folder / "data", digest, size)
+                    if actual != digest or (folder / "data").stat().st_size != size:
+                        raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
+                                             f"{actual[:12]}…)",
+                                             hint="the object in the store is corrupt: push the version again")
                     self._install(folder, digest)
                     return downloaded, resumed
                 except IntegrityError:
@@ -205,7 +208,8 @@ class BlobCache:
         return None
 
     def _download(self, store: Store, digest: str, size: int, folder: Path, on_bytes: OnBytes,
-                  parts_pool: ThreadPoolExecutor | None, limit: RateLimit | None) -> tuple[int, int]:
+                  parts_pool: ThreadPoolExecutor | None, limit: RateLimit | None) -> tuple[int, int, str]:
+        """Fetch the missing parts into ``folder/data``. Returns (bytes fetched, bytes resumed, sha256)."""
         data = folder / "data"
         fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -214,12 +218,14 @@ class BlobCache:
             count = (size + part_size - 1) // part_size
             done = folder / "done"
             missing = [i for i in range(count) if not (done / str(i)).exists()]
+            hasher = _InOrderHasher(fd, size, part_size, set(range(count)) - set(missing))
 
             def part(index: int) -> int:
                 start = index * part_size
                 length = min(part_size, size - start)
                 self._copy(store.read_blob(digest, start, length), fd, start, length, digest, on_bytes, limit)
                 (done / str(index)).touch()  # after the bytes are written: a marker never lies
+                hasher.completed(index)
                 return length
             if parts_pool is None:
                 got = sum(map(part, missing))
@@ -229,7 +235,7 @@ class BlobCache:
                 futures = [parts_pool.submit(part, i) for i in missing]
                 wait(futures)
                 got = sum(f.result() for f in futures)
-            return got, size - got
+            return got, size - got, hasher.finish()
         finally:
             os.close(fd)
 
@@ -258,17 +264,6 @@ class BlobCache:
         if offset != start + length:
             raise IntegrityError(f"blob {digest[:12]}… was truncated: got {offset - start} of {length} bytes "
                                  f"at offset {start}")
-
-    @staticmethod
-    def _verify(path: Path, digest: str, size: int) -> None:
-        actual = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                actual.update(chunk)
-        if path.stat().st_size != size or actual.hexdigest() != digest:
-            raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
-                                 f"{actual.hexdigest()[:12]}…, {path.stat().st_size} bytes)",
-                                 hint="the object in the store is corrupt: push the version again")
 
     def _install(self, folder: Path, digest: str) -> None:
         data = folder / "data"
@@ -332,3 +327,42 @@ def _hashed(chunks: Iterator[bytes], hasher: Any) -> Iterator[bytes]:
     for chunk in chunks:
         hasher.update(chunk)
         yield chunk
+
+
+class _InOrderHasher:
+    """sha256 of a file whose parts arrive out of order, computed while the download runs.
+
+    Each finished part is reported; whichever thread gets the lock hashes every part that is next in
+    order (read back from the page cache), so hashing overlaps the remaining downloads instead of
+    following them. A thread that finds the lock taken leaves its part to the holder or to ``finish``.
+    """
+
+    def __init__(self, fd: int, size: int, part_size: int, ready: set[int]) -> None:
+        self.fd, self.size, self.part_size = fd, size, part_size
+        self.ready = ready
+        self.next = 0
+        self.hash = hashlib.sha256()
+        self.lock = threading.Lock()
+
+    def completed(self, index: int, block: bool = False) -> None:
+        self.ready.add(index)
+        if not self.lock.acquire(blocking=block):
+            return
+        try:
+            while self.next in self.ready:
+                offset = self.next * self.part_size
+                end = min(offset + self.part_size, self.size)
+                while offset < end:
+                    chunk = os.pread(self.fd, min(CHUNK, end - offset), offset)
+                    if not chunk:
+                        return  # shorter than expected: the size check reports it
+                    self.hash.update(chunk)
+                    offset += len(chunk)
+                self.next += 1
+        finally:
+            self.lock.release()
+
+    def finish(self) -> str:
+        if self.ready:
+            self.completed(next(iter(self.ready)), block=True)
+        return self.hash.hexdigest()
