@@ -108,3 +108,9 @@ def test_tensor_spec_parsing(spec, expected):
 def test_bad_tensor_specs_are_input_errors(spec):
     with pytest.raises(InputError):
         cfg.TensorSpec.parse(spec)
+
+
+def test_written_config_is_readable_by_other_users(tmp_path):
+    path = tmp_path / "config.pbtxt"
+    cfg.write_config(path, cfg.ModelConfig(name="m", backend="python"))
+    assert path.stat().st_mode & 0o044 == 0o044
