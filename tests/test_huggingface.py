@@ -168,3 +168,22 @@ def test_bad_checkpoints_fail_clearly_and_write_nothing(settings, tmp_path, caps
 def test_publish_needs_source_or_example(capsys, tmp_path):
     assert run_cli(capsys, "publish", "model", "--name", "x", "--repo", tmp_path).code == 2
     assert run_cli(capsys, "publish", "model", tmp_path, "--example", "minilm", "--name", "x").code == 2
+
+
+def test_cosine_check_refuses_an_embedding_that_drifts(tmp_path):
+    """The verification criterion itself: one sentence of a batch pointing elsewhere fails the publish."""
+    from repo_manager.errors import VerificationError
+    from repo_manager.publish.huggingface import _checker, _Loaded, _sample, inspect_checkpoint
+
+    loaded = _Loaded(inspect_checkpoint(hf.tiny_bert(tmp_path / "c")))
+    texts = ["the fox", "a man is eating"]
+    check = _checker([("pair", texts)], loaded)
+    want = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
+    record = check(_sample(texts), {"EMBEDDING": want + 1e-4}, {"EMBEDDING": want})
+    assert record["case"] == "pair" and record["min_cosine"] > MIN_COSINE and record["tokens"] == [4, 6]
+    drifted = want.copy()
+    drifted[1] = [0.0, 0.99, 0.14]  # cosine ~0.990 for the second sentence only
+    with pytest.raises(VerificationError, match="case pair: cosine similarity"):
+        check(_sample(texts), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+    with pytest.raises(VerificationError, match="shape"):
+        check(_sample(texts), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
