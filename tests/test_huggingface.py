@@ -165,6 +165,12 @@ def test_bad_checkpoints_fail_clearly_and_write_nothing(settings, tmp_path, caps
     assert not Path(settings.repository).exists() or not any(Path(settings.repository).iterdir())
 
 
+def test_unbatched_embedding_service_is_refused(settings, tmp_path):
+    with pytest.raises(InputError, match="max-batch-size"):
+        publish_model(settings, hf.tiny_bert(tmp_path / "c"), "x", options=cfg.ConfigOptions(max_batch_size=0))
+    assert not Path(settings.repository).exists()
+
+
 def test_publish_needs_source_or_example(capsys, tmp_path):
     assert run_cli(capsys, "publish", "model", "--name", "x", "--repo", tmp_path).code == 2
     assert run_cli(capsys, "publish", "model", tmp_path, "--example", "minilm", "--name", "x").code == 2

@@ -232,6 +232,8 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str = "
     if task not in TASKS:
         raise InputError(f"task {task!r} is not supported for Hugging Face checkpoints",
                          hint=f"use one of {', '.join(TASKS)}")
+    if options.max_batch_size is not None and options.max_batch_size < 1:
+        raise InputError("an embedding service takes a batch of texts: --max-batch-size must be at least 1")
     checkpoint = inspect_checkpoint(source, max_length)
     loaded = _Loaded(checkpoint)  # loads tokenizer and weights: any failure here is still before staging
     cases = verification_texts(loaded)

@@ -73,6 +73,6 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
     members = "".join(f"\n  member {m} version {v}" for m, v in result.members.items())
     cases = "".join(f"\n  {c['case']}: cosine {c['min_cosine']:.6f} vs PyTorch"
                     for c in result.verification.get("cases", []))
-    ctx.emit(result.to_dict(), f"published {result.model} version {result.version} "
-                               f"({result.files} files, {result.bytes} bytes) at {result.path}; {check}"
-                               + members + cases)
+    what = "an ensemble" if result.members else f"{result.files} files, {result.bytes} bytes"
+    ctx.emit(result.to_dict(), f"published {result.model} version {result.version} ({what}) at {result.path}; "
+                               f"{check}" + members + cases)
