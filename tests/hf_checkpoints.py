@@ -28,7 +28,7 @@ def tiny_bert(folder: Path, *, seed: int = 0, model_type: str = "bert", max_leng
         model = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
     model.save_pretrained(str(folder))
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True, model_max_length=max_length)
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True, model_max_length=max_length)
     tokenizer.save_pretrained(str(folder))
     return folder
 

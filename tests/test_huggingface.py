@@ -133,6 +133,7 @@ def test_second_version_is_pinned_beside_the_first(settings, tmp_path):
             assert client.loaded_versions("tiny_encoder") == [version]
             answers[version] = _embed(server.url, "tiny", texts)
     assert answers[1].shape == (3, 32)
+    assert _cosines(answers[1][:1], answers[1][1:2])[0] < 0.99  # the tokenizer tells texts apart
     assert np.all(_cosines(answers[1], answers[2]) < 0.99)  # different weights really are served
 
 

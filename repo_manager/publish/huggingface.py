@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,12 @@ class _Loaded:
     """The checkpoint in PyTorch: tokenizer, pooled+normalised encoder, and the tensor names it takes."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
-        import torch  # noqa: PLC0415 - the [torch] extra, only for this format
-        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+        try:
+            import torch  # noqa: PLC0415 - the [torch] extra, only for this format
+            from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+        except ImportError as exc:
+            raise InputError(f"publishing a Hugging Face checkpoint needs torch and transformers ({exc.name} is "
+                             "missing)", hint="pip install 'trm[torch]'") from exc
 
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.path))
@@ -174,10 +179,13 @@ class _Loaded:
         feeds = self.encode(["a short example", "and a somewhat longer second example sentence"])
         axes = {name: {0: "batch", 1: "sequence"} for name in self.input_names}
         axes["embedding"] = {0: "batch"}
-        # dynamo=False: the TorchScript exporter handles dynamic_axes reliably on this torch (2.13)
-        self.torch.onnx.export(self.module, tuple(self.torch.from_numpy(feeds[n]) for n in self.input_names),
-                               str(target), input_names=self.input_names, output_names=["embedding"],
-                               dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        # dynamo=False: the TorchScript exporter handles dynamic_axes reliably on this torch (2.13). Its
+        # tracer warnings (deprecation, traced shape checks) are expected and verification is the real check.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.torch.onnx.export(self.module, tuple(self.torch.from_numpy(feeds[n]) for n in self.input_names),
+                                   str(target), input_names=self.input_names, output_names=["embedding"],
+                                   dynamic_axes=axes, opset_version=OPSET, dynamo=False)
 
     def save_tokenizer(self, target: Path) -> None:
         self.tokenizer.backend_tokenizer.save(str(target))
