@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from repo_manager import config as cfg
-from repo_manager.errors import InputError, NotFoundError
+from repo_manager.errors import InputError, ModelLoadError, NotFoundError
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
@@ -38,9 +38,21 @@ def dependencies(repo: LocalRepository, model: str, version: int) -> list[tuple[
 def load_version(client: TritonClient, repo: LocalRepository, model: str, version: int | None = None) -> int:
     """Load exactly ``version`` (default: the latest complete one) of ``model`` and its members."""
     version = repo.latest(model) if version is None else version
-    for member, member_version in dependencies(repo, model, version):
+    members = dependencies(repo, model, version)
+    for member, member_version in members:
         client.load(member, version_config(repo, member, member_version))
-    client.load(model, version_config(repo, model, version))
+    try:
+        client.load(model, version_config(repo, model, version))
+    except ModelLoadError:
+        if not members:
+            raise
+        # Loading an ensemble makes Triton re-poll its members from the repository folder, at the folder's
+        # config.pbtxt (the newest version): an older ensemble version then misses the member versions it
+        # pins. Loading the pinned members again makes Triton retry the ensemble, which now finds them.
+        for member, member_version in members:
+            client.load(member, version_config(repo, member, member_version))
+        if not client.is_model_ready(model, version):
+            raise
     return version
 
 

@@ -33,6 +33,10 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     elif fmt == "python":
         from repo_manager.publish.python_model import build_python  # noqa: PLC0415
         build = build_python(source, inputs or [], outputs or [], options)
+    elif fmt == "huggingface":
+        from repo_manager.publish.huggingface import build_huggingface  # noqa: PLC0415
+        hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length")}
+        build = build_huggingface(source, options, **hf_options)
     elif fmt == "tensorrt-llm":
         from repo_manager.llm.node import probe_node  # noqa: PLC0415
         from repo_manager.llm.publish import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415
@@ -44,6 +48,6 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
         return run_publish(settings, name, build, verify_model=False, progress=progress,
                            skipped_verification=skipped_verification(node))
     else:
-        raise InputError(f"source format {fmt!r} is not supported yet",
-                         hint="publish an .onnx file or a Python-backend folder")
+        raise InputError(f"source format {fmt!r} is not supported",
+                         hint="publish an .onnx file, a Python-backend folder or a Hugging Face checkpoint")
     return run_publish(settings, name, build, verify_model=verify_model, progress=progress)

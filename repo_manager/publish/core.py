@@ -13,7 +13,9 @@ A converter for a source format returns a ``Staged`` model (or several, for an e
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from repo_manager.manifest import (
     scan_files,
     sha256_file,
 )
-from repo_manager.publish.verify import Candidate, Reference, verify
+from repo_manager.publish.verify import Candidate, Check, Reference, verify
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.triton.connect import triton_client
@@ -74,6 +76,7 @@ class Staged:
     source: dict[str, Any]
     reference: Reference | None = None
     samples: list[dict[str, np.ndarray]] | None = None
+    check: Check | None = None
     members: dict[str, int] = field(default_factory=dict)
     environment_packages: tuple[str, ...] = ()
 
@@ -143,8 +146,11 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
                                               " (embedded server)"))
             samples = entry.samples if entry.samples is not None else verification_samples(entry.config)
             candidates = [Candidate(s.name, s.config, s.files()) for s in staged]
-            with triton_client(settings) as client:
-                report = verify(client, candidates, entry.name, samples, entry.reference)
+            if any(s.config.HasField("ensemble_scheduling") for s in staged):
+                report = _verify_ensemble(settings, candidates, entry, samples, progress)
+            else:
+                with triton_client(settings) as client:
+                    report = verify(client, candidates, entry.name, samples, entry.reference, entry.check)
             verification = report.to_dict()
             timings["verify"] = round(time.monotonic() - t0, 3)
         t0 = time.monotonic()
@@ -168,6 +174,20 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
                          files=len(files), bytes=sum(f.size for f in files), verified=verify_model,
                          verification=verification, seconds=time.monotonic() - started, timings=timings,
                          members={k: v for k, v in committed.items() if k != entry.name})
+
+
+def _verify_ensemble(settings: Settings, candidates: list[Candidate], entry: Staged,
+                     samples: list[dict[str, np.ndarray]], progress: Progress):
+    """An ensemble loads its members from the server's repository folder (see ``verify``), so it is
+    verified on an embedded server whose repository is a scratch folder, even when --url is given."""
+    if settings.triton_url:
+        progress("an ensemble is verified on an embedded server (Triton loads its members from its own "
+                 "repository folder)")
+    with tempfile.TemporaryDirectory(prefix=".trm-verify-", dir=settings.repository) as scratch:
+        embedded = dataclasses.replace(settings, triton_url=None)
+        with triton_client(embedded, repository=Path(scratch)) as client:
+            return verify(client, candidates, entry.name, samples, entry.reference, entry.check,
+                          repository=Path(scratch))
 
 
 def pin_members(config: cfg.ModelConfig, members: dict[str, int]) -> None:

@@ -4,10 +4,18 @@ The staged files are sent through Triton's load API (config override + file over
 temporary, unique model name, so verification never touches the target repository, never replaces a
 model the server is serving, and works the same on the embedded server and on ``--url``. Several models
 (an ensemble and its members) are loaded together with their names mapped to temporary ones.
+
+Ensembles are the exception: when Triton loads an ensemble it polls every member from its repository
+folders, even a member already loaded through the load API, so an ensemble cannot be loaded from file
+overrides alone. Their candidates are written (hard links where possible) into the repository of a
+server that trm starts for the purpose (``repository=``), still under temporary names, and loaded
+from there.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -22,6 +30,10 @@ from repo_manager.errors import TrmError, VerificationError
 from repo_manager.triton.client import TritonClient
 
 Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Check = Callable[[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, Any]]
+"""(sample, Triton's answer, the reference's answer) -> a record for the manifest; raises
+VerificationError when they disagree. Replaces the element-wise comparison where a format has a better
+criterion (cosine similarity of embeddings, say)."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +94,16 @@ def _renamed(config: cfg.ModelConfig, names: dict[str, str]) -> cfg.ModelConfig:
 
 
 class LoadedCandidates:
-    """Context manager: load candidates under temporary names (members before ensembles), unload after."""
+    """Context manager: load candidates under temporary names (members before ensembles), unload after.
 
-    def __init__(self, client: TritonClient, candidates: list[Candidate]) -> None:
+    With ``repository`` (the server's own model repository folder) the candidates are written there and
+    loaded by name; otherwise they are sent as file overrides.
+    """
+
+    def __init__(self, client: TritonClient, candidates: list[Candidate], repository: Path | None = None) -> None:
         self.client = client
         self.candidates = candidates
+        self.repository = repository
         self.names = temporary_names([c.name for c in candidates])
         self._loaded: list[str] = []
 
@@ -94,8 +111,13 @@ class LoadedCandidates:
         try:
             for candidate in sorted(self.candidates, key=lambda c: c.config.HasField("ensemble_scheduling")):
                 temp = self.names[candidate.name]
-                files = {f"1/{rel}": Path(path).read_bytes() for rel, path in candidate.files.items()}
-                self.client.load(temp, _renamed(candidate.config, self.names), files or None)
+                config = _renamed(candidate.config, self.names)
+                if self.repository is not None:
+                    write_candidate(self.repository / temp, config, candidate.files)
+                    self.client.load(temp)
+                else:
+                    files = {f"1/{rel}": Path(path).read_bytes() for rel, path in candidate.files.items()}
+                    self.client.load(temp, config, files or None)
                 self._loaded.append(temp)
         except BaseException:
             self.__exit__(None, None, None)
@@ -109,6 +131,20 @@ class LoadedCandidates:
             except TrmError:
                 pass
         self._loaded.clear()
+
+
+def write_candidate(folder: Path, config: cfg.ModelConfig, files: Mapping[str, Path]) -> None:
+    """``folder``/config.pbtxt and ``folder``/1/<files>: hard links to the staged files, copies across filesystems."""
+    version = folder / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    for rel, source in files.items():
+        target = version / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+    cfg.write_config(folder / "config.pbtxt", config)
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray) -> float:
@@ -134,8 +170,12 @@ def compare(name: str, got: np.ndarray, want: np.ndarray) -> float:
 
 
 def verify(client: TritonClient, candidates: list[Candidate], entry: str,
-           samples: list[dict[str, np.ndarray]], reference: Reference | None) -> VerificationReport:
+           samples: list[dict[str, np.ndarray]], reference: Reference | None,
+           check: Check | None = None, repository: Path | None = None) -> VerificationReport:
     """Load ``candidates``, send ``samples`` to ``entry`` and compare with ``reference``.
+
+    With ``check`` (and a reference), each answer is judged by ``check`` instead of element-wise, and
+    its records go into the report under ``cases``. ``repository``: see ``LoadedCandidates``.
 
     Without a reference (a Python-backend model) the answers are checked against the config: every
     declared output present, with the declared type and the request's batch size.
@@ -145,11 +185,15 @@ def verify(client: TritonClient, candidates: list[Candidate], entry: str,
     by_name = {c.name: c for c in candidates}
     entry_config = by_name[entry].config
     try:
-        with LoadedCandidates(client, candidates) as loaded:
+        with LoadedCandidates(client, candidates, repository) as loaded:
             for sample in samples:
                 answer = client.infer(loaded.names[entry], sample)
                 report.samples += 1
                 expected = reference(sample) if reference else None
+                if check is not None and expected is not None:
+                    report.extra.setdefault("cases", []).append(check(sample, answer, expected))
+                    report.outputs_checked += len(entry_config.output)
+                    continue
                 for out in entry_config.output:
                     if out.name not in answer:
                         raise VerificationError(f"output {out.name} missing from Triton's answer")

@@ -6,6 +6,7 @@ import click
 import numpy as np
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.embeddings import text_similarities
 from repo_manager.errors import UsageError
 from repo_manager.inputs import load_input_files
 from repo_manager.serving import embedded_server, model_config_for, text_inputs
@@ -40,7 +41,19 @@ def infer_command(ctx: Context, name: str, texts: tuple[str, ...], input_files: 
             "shapes": {k: list(v.shape) for k, v in outputs.items()}}
     text = "\n".join(f"{k} {list(v.shape)} {v.dtype}:\n{np.array2string(v, threshold=20, precision=5)}"
                      for k, v in outputs.items())
+    similarities = text_similarities(outputs, len(texts))
+    if similarities:
+        data["cosine_similarity"] = similarities
+        text += "".join(_similarity_text(output, matrix, texts) for output, matrix in similarities.items())
     ctx.emit(data, text)
+
+
+def _similarity_text(output: str, matrix: list[list[float]], texts: tuple[str, ...]) -> str:
+    if len(texts) == 2:
+        return f"\ncosine similarity ({output}) of the two texts: {matrix[0][1]:.4f}"
+    lines = [f"\ncosine similarity ({output}):"]
+    lines += [f"  [{i}] vs [{j}]: {matrix[i][j]:.4f}" for i in range(len(texts)) for j in range(i + 1, len(texts))]
+    return "\n".join(lines)
 
 
 def _run(settings, client, name, texts, input_files, version):

