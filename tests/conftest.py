@@ -42,3 +42,32 @@ def triton(tmp_path_factory) -> TritonServer:
 def settings(tmp_path, triton) -> Settings:
     """Settings on a fresh repository, verifying on the session server."""
     return Settings(repository=tmp_path / "repo", triton_url=triton.url)
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """One real SeaweedFS S3 server for the session, on free ports, bound to 127.0.0.1."""
+    from seaweed import SeaweedServer  # noqa: PLC0415
+
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(seaweed, monkeypatch):
+    """The AWS chain pointed at the session SeaweedFS (keys, region, endpoint), for this test only."""
+    for key, value in seaweed.env.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return seaweed
+
+
+@pytest.fixture
+def s3_location(s3_env, request):
+    """A fresh prefix in the session bucket for one test."""
+    import uuid  # noqa: PLC0415
+
+    from seaweed import BUCKET  # noqa: PLC0415
+
+    return f"s3://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"

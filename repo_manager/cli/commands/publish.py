@@ -7,6 +7,9 @@ import click
 from repo_manager import config as cfg
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
 from repo_manager.publish import publish_model
+from repo_manager.push import store_published
+from repo_manager.repository import LocalRepository
+from repo_manager.storage import open_store
 
 
 @cli.group()
@@ -35,14 +38,17 @@ def publish() -> None:
 @click.option("--output", "outputs", multiple=True, help="NAME:TYPE:DIMS, as --input.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
+@click.option("--store", help="Then publish the version into this store (s3://bucket/prefix or a folder); if "
+              "another publisher took its number there, it takes the next free one.")
 @json_option
 @pass_ctx
 def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None, repository: str | None,
                           triton_url: str | None, max_batch_size: int | None, instance_count: int,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
-                          outputs: tuple[str, ...], verify: bool) -> None:
+                          outputs: tuple[str, ...], verify: bool, store: str | None) -> None:
     """Publish SOURCE (an .onnx file or a Python-backend folder) as the next version of --name."""
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
+    target = open_store(store, settings) if store else None  # a bad location fails before any work
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
                                 instance_kind=instance_kind.upper(), dynamic_batching=dynamic_batching,
                                 warmup=warmup)
@@ -50,9 +56,15 @@ def publish_model_command(ctx: Context, source: str, name: str, fmt: str | None,
                            inputs=[cfg.TensorSpec.parse(s) for s in inputs],
                            outputs=[cfg.TensorSpec.parse(s) for s in outputs],
                            verify_model=verify, progress=ctx.progress)
+    data = result.to_dict()
+    if target is not None:
+        stored = store_published(target, LocalRepository(settings.repository), result.model, result.version,
+                                 result.members)
+        data.update(version=stored.version, path=stored.path, store=stored.store)
+        ctx.progress(f"published into {stored.store} as version {stored.version}")
     worst = result.verification.get("worst_abs_diff") or {}
     check = ("not verified" if not result.verified else
              f"verified on Triton ({result.verification.get('samples')} requests"
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
-    ctx.emit(result.to_dict(), f"published {result.model} version {result.version} "
-                               f"({result.files} files, {result.bytes} bytes) at {result.path}; {check}")
+    ctx.emit(data, f"published {result.model} version {data['version']} "
+                   f"({result.files} files, {result.bytes} bytes) at {data['path']}; {check}")

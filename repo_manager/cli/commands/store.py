@@ -1,0 +1,152 @@
+"""`trm push`, `trm sync`, `trm export`: the remote store (S3 or a folder)."""
+
+from __future__ import annotations
+
+import threading
+
+import click
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.export import export
+from repo_manager.push import parse_selection, push
+from repo_manager.repository import LocalRepository
+from repo_manager.storage import open_store
+from repo_manager.sync import SyncProgress, execute, plan_sync
+
+
+def endpoint_option(function):
+    return click.option("--endpoint-url", "s3_endpoint_url",
+                        help="S3-compatible endpoint (MinIO, SeaweedFS …). Default: settings "
+                             "s3_endpoint_url, else the AWS chain ($AWS_ENDPOINT_URL_S3).")(function)
+
+
+@cli.command("push")
+@click.argument("store")
+@repo_option
+@click.option("--model", "selections", multiple=True, help="NAME (all its versions) or NAME:VERSION; "
+              "repeatable. Default: every version of every model.")
+@click.option("--env", help="Then point this environment at the newest version pushed of each model.")
+@endpoint_option
+@json_option
+@pass_ctx
+def push_command(ctx: Context, store: str, repository: str | None, selections: tuple[str, ...], env: str | None,
+                 s3_endpoint_url: str | None) -> None:
+    """Upload complete versions to STORE (s3://bucket/prefix or a folder): missing blobs, then manifests."""
+    settings = ctx.settings.replace(repository=repository, s3_endpoint_url=s3_endpoint_url)
+    target = open_store(store, settings)
+    result = push(target, LocalRepository(settings.repository), [parse_selection(s) for s in selections],
+                  env=env, progress=ctx.progress)
+    uploaded = [v for v in result.versions if not v.already_present]
+    text = (f"pushed {len(uploaded)} version(s) to {result.store} ({result.bytes_uploaded} bytes uploaded, "
+            f"{len(result.versions) - len(uploaded)} already there)")
+    if env:
+        text += f"; environment {env}: {result.env_models}"
+    ctx.emit(result.to_dict(), text)
+
+
+class RichProgress(SyncProgress):
+    """Bytes and files bars on stderr (stdout stays clean for --json)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._bar = None
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        if not self.enabled or not total_files:
+            return
+        from rich.console import Console  # noqa: PLC0415
+        from rich.progress import (  # noqa: PLC0415
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TransferSpeedColumn,
+        )
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                             TransferSpeedColumn(), console=Console(stderr=True), transient=False)
+        self._bytes = self._bar.add_task("bytes", total=total_bytes)
+        self._files = self._bar.add_task("blobs", total=total_files)
+        self._bar.columns = (*self._bar.columns, MofNCompleteColumn())
+        self._bar.start()
+
+    def advance(self, nbytes: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._bytes, advance=nbytes)
+
+    def file_done(self) -> None:
+        if self._bar is not None:
+            self._bar.update(self._files, advance=1)
+
+    def message(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(f"· {text}")
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+@cli.command("sync")
+@click.argument("store")
+@click.option("--env", help="Environment whose pointer says which version of each model to serve. Without it, "
+              "the newest version of each --model.")
+@repo_option
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False),
+              help="Node-local blob cache shared by the pods of a node (default: .trm-cache beside --repo).")
+@click.option("--model", "models", multiple=True, help="Only these models (repeatable).")
+@click.option("--prune", is_flag=True, help="Remove local versions the environment no longer serves (never one "
+              "the server at --url has loaded) and cache blobs nothing links to.")
+@url_option
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--limit-rate", type=float, help="Download at most this many MB/s (leave bandwidth to serving).")
+@endpoint_option
+@json_option
+@pass_ctx
+def sync_command(ctx: Context, store: str, env: str | None, repository: str | None, cache_dir: str | None,
+                 models: tuple[str, ...], prune: bool, triton_url: str | None, dry_run: bool,
+                 limit_rate: float | None, s3_endpoint_url: str | None) -> None:
+    """Make the local repository serve what ENV in STORE says: only missing blobs are downloaded, verified,
+    and each version folder appears complete or not at all."""
+    settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
+                                    s3_endpoint_url=s3_endpoint_url)
+    source = open_store(store, settings)
+    plan = plan_sync(settings, source, env=env, models=models, prune=prune)
+    if dry_run:
+        ctx.emit({"dry_run": True, "plan": plan.to_dict()}, plan.describe())
+        return
+    progress = RichProgress(enabled=not ctx.quiet and not ctx.json)
+    try:
+        result = execute(plan, source, progress=progress,
+                         limit_bytes_per_s=limit_rate * 1e6 if limit_rate else None)
+    finally:
+        progress.stop()
+    state = "unchanged" if result.unchanged else (f"installed {', '.join(result.installed)}" if result.installed
+                                                  else "up to date")
+    text = (f"synced {result.env or 'newest versions'} from {result.store}: {state}; "
+            f"{result.bytes_downloaded} bytes downloaded, {result.bytes_reused} reused from the cache, "
+            f"{result.files} files in {result.seconds:.2f} s ({result.throughput_mb_s} MB/s)")
+    if result.pruned or result.kept_loaded:
+        text += f"\npruned {list(result.pruned)}; kept (loaded) {list(result.kept_loaded)}"
+    ctx.emit(result.to_dict(), text)
+
+
+@cli.command("export")
+@click.argument("store")
+@click.argument("dest")
+@click.option("--env", help="Export the versions this environment serves (default: every version).")
+@click.option("--model", "models", multiple=True, help="Only these models (repeatable).")
+@endpoint_option
+@json_option
+@pass_ctx
+def export_command(ctx: Context, store: str, dest: str, env: str | None, models: tuple[str, ...],
+                   s3_endpoint_url: str | None) -> None:
+    """Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), for a
+    stock Triton pointed at it."""
+    settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
+    result = export(open_store(store, settings), dest, settings, env=env, models=models, progress=ctx.progress)
+    ctx.emit(result.to_dict(), f"exported {result.versions} version(s), {result.files} files "
+                               f"({result.bytes} bytes) to {result.dest}")

@@ -1,0 +1,219 @@
+"""`trm push` and `trm publish --store`: complete local versions into a store.
+
+Order is what makes a version safe to read at any moment: every blob first (content-addressed, so only
+the ones the store lacks, in parallel), then the manifest (created with If-None-Match, which claims the
+version number), then, if asked, the environment pointer (compare-and-swap). A reader that finds a
+manifest finds all its blobs; a crash leaves at most unreferenced blobs.
+
+Two publishers racing for one number: exactly one manifest create succeeds. ``push`` reports the
+loser's conflict clearly (a local version number is an identity; it is not renamed behind the user's
+back), while ``publish_to_store`` — a version that was just created — takes the next free number in the
+store and renumbers the local folder to match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from repo_manager.errors import ConflictError, NotFoundError, UsageError
+from repo_manager.manifest import Manifest, check_model_name
+from repo_manager.repository import STAGING_PREFIX, LocalRepository
+from repo_manager.storage import Store, check_env_name
+
+UPLOAD_WORKERS = 8
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class PushedVersion:
+    model: str
+    version: int
+    blobs_uploaded: int
+    bytes_uploaded: int
+    already_present: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    store: str
+    versions: tuple[PushedVersion, ...]
+    env: str | None
+    env_models: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def bytes_uploaded(self) -> int:
+        return sum(v.bytes_uploaded for v in self.versions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "versions": [v.to_dict() for v in self.versions], "env": self.env,
+                "env_models": self.env_models, "bytes_uploaded": self.bytes_uploaded,
+                "seconds": round(self.seconds, 3)}
+
+
+def parse_selection(text: str) -> tuple[str, int | None]:
+    """``NAME`` or ``NAME:VERSION``."""
+    name, _, version = text.partition(":")
+    if version and not (version.isdigit() and int(version) > 0):
+        raise UsageError(f"{text!r}: the version after ':' must be a positive number", hint="write NAME:VERSION")
+    return check_model_name(name), int(version) if version else None
+
+
+def select_versions(repo: LocalRepository, selections: list[tuple[str, int | None]]) -> list[tuple[str, int]]:
+    """(model, version) pairs to push: NAME:V that version, NAME all its versions, nothing given: all."""
+    chosen: list[tuple[str, int]] = []
+    for model, version in selections or [(m, None) for m in repo.models()]:
+        if version is not None:
+            repo.manifest(model, version)  # NotFoundError when absent
+            chosen.append((model, version))
+        else:
+            versions = repo.versions(model)
+            if not versions:
+                raise NotFoundError(f"model {model!r} has no complete version in {repo.root}", model=model)
+            chosen += [(model, v) for v in versions]
+    if not chosen:
+        raise NotFoundError(f"nothing to push: {repo.root} has no published versions",
+                            hint="publish one with `trm publish model`")
+    return chosen
+
+
+def upload_blobs(store: Store, repo: LocalRepository, manifest: Manifest) -> tuple[int, int]:
+    """Upload the version's files the store lacks; (count, bytes) uploaded."""
+    folder = repo.version_dir(manifest.model, manifest.version)
+    unique = {entry.sha256: entry for entry in manifest.files}
+
+    def send(entry) -> int:
+        return entry.size if store.put_blob(entry.sha256, folder / entry.path, entry.size) else -1
+
+    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+        sent = [n for n in pool.map(send, unique.values()) if n >= 0]
+    return len(sent), sum(sent)
+
+
+def _same_version(a: Manifest, b: Manifest) -> bool:
+    return a.files == b.files and a.config == b.config and a.members == b.members
+
+
+def push_version(store: Store, repo: LocalRepository, model: str, version: int) -> PushedVersion:
+    manifest = repo.manifest(model, version)
+    try:
+        existing = store.get_manifest(model, version)
+    except NotFoundError:
+        existing = None
+    if existing is not None:
+        if not _same_version(existing, manifest):
+            raise _different(store, model, version)
+        return PushedVersion(model, version, 0, 0, already_present=True)
+    count, size = upload_blobs(store, repo, manifest)
+    try:
+        store.put_manifest(manifest)
+    except ConflictError as exc:  # another writer claimed the number between our read and our create
+        if not _same_version(store.get_manifest(model, version), manifest):
+            raise _different(store, model, version) from exc
+    return PushedVersion(model, version, count, size, already_present=False)
+
+
+def _different(store: Store, model: str, version: int) -> ConflictError:
+    return ConflictError(f"{store.location} already holds a different version {version} of {model}",
+                         hint="publish a new version (versions are immutable), or push to another store",
+                         model=model, version=version)
+
+
+def push(store: Store, repo: LocalRepository, selections: list[tuple[str, int | None]], *,
+         env: str | None = None, progress: Progress = _quiet) -> PushResult:
+    started = time.monotonic()
+    if env is not None:
+        check_env_name(env)
+    pushed = []
+    for model, version in select_versions(repo, selections):
+        result = push_version(store, repo, model, version)
+        progress(f"{model}/{version}: " + ("already in the store" if result.already_present else
+                                           f"{result.blobs_uploaded} blobs, {result.bytes_uploaded} bytes uploaded"))
+        pushed.append(result)
+    env_models: dict[str, int] = {}
+    if env is not None:
+        newest: dict[str, int] = {}
+        for item in pushed:
+            newest[item.model] = max(newest.get(item.model, 0), item.version)
+        env_models = store.update_env(env, newest).models
+        progress(f"environment {env} now serves {newest}")
+    return PushResult(store.location, tuple(pushed), env, env_models, time.monotonic() - started)
+
+
+def publish_to_store(store: Store, repo: LocalRepository, model: str, version: int, *, env: str | None = None,
+                     retries: int = 5) -> PushResult:
+    """Put a just-committed local version into the store, taking the next free number if another
+    publisher claimed ``version`` first (the local folder is renumbered to match)."""
+    started = time.monotonic()
+    manifest = repo.manifest(model, version)
+    count, size = upload_blobs(store, repo, manifest)
+    for _ in range(retries):
+        try:
+            store.put_manifest(manifest)
+            break
+        except ConflictError:
+            if manifest.members or _is_member(repo, model):
+                raise  # ensembles pin member numbers: renumbering would break them; fail clearly
+            taken = max([*store.list_versions(model), manifest.version])
+            number = max(taken + 1, repo.next_version(model))
+            manifest = _renumber_local(repo, manifest, number)
+    else:
+        raise ConflictError(f"could not claim a version number for {model} in {store.location} after {retries} "
+                            "tries", model=model)
+    pushed = PushedVersion(model, manifest.version, count, size, already_present=False)
+    env_models = store.update_env(env, {model: manifest.version}).models if env else {}
+    return PushResult(store.location, (pushed,), env, env_models, time.monotonic() - started)
+
+
+def _is_member(repo: LocalRepository, model: str) -> bool:
+    for other in repo.models():
+        versions = repo.versions(other)
+        if versions and model in repo.manifest(other, versions[-1]).members:
+            return True
+    return False
+
+
+def _renumber_local(repo: LocalRepository, manifest: Manifest, number: int) -> Manifest:
+    """Move local ``model/<old>`` to ``model/<number>`` through a staging folder (Triton never sees a
+    version folder with a wrong manifest)."""
+    folder = repo.version_dir(manifest.model, manifest.version)
+    staging = folder.parent / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+    os.rename(folder, staging)
+    renumbered = dataclasses.replace(manifest, version=number)
+    while True:
+        try:
+            repo.commit(staging, renumbered)
+            return renumbered
+        except ConflictError:  # a local publisher took it meanwhile
+            renumbered = dataclasses.replace(renumbered, version=repo.next_version(manifest.model))
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    store: str
+    model: str
+    version: int
+    path: str
+
+
+def store_published(store: Store, repo: LocalRepository, model: str, version: int,
+                    members: dict[str, int] | None = None) -> StoredVersion:
+    """`trm publish --store`: ensemble members as they are (a clash fails clearly), then the version."""
+    for member, member_version in (members or {}).items():
+        push_version(store, repo, member, member_version)
+    final = publish_to_store(store, repo, model, version).versions[0].version
+    return StoredVersion(store.location, model, final, str(repo.version_dir(model, final)))

@@ -1,0 +1,219 @@
+"""The remote store: one interface over a content-addressed layout, for every backend.
+
+Layout under the store's root (a folder or an ``s3://bucket/prefix``)::
+
+    blobs/sha256/<hex>                  every file, immutable, written once
+    models/<model>/versions/<N>.json    the manifest of version N; creating it claims N
+    envs/<env>.json                     model -> version served by an environment (compare-and-swap)
+
+A backend implements a handful of key-level primitives (``_put_bytes`` with If-None-Match / If-Match,
+``_get_bytes``, ``_read_range``, ``_exists``, ``_list_names``, ``_upload_file``); this class builds the
+store's meaning on top of them, so every backend gives the same guarantees and one contract test suite
+(tests/test_storage_contract.py) checks them all:
+
+* a blob is written only if absent, and only with content whose size and sha256 match its name;
+* creating a version's manifest succeeds for exactly one writer (``ConflictError`` for the others);
+* an environment pointer moves only if it still is what the writer read (``ConflictError`` otherwise);
+* every manifest and pointer read back is parsed by the hostile-input checks of ``Manifest.from_json``
+  and ``EnvPointer.from_json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError
+from repo_manager.manifest import Manifest, check_model_name, check_version, now_iso
+
+ENV_SCHEMA = "trm.env/1"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_ENV_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_digest(digest: str) -> str:
+    if not isinstance(digest, str) or not _HEX64.match(digest):
+        raise IntegrityError(f"{digest!r} is not a sha256 digest")
+    return digest
+
+
+def check_env_name(name: str) -> str:
+    if not isinstance(name, str) or not _ENV_NAME.match(name) or ".." in name:
+        raise StoreError(f"environment name {name!r} is not allowed",
+                         hint="use letters, digits, '_', '-' and '.'")
+    return name
+
+
+def blob_key(digest: str) -> str:
+    return f"blobs/sha256/{check_digest(digest)}"
+
+
+def manifest_key(model: str, version: int) -> str:
+    return f"models/{check_model_name(model)}/versions/{check_version(version)}.json"
+
+
+def env_key(env: str) -> str:
+    return f"envs/{check_env_name(env)}.json"
+
+
+@dataclass(frozen=True)
+class EnvPointer:
+    """Which version of each model an environment serves. ``etag`` is what a compare-and-swap needs."""
+
+    name: str
+    models: dict[str, int] = field(default_factory=dict)
+    updated_at: str = ""
+    etag: str | None = None
+    """The store's tag of the object this was read from; None for a pointer not read from a store."""
+
+    def to_json(self) -> bytes:
+        data = {"schema": ENV_SCHEMA, "env": self.name, "models": dict(sorted(self.models.items())),
+                "updated_at": self.updated_at or now_iso()}
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+    def with_models(self, models: dict[str, int]) -> EnvPointer:
+        return EnvPointer(self.name, {**self.models, **models}, now_iso(), self.etag)
+
+    @classmethod
+    def from_json(cls, payload: bytes, origin: str, etag: str | None = None) -> EnvPointer:
+        """Parse a pointer, refusing anything a Triton repository could not hold."""
+        try:
+            data = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise IntegrityError(f"{origin} is not valid JSON") from exc
+        if not isinstance(data, dict) or data.get("schema") != ENV_SCHEMA or not isinstance(data.get("models"),
+                                                                                             dict):
+            raise IntegrityError(f"{origin} is not a trm environment pointer (schema {ENV_SCHEMA})")
+        models: dict[str, int] = {}
+        for model, version in data["models"].items():
+            try:
+                models[check_model_name(model)] = check_version(version)
+            except Exception as exc:  # noqa: BLE001 - any bad entry makes the pointer hostile
+                raise IntegrityError(f"{origin}: bad entry {model!r}: {version!r}") from exc
+        return cls(check_env_name(str(data.get("env", ""))), models, str(data.get("updated_at", "")), etag)
+
+
+class Store(ABC):
+    """A content-addressed model store. Subclasses implement the underscore primitives."""
+
+    location: str
+
+    # ------------------------------------------------------------------------- backend primitives
+    @abstractmethod
+    def _put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None,
+                   sha256: str | None = None) -> str:
+        """Write ``data``; returns the new tag. ``ConflictError`` when a condition does not hold."""
+
+    @abstractmethod
+    def _get_bytes(self, key: str) -> tuple[bytes, str]:
+        """(content, tag); ``NotFoundError`` when absent."""
+
+    @abstractmethod
+    def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
+        """Stream ``length`` bytes from ``start``; ``NotFoundError`` when absent."""
+
+    @abstractmethod
+    def _size(self, key: str) -> int:
+        """Size of the object; ``NotFoundError`` when absent."""
+
+    @abstractmethod
+    def _list_names(self, prefix: str) -> list[str]:
+        """Names directly under ``prefix`` (a folder-like key ending in '/')."""
+
+    @abstractmethod
+    def _upload_file(self, key: str, path: Path, size: int, sha256: str) -> None:
+        """Create ``key`` from ``path`` if absent; the store must check the content's sha256."""
+
+    # ------------------------------------------------------------------------------------ blobs
+    def has_blob(self, digest: str) -> bool:
+        try:
+            self._size(blob_key(digest))
+        except NotFoundError:
+            return False
+        return True
+
+    def blob_size(self, digest: str) -> int:
+        return self._size(blob_key(digest))
+
+    def put_blob(self, digest: str, path: Path, size: int) -> bool:
+        """Upload ``path`` as blob ``digest`` unless present. True if uploaded."""
+        if self.has_blob(digest):
+            return False
+        self._upload_file(blob_key(digest), path, size, digest)
+        return True
+
+    def read_blob(self, digest: str, start: int = 0, length: int | None = None) -> Iterator[bytes]:
+        """Stream a blob or a byte range of it. The caller verifies what it received."""
+        if length is None:
+            length = self.blob_size(digest) - start
+        return self._read_range(blob_key(digest), start, length)
+
+    # -------------------------------------------------------------------------------- manifests
+    def put_manifest(self, manifest: Manifest) -> None:
+        """Create the manifest of a version: this claims the number. ``ConflictError`` if taken."""
+        key = manifest_key(manifest.model, manifest.version)
+        try:
+            self._put_bytes(key, manifest.to_json(), if_absent=True)
+        except ConflictError as exc:
+            raise ConflictError(f"version {manifest.version} of {manifest.model} already exists in "
+                                f"{self.location}", hint="publish again to take the next number",
+                                model=manifest.model, version=manifest.version) from exc
+
+    def get_manifest(self, model: str, version: int) -> Manifest:
+        key = manifest_key(model, version)
+        payload, _ = self._get_bytes(key)
+        return self.parse_manifest(payload, model, version)
+
+    def parse_manifest(self, payload: bytes, model: str, version: int) -> Manifest:
+        origin = f"{self.location}/{manifest_key(model, version)}"
+        manifest = Manifest.from_json(payload, origin)
+        if manifest.model != model or manifest.version != version:
+            raise IntegrityError(f"{origin} describes {manifest.model}/{manifest.version}")
+        return manifest
+
+    def list_versions(self, model: str) -> list[int]:
+        """Versions with a manifest (one listing of the model's folder; sync never needs it)."""
+        names = self._list_names(f"models/{check_model_name(model)}/versions/")
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()
+                      and not n.startswith("0"))
+
+    def list_models(self) -> list[str]:
+        return sorted(n.rstrip("/") for n in self._list_names("models/"))
+
+    # ----------------------------------------------------------------------------- environments
+    def get_env(self, env: str) -> EnvPointer:
+        payload, tag = self._get_bytes(env_key(env))
+        pointer = EnvPointer.from_json(payload, f"{self.location}/{env_key(env)}", tag)
+        if pointer.name != env:
+            raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
+        return pointer
+
+    def put_env(self, pointer: EnvPointer) -> str:
+        """Compare-and-swap: write ``pointer`` only if the stored one still has ``pointer.etag``
+        (or, with etag None, only if there is none yet). Returns the new tag."""
+        try:
+            return self._put_bytes(env_key(pointer.name), pointer.to_json(), if_absent=pointer.etag is None,
+                                   if_match=pointer.etag)
+        except ConflictError as exc:
+            raise ConflictError(f"environment {pointer.name} in {self.location} was changed by another "
+                                "writer", hint="read it again and retry", env=pointer.name) from exc
+
+    def update_env(self, env: str, models: dict[str, int], *, retries: int = 5) -> EnvPointer:
+        """Point ``env`` at ``models`` (others unchanged), retrying lost compare-and-swap races."""
+        for _ in range(retries):
+            try:
+                current = self.get_env(env)
+            except NotFoundError:
+                current = EnvPointer(env)
+            updated = current.with_models(models)
+            try:
+                tag = self.put_env(updated)
+            except ConflictError:
+                continue
+            return EnvPointer(updated.name, updated.models, updated.updated_at, tag)
+        raise ConflictError(f"environment {env} in {self.location} kept changing; gave up after {retries} tries",
+                            env=env)

@@ -1,0 +1,60 @@
+"""`trm sync`: make a node's local Triton repository serve what an environment in a store says.
+
+``plan_sync`` reads the pointer and manifests and decides (changing nothing); ``execute`` carries the
+plan out. See ``cache.py`` (the shared node cache), ``plan.py`` and ``execute.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from repo_manager.repository import LocalRepository
+from repo_manager.settings import Settings
+from repo_manager.storage import Store
+from repo_manager.sync.cache import BlobCache
+from repo_manager.sync.execute import SyncProgress, SyncResult, execute
+from repo_manager.sync.plan import SyncPlan, build_plan
+from repo_manager.triton.client import TritonClient
+
+__all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "plan_sync", "sync"]
+
+
+def cache_dir_for(settings: Settings) -> Path:
+    """The node cache: ``settings.cache_dir``, else ``.trm-cache`` beside the repository (same
+    filesystem, so files can be hard links)."""
+    if settings.cache_dir is not None:
+        return Path(settings.cache_dir)
+    return Path(settings.repository).absolute().parent / ".trm-cache"
+
+
+def loaded_versions(url: str, models: list[str]) -> dict[str, list[int]]:
+    """Versions of ``models`` the running Triton at ``url`` has loaded (a ServerError when unreachable:
+    pruning never guesses)."""
+    with TritonClient(url) as client:
+        client.require_ready()
+        index = client.repository_index()
+    loaded: dict[str, list[int]] = {}
+    for entry in index:
+        if entry.get("name") in models and entry.get("state") in ("READY", "LOADING", "UNLOADING") \
+                and str(entry.get("version", "")).isdigit():
+            loaded.setdefault(entry["name"], []).append(int(entry["version"]))
+    return loaded
+
+
+def plan_sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (),
+              prune: bool = False) -> SyncPlan:
+    repo = LocalRepository(settings.repository)
+    cache = BlobCache(cache_dir_for(settings))
+    loaded = None
+    if prune and settings.triton_url:
+        wanted_models = list(models) or (list(store.get_env(env).models) if env else [])
+        loaded = loaded_versions(settings.triton_url, wanted_models)
+    return build_plan(store, repo, cache, env=env, models=models, prune=prune, loaded=loaded)
+
+
+def sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (), prune: bool = False,
+         progress: SyncProgress | None = None, limit_bytes_per_s: float | None = None) -> SyncResult:
+    started = time.monotonic()
+    plan = plan_sync(settings, store, env=env, models=models, prune=prune)
+    return execute(plan, store, progress=progress, limit_bytes_per_s=limit_bytes_per_s, started=started)

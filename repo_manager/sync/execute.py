@@ -1,0 +1,232 @@
+"""Execute a sync plan: fetch into the cache, materialize version folders, replace configs, prune.
+
+Order is the safety argument. All blobs are fetched and verified into the cache first; if the store
+fails or holds bad data, the sync stops there and the local repository was not touched. Then each
+version folder is assembled from hard links in a staging folder (``.trm-tmp-*``, which Triton and trm
+ignore) and appears by one rename, complete or not at all; a damaged folder is swapped for its
+replacement in one ``renameat2(RENAME_EXCHANGE)``. config.pbtxt is replaced atomically after the
+version it describes is in place. Pruning renames a version folder out of sight before deleting it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repo_manager import config as cfg
+from repo_manager.errors import ConflictError, NotFoundError
+from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
+from repo_manager.storage import Store
+from repo_manager.sync.cache import PART_WORKERS, BlobCache, RateLimit
+from repo_manager.sync.plan import (
+    INSTALL,
+    PRESENT,
+    REPLACE,
+    ModelAction,
+    SyncPlan,
+    config_differs,
+    local_state,
+)
+
+BLOB_WORKERS = 8
+
+
+class SyncProgress:
+    """What a sync reports while it runs; the CLI draws it (rich bars on stderr). No-op by default."""
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        pass
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    def file_done(self) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    store: str
+    env: str | None
+    repository: str
+    models: dict[str, int]
+    installed: tuple[str, ...]
+    configs_replaced: tuple[str, ...]
+    pruned: tuple[str, ...]
+    kept_loaded: tuple[str, ...]
+    bytes_downloaded: int
+    bytes_resumed: int
+    bytes_reused: int
+    files: int
+    blobs_downloaded: int
+    remote_reads: int
+    gc_removed: int
+    gc_freed_bytes: int
+    seconds: float
+    unchanged: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def throughput_mb_s(self) -> float:
+        return round(self.bytes_downloaded / 1e6 / self.seconds, 1) if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        data.update(seconds=round(self.seconds, 3), throughput_mb_s=self.throughput_mb_s,
+                    installed=list(self.installed), configs_replaced=list(self.configs_replaced),
+                    pruned=list(self.pruned), kept_loaded=list(self.kept_loaded))
+        return data
+
+
+def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncProgress,
+                limit: RateLimit) -> tuple[int, int, int, int]:
+    """Fetch every blob of the plan in parallel (large ones in ranged parts).
+
+    Returns (bytes downloaded, bytes resumed from partial downloads, blobs fetched, bytes that another
+    sync on this node fetched meanwhile)."""
+    if not plan.fetch:
+        return 0, 0, 0, 0
+    with ThreadPoolExecutor(PART_WORKERS, thread_name_prefix="trm-part") as parts, \
+            ThreadPoolExecutor(BLOB_WORKERS, thread_name_prefix="trm-blob") as blobs:
+        def one(blob) -> tuple[int, int]:
+            got = cache.fetch(store, blob.digest, blob.size, on_bytes=progress.advance, parts_pool=parts,
+                              limit=limit)
+            if got == (0, 0):  # another sync on this node fetched it meanwhile
+                progress.advance(blob.size)
+            elif got[1]:
+                progress.advance(got[1])
+            progress.file_done()
+            return got
+        results = list(zip(plan.fetch, blobs.map(one, plan.fetch)))
+    fetched = [got for _, got in results if got != (0, 0)]
+    by_others = sum(blob.size for blob, got in results if got == (0, 0))
+    return sum(g[0] for g in fetched), sum(g[1] for g in fetched), len(fetched), by_others
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths atomically (Linux renameat2); elsewhere two renames (a short gap)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        if ctypes.get_errno() not in (22, 38, 95):  # EINVAL/ENOSYS/EOPNOTSUPP: fall back
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(a))
+    aside = a.parent / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
+
+
+def materialize(store: Store, cache: BlobCache, repo: LocalRepository, action: ModelAction,
+                limit: RateLimit) -> bool:
+    """Put one version folder in place from the cache. True if this call installed it."""
+    manifest = action.manifest
+    staging = repo.stage(manifest.model)
+    try:
+        for entry in manifest.files:
+            try:
+                cache.place(entry.sha256, staging / entry.path)
+            except NotFoundError:  # collected by a concurrent `sync --prune` since we planned: fetch again
+                cache.fetch(store, entry.sha256, entry.size, limit=limit)
+                cache.place(entry.sha256, staging / entry.path)
+        target = repo.version_dir(manifest.model, manifest.version)
+        state = local_state(repo, manifest)  # again: a concurrent sync may have installed it meanwhile
+        if state == PRESENT:
+            repo.discard(staging)
+            return False
+        if state == REPLACE:
+            cfg.atomic_write_bytes(staging / "trm-manifest.json", manifest.to_json())
+            _exchange(staging, target)
+            if staging.is_symlink() or staging.is_file():  # now holds what was there: never follow it
+                staging.unlink()
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+            return True
+        try:
+            repo.commit(staging, manifest, update_config=False)
+        except ConflictError:
+            if local_state(repo, manifest) != PRESENT:
+                raise
+            repo.discard(staging)
+            return False
+        return True
+    except BaseException:
+        if staging.is_dir() and not staging.is_symlink():
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def replace_config(repo: LocalRepository, action: ModelAction) -> None:
+    """config.pbtxt becomes, atomically, exactly the text the version was validated with (parsed through
+    Triton's schema when the plan was built), so `trm validate` finds them equal."""
+    text = action.manifest.config
+    cfg.parse_config(text, f"config of {action.model}/{action.version}")
+    cfg.atomic_write_bytes(repo.model_dir(action.model) / CONFIG_NAME, text.encode())
+
+
+def prune_version(repo: LocalRepository, model: str, version: int) -> bool:
+    """Remove ``<repo>/<model>/<version>``: renamed out of Triton's sight first, then deleted. Only a
+    real folder inside the repository is touched, never a symlink or what it points to. True if removed."""
+    root = repo.root.resolve()
+    model_dir = repo.model_dir(model)
+    folder = repo.version_dir(model, version)
+    if model_dir.is_symlink() or folder.is_symlink() or not folder.is_dir():
+        return False
+    if folder.resolve().parent != (root / model) or not folder.resolve().is_relative_to(root):
+        return False
+    aside = model_dir / f"{STAGING_PREFIX}prune-{uuid.uuid4().hex}"
+    os.rename(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = None,
+            limit_bytes_per_s: float | None = None, started: float | None = None) -> SyncResult:
+    progress = progress or SyncProgress()
+    started = time.monotonic() if started is None else started
+    cache = BlobCache(plan.cache)
+    repo = LocalRepository(plan.repository)
+    limit = RateLimit(limit_bytes_per_s)
+    progress.start(plan.fetch_bytes, len(plan.fetch))
+    downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
+    installed, configs = [], []
+    for action in plan.models:
+        if action.action in (INSTALL, REPLACE) and materialize(store, cache, repo, action, limit):
+            installed.append(f"{action.model}/{action.version}")
+            progress.message(f"installed {action.model}/{action.version}")
+        if (action.config_change or action.action != PRESENT) and config_differs(repo, action.manifest):
+            replace_config(repo, action)
+            configs.append(action.model)
+    pruned, kept = [], []
+    for item in plan.prune:
+        if item.remove:
+            if prune_version(repo, item.model, item.version):
+                pruned.append(f"{item.model}/{item.version}")
+        else:
+            kept.append(f"{item.model}/{item.version}")
+    removed = freed = 0
+    if plan.gc:
+        removed, freed = cache.collect(plan.needed_digests())
+    files = sum(a.files for a in plan.models)
+    return SyncResult(
+        store=plan.store, env=plan.env, repository=str(plan.repository),
+        models={a.model: a.version for a in plan.models}, installed=tuple(installed), configs_replaced=tuple(configs),
+        pruned=tuple(pruned), kept_loaded=tuple(kept), bytes_downloaded=downloaded, bytes_resumed=resumed,
+        bytes_reused=plan.reuse_bytes + by_others, files=files, blobs_downloaded=blobs,
+        remote_reads=plan.remote_reads + blobs,
+        gc_removed=removed, gc_freed_bytes=freed, seconds=time.monotonic() - started, unchanged=plan.unchanged)

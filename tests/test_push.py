@@ -1,0 +1,146 @@
+"""`trm push`, `trm publish --store`, `trm export`, and `sync --prune` with a real Triton serving the result."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx_models as om
+import onnxruntime as ort
+from helpers import run_cli
+from seaweed import BUCKET
+from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
+
+from repo_manager.inputs import generate_inputs
+from repo_manager.publish import publish_model
+from repo_manager.repository import LocalRepository
+from repo_manager.settings import Settings
+from repo_manager.storage import open_store
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
+
+
+def _cli_ok(capsys, *args):
+    result = run_cli(capsys, *args, "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def test_pushed_and_synced_model_is_served_by_triton_and_prune_spares_loaded_versions(capsys, s3_location,
+                                                                                       tmp_path):
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    sources = [om.linear(tmp_path / f"v{i}.onnx", seed=i) for i in (1, 2)]
+    publish_model(Settings(repository=src), sources[0], "lin", verify_model=False)
+    _cli_ok(capsys, "push", s3_location, "--repo", src, "--env", "prod")
+    _cli_ok(capsys, "sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache)
+    assert LocalRepository(dst).validate() == []
+    inputs = {"X": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    with TritonServer(dst, models=["lin"]) as server, TritonClient(server.url) as client:
+        want = ort.InferenceSession(str(sources[0])).run(None, inputs)[0]
+        np.testing.assert_allclose(client.infer("lin", inputs)["Y"], want, rtol=1e-4, atol=1e-4)
+
+        publish_model(Settings(repository=src), sources[1], "lin", verify_model=False)
+        _cli_ok(capsys, "push", s3_location, "--repo", src, "--model", "lin:2", "--env", "prod")
+        synced = _cli_ok(capsys, "sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--prune",
+                         "--url", server.url)
+        assert synced["installed"] == ["lin/2"] and synced["kept_loaded"] == ["lin/1"]
+        assert LocalRepository(dst).versions("lin") == [1, 2]
+
+        client.load("lin")  # Triton moves to the newest version and unloads version 1
+        assert client.loaded_versions("lin") == [2]
+        config = LocalRepository(dst).config("lin")
+        new_inputs = generate_inputs(config, batch_size=2, seed=3)
+        want = ort.InferenceSession(str(sources[1])).run(None, new_inputs)[0]
+        np.testing.assert_allclose(client.infer("lin", new_inputs)["Y"], want, rtol=1e-4, atol=1e-4)
+        _wait_unloaded(client, "lin", 1)  # UNLOADING counts as loaded: in-flight requests may still use it
+        pruned = _cli_ok(capsys, "sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--prune",
+                         "--url", server.url)
+    assert pruned["pruned"] == ["lin/1"] and LocalRepository(dst).versions("lin") == [2]
+    assert pruned["gc_removed"] == 1  # version 1's model.onnx: nothing links to it any more
+
+
+def _wait_unloaded(client, model, version, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {e["version"]: e.get("state") for e in client.repository_index() if e["name"] == model}
+        if states.get(str(version)) not in ("READY", "UNLOADING", "LOADING"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{model}/{version} was not unloaded")
+
+
+def test_prune_without_a_reachable_server_changes_nothing(capsys, tmp_path):
+    store = str(tmp_path / "store")
+    make_version(tmp_path / "src", "m", {"a": b"1"})
+    _cli_ok(capsys, "push", store, "--repo", tmp_path / "src", "--env", "prod")
+    _cli_ok(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c")
+    before = tree_digest(tmp_path / "dst")
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "dst", "--prune", "--url",
+                     "http://127.0.0.1:1")
+    assert result.code == 6 and tree_digest(tmp_path / "dst") == before
+
+
+def test_prune_never_leaves_the_repository(capsys, tmp_path):
+    """The embedded default (a folder store); a version folder that is a symlink to precious data."""
+    store = str(tmp_path / "store")
+    make_version(tmp_path / "src", "m", {"a": b"1"})
+    make_version(tmp_path / "src", "m", {"a": b"2"})
+    _cli_ok(capsys, "push", store, "--repo", tmp_path / "src", "--env", "prod")
+    dst = tmp_path / "dst"
+    _cli_ok(capsys, "sync", store, "--env", "prod", "--repo", dst, "--cache", tmp_path / "c")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep me")
+    (dst / "m" / "7").symlink_to(precious, target_is_directory=True)
+    result = _cli_ok(capsys, "sync", store, "--env", "prod", "--repo", dst, "--cache", tmp_path / "c", "--prune")
+    assert (precious / "data").read_text() == "keep me"
+    assert result["pruned"] == [] and (dst / "m" / "7").is_symlink()
+    assert LocalRepository(dst).versions("m") == [2]
+
+
+def test_push_is_idempotent_and_refuses_a_different_version_under_the_same_number(capsys, s3_location, tmp_path):
+    make_version(tmp_path / "a", "m", {"w": b"one"})
+    first = _cli_ok(capsys, "push", s3_location, "--repo", tmp_path / "a")
+    again = _cli_ok(capsys, "push", s3_location, "--repo", tmp_path / "a")
+    assert first["versions"][0]["already_present"] is False and again["versions"][0]["already_present"] is True
+    make_version(tmp_path / "b", "m", {"w": b"two"})
+    clash = run_cli(capsys, "push", s3_location, "--repo", tmp_path / "b", "--json")
+    assert clash.code == 8 and "different version 1" in clash.err
+    assert open_store(s3_location).get_manifest("m", 1).files[0].size == 3
+
+
+def test_two_concurrent_publishers_never_take_the_same_version(capsys, s3_location, tmp_path):
+    sources = [om.linear(tmp_path / f"s{i}.onnx", seed=i) for i in range(2)]
+    publishers = [trm_process("publish", "model", sources[i], "--name", "lin", "--no-verify", "--repo",
+                              tmp_path / f"repo{i}", "--store", s3_location, "--json") for i in range(2)]
+    results = [finish(p) for p in publishers]
+    for code, _, err in results:
+        assert code == 0, err
+    assert sorted(data["version"] for _, data, _ in results) == [1, 2]
+    store = open_store(s3_location)
+    assert store.list_versions("lin") == [1, 2]
+    for i, (_, data, _) in enumerate(results):
+        local = LocalRepository(tmp_path / f"repo{i}")
+        assert local.versions("lin") == [data["version"]]
+        assert local.manifest("lin").files == store.get_manifest("lin", data["version"]).files
+        assert local.validate() == []
+
+
+def test_export_writes_a_plain_triton_layout_to_a_folder_and_to_s3(capsys, s3_location, tmp_path):
+    weights = pseudo_random(100_000, 7)
+    make_version(tmp_path / "src", "m", {"model.py": b"# v1", "w/weights.bin": weights})
+    make_version(tmp_path / "src", "m", {"model.py": b"# v2", "w/weights.bin": weights})
+    for store in (s3_location, str(tmp_path / "folder-store")):
+        _cli_ok(capsys, "push", store, "--repo", tmp_path / "src", "--env", "prod")
+    out = tmp_path / "plain"
+    result = _cli_ok(capsys, "export", s3_location, out)
+    assert result["versions"] == 2
+    assert (out / "m" / "2" / "model.py").read_bytes() == b"# v2"
+    assert (out / "m" / "1" / "w" / "weights.bin").read_bytes() == weights
+    assert (out / "m" / "config.pbtxt").read_text() == (tmp_path / "src" / "m" / "config.pbtxt").read_text()
+    assert not list(out.rglob("trm-manifest.json"))
+    for source, prefix in ((s3_location, "plain-from-s3"), (str(tmp_path / "folder-store"), "plain-from-folder")):
+        _cli_ok(capsys, "export", source, f"s3://{BUCKET}/{prefix}", "--env", "prod")
+        target = open_store(f"s3://{BUCKET}/{prefix}")
+        assert target._get_bytes("m/2/w/weights.bin")[0] == weights
+        assert target._get_bytes("m/config.pbtxt")[0].decode() == (out / "m" / "config.pbtxt").read_text()

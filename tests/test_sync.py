@@ -1,0 +1,209 @@
+"""`trm sync` against a real SeaweedFS on 127.0.0.1: incremental, verified, atomic, resumable, shared cache."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import boto3
+import pytest
+from helpers import run_cli
+from seaweed import BUCKET, SeaweedServer
+from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
+
+from repo_manager.repository import LocalRepository
+from repo_manager.storage import open_store
+from repo_manager.storage.base import blob_key
+
+MB = 1024 * 1024
+
+
+def _push(capsys, src, location, *extra):
+    result = run_cli(capsys, "push", location, "--repo", src, "--env", "prod", "--json", *extra)
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def _sync(capsys, location, dst, cache, *extra):
+    return run_cli(capsys, "sync", location, "--env", "prod", "--repo", dst, "--cache", cache, "--json", *extra)
+
+
+def _raw_client():
+    return boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"])
+
+
+def _raw_key(location: str, key: str) -> str:
+    return location[len(f"s3://{BUCKET}/"):] + "/" + key
+
+
+def test_incremental_sync_downloads_only_what_changed_and_reuses_the_rest(capsys, s3_location, tmp_path):
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    big, small, changed = pseudo_random(3 * MB, 1), b"tokenizer", pseudo_random(MB, 2)
+    make_version(src, "m", {"weights.bin": big, "tok/vocab.txt": small})
+    _push(capsys, src, s3_location)
+    first = _sync(capsys, s3_location, dst, cache)
+    assert first.code == 0, first.err
+    summary = first.json()
+    assert summary["installed"] == ["m/1"] and summary["bytes_downloaded"] == len(big) + len(small)
+    assert tree_digest(dst / "m" / "1") == tree_digest(src / "m" / "1")
+    assert (dst / "m" / "config.pbtxt").read_text() == (src / "m" / "config.pbtxt").read_text()
+    assert LocalRepository(dst).validate() == []
+
+    again = _sync(capsys, s3_location, dst, cache).json()  # nothing changed: one small read, local stats
+    assert again["unchanged"] and again["bytes_downloaded"] == 0 and again["remote_reads"] == 1
+
+    make_version(src, "m", {"weights.bin": big, "tok/vocab.txt": changed})
+    _push(capsys, src, s3_location, "--model", "m:2")
+    second = _sync(capsys, s3_location, dst, cache).json()
+    assert second["installed"] == ["m/2"]
+    assert second["bytes_downloaded"] == len(changed) and second["bytes_reused"] == len(big)
+    assert (dst / "m" / "2" / "weights.bin").stat().st_ino == (dst / "m" / "1" / "weights.bin").stat().st_ino
+
+    other_pod = _sync(capsys, s3_location, tmp_path / "dst2", cache).json()  # a second pod on this node
+    assert other_pod["bytes_downloaded"] == 0 and other_pod["bytes_reused"] == len(big) + len(changed)
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(capsys, s3_location, tmp_path):
+    make_version(tmp_path / "src", "m", {"a.bin": b"a" * 100})
+    _push(capsys, tmp_path / "src", s3_location)
+    result = _sync(capsys, s3_location, tmp_path / "dst", tmp_path / "cache", "--dry-run")
+    assert result.code == 0, result.err
+    plan = result.json()["plan"]
+    assert plan["models"][0]["action"] == "install" and plan["download_bytes"] == 100
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_a_bad_object_in_the_store_is_fetched_again_then_reported_never_installed(capsys, s3_location, tmp_path,
+                                                                                   damage):
+    manifest = make_version(tmp_path / "src", "m", {"w.bin": pseudo_random(300_000, 3)})
+    _push(capsys, tmp_path / "src", s3_location)
+    digest = manifest.files[0].sha256
+    good = pseudo_random(300_000, 3)
+    bad = good[:1000] + b"X" + good[1001:] if damage == "corrupt" else good[:200_000]
+    _raw_client().put_object(Bucket=BUCKET, Key=_raw_key(s3_location, blob_key(digest)), Body=bad)
+    result = _sync(capsys, s3_location, tmp_path / "dst", tmp_path / "cache")
+    assert result.code == 7, result.err
+    assert result.json()["error"]["kind"] == "integrity"
+    assert not (tmp_path / "dst" / "m" / "1").exists()
+    assert not (tmp_path / "cache" / "blobs" / "sha256" / digest).exists()
+    assert list((tmp_path / "cache" / "partial").iterdir()) == []
+
+
+def _wait_for_parts(cache, count: int, process, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = list((cache / "partial").glob("*/done/*")) if (cache / "partial").exists() else []
+        if len(done) >= count:
+            return
+        assert process.poll() is None, f"sync ended before it could be interrupted: {process.stderr.read()}"
+        time.sleep(0.01)
+    raise AssertionError("no part was downloaded in time")
+
+
+def test_sync_killed_mid_download_resumes_and_never_shows_a_partial_version(capsys, s3_location, tmp_path):
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    weights = pseudo_random(24 * MB, 4)
+    make_version(src, "m", {"model.py": b"# old"})
+    make_version(src, "m", {"weights.bin": weights, "model.py": b"# new"})
+    _push(capsys, src, s3_location, "--model", "m:1")
+    assert _sync(capsys, s3_location, dst, cache).code == 0
+    _push(capsys, src, s3_location, "--model", "m:2")
+    before = tree_digest(dst)
+    env = {"TRM_SYNC_PART_SIZE": str(MB)}
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "12", env=env)
+    _wait_for_parts(cache, 4, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert tree_digest(dst) == before  # as it was: no version 2 folder, config untouched
+    assert LocalRepository(dst).versions("m") == [1]
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json", env=env))
+    assert code == 0, err
+    assert summary["installed"] == ["m/2"]
+    assert summary["bytes_resumed"] >= 4 * MB
+    assert summary["bytes_downloaded"] + summary["bytes_resumed"] == len(weights)  # model.py: already cached
+    assert (dst / "m" / "2" / "weights.bin").read_bytes() == weights
+    assert LocalRepository(dst).validate() == []
+
+
+def test_two_syncs_on_one_node_share_the_cache_without_downloading_twice(capsys, s3_location, tmp_path):
+    files = {f"shard-{i}.bin": pseudo_random(3 * MB, 10 + i) for i in range(3)}
+    files.update({f"small/{i}.txt": f"file {i}".encode() for i in range(20)})
+    make_version(tmp_path / "src", "m", files)
+    _push(capsys, tmp_path / "src", s3_location)
+    cache = tmp_path / "cache"
+    pods = [trm_process("sync", s3_location, "--env", "prod", "--repo", tmp_path / f"pod{i}", "--cache", cache,
+                        "--json", "--limit-rate", "15") for i in range(2)]
+    results = [finish(p) for p in pods]
+    for code, _, err in results:
+        assert code == 0, err
+    total = sum(len(d) for d in files.values())
+    assert sum(summary["bytes_downloaded"] for _, summary, _ in results) == total
+    for i in range(2):
+        assert tree_digest(tmp_path / f"pod{i}" / "m" / "1") == tree_digest(tmp_path / "src" / "m" / "1")
+
+
+@pytest.mark.parametrize("payload, what", [
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
+     b'[{"path": "../../outside.txt", "size": 3, "sha256": "%s"}]}', "path leaving the version folder"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
+     b'[{"path": "/etc/outside.txt", "size": 3, "sha256": "%s"}]}', "absolute path"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"other\\"", "files": '
+     b'[{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "config naming another model"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "not { a config", "files": '
+     b'[{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "config Triton cannot parse"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
+     b'[{"path": "x.txt", "size": 30, "sha256": "%s"}]}', "size that does not match the blob"),
+])
+def test_hostile_manifests_are_refused_and_nothing_is_written(capsys, s3_location, tmp_path, payload, what):
+    import hashlib
+
+    store = open_store(s3_location)
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"abc")
+    digest = hashlib.sha256(b"abc").hexdigest()
+    store.put_blob(digest, blob, 3)
+    store._put_bytes("models/m/versions/1.json", payload.replace(b"%s", digest.encode()), if_absent=True)
+    store._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"m": 1}}',
+                     if_absent=True)
+    dst = tmp_path / "area" / "dst"
+    result = _sync(capsys, s3_location, dst, tmp_path / "area" / "cache")
+    assert result.code == 7, f"{what}: {result.err}"
+    assert not (tmp_path / "area" / "outside.txt").exists() and not (tmp_path / "outside.txt").exists()
+    assert not (dst / "m" / "1").exists()
+
+
+def test_hostile_environment_pointer_is_refused(capsys, s3_location, tmp_path):
+    store = open_store(s3_location)
+    store._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"../../etc": 1}}',
+                     if_absent=True)
+    result = _sync(capsys, s3_location, tmp_path / "dst", tmp_path / "cache")
+    assert result.code == 7 and "bad entry" in result.err
+    assert not (tmp_path / "dst").exists()
+
+
+def test_endpoint_going_down_mid_sync_fails_clearly_and_leaves_the_repository_intact(capsys, tmp_path, monkeypatch):
+    with SeaweedServer(tmp_path / "weed") as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        location = f"s3://{BUCKET}/down"
+        src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+        make_version(src, "m", {"model.py": b"# v1"})
+        make_version(src, "m", {"weights.bin": pseudo_random(16 * MB, 5)})
+        _push(capsys, src, location, "--model", "m:1")
+        assert _sync(capsys, location, dst, cache).code == 0
+        _push(capsys, src, location, "--model", "m:2")
+        before = tree_digest(dst)
+        process = trm_process("sync", location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                              "--limit-rate", "8", env={"TRM_SYNC_PART_SIZE": str(MB)})
+        _wait_for_parts(cache, 2, process)
+        server.stop(kill=True)
+        code, summary, err = finish(process)
+    assert code == 7, err
+    assert "not reachable" in err and "Traceback" not in err
+    assert server.env["AWS_SECRET_ACCESS_KEY"] not in err + str(summary)
+    assert tree_digest(dst) == before
+    assert LocalRepository(dst).versions("m") == [1] and LocalRepository(dst).validate() == []
