@@ -32,7 +32,7 @@ from repo_manager.storage import blob_key, open_store
 # short points and wide margins: on a shared 2-core machine the p99 of two identical models differs by
 # 10 ms and more; the slower version in the latency test is ~10x slower, far outside these margins
 FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_p99_increase_pct": 100,
-                "min_p99_delta_ms": 25, "max_capacity_drop_pct": 50, "arrivals": "constant"}
+                "min_p99_delta_ms": 25, "max_capacity_drop_pct": 50, "arrivals": "constant", "max_lag_ms": 50}
 
 
 def heavy(path: Path, width: int = 1024, layers: int = 40) -> Path:

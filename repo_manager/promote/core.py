@@ -159,9 +159,6 @@ def plan_promotion(settings: Settings, request: PromotionRequest, stores: Stores
                                 hint="promote the version you want explicitly with --version", model=model)
     else:
         version = _source_version(stores.source, request, model)
-        if replaces == version:
-            raise InputError(f"{request.to_env} already serves {model} version {version}",
-                             hint="nothing to promote", model=model, version=version)
     config_only = None
     if replaces is not None:
         try:
@@ -350,6 +347,9 @@ def promote(settings: Settings, request: PromotionRequest, *, dry_run: bool = Fa
     """Plan and (unless ``dry_run``) execute one promotion or rollback."""
     stores = open_stores(settings, request)
     plan = plan_promotion(settings, request, stores)
+    if plan.replaces == plan.version:  # already there: a re-run pipeline job succeeds and records nothing
+        progress(f"{plan.to_env} already serves {plan.model} version {plan.version}; nothing to do")
+        return PromotionResult(plan, (), False, env_models=_read_pointer(stores.target, plan.to_env).models)
     progress(plan.describe())
     if dry_run:
         return plan

@@ -8,7 +8,7 @@ import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, url_option
 from repo_manager.cli.commands.store import endpoint_option
-from repo_manager.errors import GateError
+from repo_manager.errors import GateError, UsageError
 from repo_manager.promote import (
     PromotionPlan,
     PromotionRequest,
@@ -61,6 +61,9 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
         ctx.emit({"dry_run": True, "plan": result.to_dict()}, result.describe())
         return
     plan = result.plan
+    if not result.moved:
+        ctx.emit(result.to_dict(), f"{plan.to_env} already serves {plan.model} version {plan.version}; nothing to do")
+        return
     text = (f"{plan.to_env} now serves {plan.model} version {plan.version} (was "
             f"{plan.replaces if plan.replaces is not None else 'nothing'})"
             + (f"; copied {result.blobs_copied} blob(s), {result.bytes_copied} bytes" if plan.cross_store else "")
@@ -99,7 +102,10 @@ def specs_command(ctx: Context) -> None:
     settings = ctx.settings
     envs = {}
     for env in settings.environments:
-        envs[env] = env_store(settings, env)
+        try:
+            envs[env] = env_store(settings, env)
+        except UsageError:
+            envs[env] = None  # no store configured yet: commands then need --store
     specs = [spec.to_dict() for spec in model_specs(settings)]
     text = "\n".join([f"environment {e}: {s}" for e, s in envs.items()]
                      + [f"model {s['name']}: {s['source']}" for s in specs]) or "no environments or model specs"
