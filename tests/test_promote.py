@@ -272,6 +272,7 @@ def test_promotion_across_two_buckets_copies_blobs_and_manifest_then_swaps(s3_st
     data = result.json()
     assert data["plan"]["cross_store"] and data["plan"]["target_store"] == prod
     assert data["blobs_copied"] == 1 and data["bytes_copied"] > 4_000_000
+    assert data["blobs_copied_server_side"] == 1  # two buckets behind one endpoint: CopyObject, no download
     target = open_store(prod, settings)
     assert target.get_env("production").models == {"lin": v2}
     assert target.get_manifest("lin", v2) == open_store(s3_staged.store, settings).get_manifest("lin", v2)
@@ -290,7 +291,7 @@ def test_promotion_from_a_folder_store_into_an_s3_bucket_uploads_the_verified_bl
     point(folder_settings, "staging", v1)
     result = promote(folder_settings, PromotionRequest("lin", "production", from_env="staging",
                                                        to_store=s3_location, gates=("checksums",)))
-    assert result.blobs_copied == 1 and result.moved
+    assert result.blobs_copied == 1 and result.blobs_copied_server_side == 0 and result.moved
     assert open_store(s3_location, folder_settings).get_env("production").models == {"lin": v1}
 
 

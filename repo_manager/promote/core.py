@@ -103,12 +103,15 @@ class PromotionResult:
     moved: bool
     blobs_copied: int = 0
     bytes_copied: int = 0
+    blobs_copied_server_side: int = 0
+    """Of ``blobs_copied``, those copied inside the S3 service (CopyObject) rather than uploaded."""
     record: history.HistoryRecord | None = None
     env_models: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict(), "gates": [r.to_dict() for r in self.gates], "moved": self.moved,
                 "blobs_copied": self.blobs_copied, "bytes_copied": self.bytes_copied,
+                "blobs_copied_server_side": self.blobs_copied_server_side,
                 "record": self.record.to_dict() if self.record else None, "env_models": self.env_models}
 
 
@@ -254,15 +257,19 @@ def _server_gate(name: str, client, fetched: g.FetchedVersion, baseline: g.Fetch
     return g.agreement_gate(client, fetched, baseline, sample)
 
 
-def copy_version(source: Store, target: Store, fetched: g.FetchedVersion, cache: BlobCache) -> tuple[int, int]:
-    """Blobs the target lacks, then manifests (members first). Returns (blobs, bytes) copied."""
-    count = size = 0
+def copy_version(source: Store, target: Store, fetched: g.FetchedVersion,
+                 cache: BlobCache) -> tuple[int, int, int]:
+    """Blobs the target lacks, then manifests (members first). Returns (blobs, bytes, blobs copied
+    server-side) copied."""
+    count = size = server_side = 0
     manifests = fetched.manifests
     for manifest in manifests:
         for entry in manifest.files:
             if target.has_blob(entry.sha256):
                 continue
-            if not _server_side_copy(source, target, entry.sha256, entry.size):
+            if _server_side_copy(source, target, entry.sha256, entry.size):
+                server_side += 1
+            else:
                 target.put_blob(entry.sha256, cache.path(entry.sha256), entry.size)
             count += 1
             size += entry.size
@@ -274,7 +281,7 @@ def copy_version(source: Store, target: Store, fetched: g.FetchedVersion, cache:
                 raise ConflictError(f"{target.location} holds a different version {manifest.version} of "
                                     f"{manifest.model}", hint="versions are immutable: publish a new one",
                                     model=manifest.model) from exc
-    return count, size
+    return count, size, server_side
 
 
 def _server_side_copy(source: Store, target: Store, digest: str, size: int) -> bool:
@@ -328,7 +335,7 @@ def execute_promotion(settings: Settings, request: PromotionRequest, plan: Promo
                               model=plan.model, version=plan.version, env=plan.to_env)
             error.result = PromotionResult(plan, tuple(results), moved=False)  # type: ignore[attr-defined]
             raise error
-        copied = (0, 0)
+        copied = (0, 0, 0)
         if plan.cross_store:
             progress(f"copying {plan.model}/{plan.version} into {plan.target_store}")
             copied = copy_version(stores.source, stores.target, fetched, cache)
@@ -339,7 +346,7 @@ def execute_promotion(settings: Settings, request: PromotionRequest, plan: Promo
         store=plan.target_store, source_env=plan.from_env, source_store=plan.source_store,
         gates=tuple(r.to_dict() for r in results), pipeline=history.pipeline_context(environ),
         pointer_tag=pointer.etag or ""))
-    return PromotionResult(plan, tuple(results), True, copied[0], copied[1], record, dict(pointer.models))
+    return PromotionResult(plan, tuple(results), True, *copied, record=record, env_models=dict(pointer.models))
 
 
 def promote(settings: Settings, request: PromotionRequest, *, dry_run: bool = False,
