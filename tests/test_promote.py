@@ -301,3 +301,21 @@ def test_gate_and_conflict_errors_are_typed_for_api_users(staged, tmp_path):
         promote(staged, PromotionRequest("lin", "production", version=version, gates=("checksums", "load")))
     assert info.value.result.moved is False
     assert issubclass(ConflictError, Exception) and ConflictError.exit_code == 8
+
+
+def test_a_corrupt_copy_already_in_the_target_store_blocks_a_cross_store_promotion(folder_settings, tmp_path):
+    prod = str(tmp_path / "prod-store")
+    v1 = publish(folder_settings, om.linear(tmp_path / "v1.onnx", seed=0))
+    point(folder_settings, "staging", v1)
+    entry = LocalRepository(folder_settings.repository).manifest("lin", v1).files[0]
+    good = (folder_settings.repository / "lin" / str(v1) / entry.path).read_bytes()
+    planted = Path(prod) / blob_key(entry.sha256)
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(good[:-8] + b"CORRUPT!")  # same name and size: only a download can tell
+    with pytest.raises(GateError) as info:
+        promote(folder_settings, PromotionRequest("lin", "production", from_env="staging", to_store=prod,
+                                                  gates=("checksums",)))
+    gates = info.value.result.gates
+    assert [(r.name, r.passed) for r in gates] == [("checksums", True), ("copy", False)]
+    with pytest.raises(NotFoundError):
+        open_store(prod, folder_settings).get_env("production")

@@ -327,18 +327,19 @@ def execute_promotion(settings: Settings, request: PromotionRequest, plan: Promo
     with tempfile.TemporaryDirectory(prefix="trm-promote-") as scratch:
         cache = BlobCache(scratch)
         results, fetched = run_gates(settings, request, plan, stores, cache, progress)
-        failed = [r for r in results if not r.passed]
-        if failed or fetched is None:
-            error = GateError(f"promotion of {plan.model} version {plan.version} to {plan.to_env} blocked by gate(s) "
-                              f"{', '.join(r.name for r in failed)}: {failed[0].summary}",
-                              hint="fix the version and publish a new one; see the gate results (--json)",
-                              model=plan.model, version=plan.version, env=plan.to_env)
-            error.result = PromotionResult(plan, tuple(results), moved=False)  # type: ignore[attr-defined]
-            raise error
+        if fetched is None or any(not r.passed for r in results):
+            _blocked(plan, results)
         copied = (0, 0, 0)
         if plan.cross_store:
             progress(f"copying {plan.model}/{plan.version} into {plan.target_store}")
             copied = copy_version(stores.source, stores.target, fetched, cache)
+            # what the target will serve is the target's copy: blobs it already held (written by anyone) and
+            # the ones just copied are downloaded and verified again before the pointer moves
+            progress(f"copy: verifying every blob of {plan.model}/{plan.version} in {plan.target_store}")
+            check, _ = g.checksums_gate(stores.target, BlobCache(Path(scratch) / "target"), plan.model, plan.version)
+            results.append(g.GateResult("copy", check.passed, check.summary, check.details, check.seconds))
+            if not check.passed:
+                _blocked(plan, results)
     pointer = swap(stores.target, plan)
     progress(f"{plan.to_env} now serves {plan.model} version {plan.version}")
     record = history.append(stores.target, history.HistoryRecord(
@@ -347,6 +348,17 @@ def execute_promotion(settings: Settings, request: PromotionRequest, plan: Promo
         gates=tuple(r.to_dict() for r in results), pipeline=history.pipeline_context(environ),
         pointer_tag=pointer.etag or ""))
     return PromotionResult(plan, tuple(results), True, *copied, record=record, env_models=dict(pointer.models))
+
+
+def _blocked(plan: PromotionPlan, results: list[g.GateResult]) -> None:
+    """Raise GateError with every gate's result attached (``error.result``), for the CLI's --json."""
+    failed = [r for r in results if not r.passed]
+    error = GateError(f"promotion of {plan.model} version {plan.version} to {plan.to_env} blocked by gate(s) "
+                      f"{', '.join(r.name for r in failed)}: {failed[0].summary}",
+                      hint="fix the version and publish a new one; see the gate results (--json)",
+                      model=plan.model, version=plan.version, env=plan.to_env)
+    error.result = PromotionResult(plan, tuple(results), moved=False)  # type: ignore[attr-defined]
+    raise error
 
 
 def promote(settings: Settings, request: PromotionRequest, *, dry_run: bool = False,
