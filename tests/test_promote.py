@@ -319,3 +319,16 @@ def test_a_corrupt_copy_already_in_the_target_store_blocks_a_cross_store_promoti
     assert [(r.name, r.passed) for r in gates] == [("checksums", True), ("copy", False)]
     with pytest.raises(NotFoundError):
         open_store(prod, folder_settings).get_env("production")
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(staged, tmp_path, capsys):
+    v2 = publish(staged, om.linear(tmp_path / "v1.onnx", seed=0), max_batch_size=2)
+    point(staged, "staging", v2)
+    before = snapshot(staged)
+    result = run_cli(capsys, "promote", "lin", "--from", "staging", "--to", "production", "--store", staged.store,
+                     "--dry-run", "--json")
+    assert result.code == 0, result.err
+    plan = result.json()["plan"]
+    assert (plan["version"], plan["replaces"], plan["config_only"]) == (v2, 1, True)
+    assert plan["gates"] == ["checksums", "load", "latency", "agreement"]
+    assert snapshot(staged) == before

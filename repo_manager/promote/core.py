@@ -30,7 +30,7 @@ from repo_manager.errors import ConflictError, GateError, InputError, NotFoundEr
 from repo_manager.manifest import Manifest, check_model_name
 from repo_manager.promote import gates as g
 from repo_manager.promote import history
-from repo_manager.promote.envs import GATES, env_store, gate_settings, model_spec
+from repo_manager.promote.envs import GATES, env_store, gate_settings, model_spec, parse_gates
 from repo_manager.settings import Settings
 from repo_manager.storage import EnvPointer, Store, blob_key, check_env_name, open_store
 from repo_manager.sync.cache import BlobCache
@@ -191,8 +191,9 @@ def _source_version(store: Store, request: PromotionRequest, model: str) -> int:
 
 def _choose_gates(settings: Settings, request: PromotionRequest, replaces: int | None,
                   config_only: bool | None) -> tuple[str, ...]:
-    if request.gates:
-        chosen = set(request.gates)
+    configured = () if request.rollback else parse_gates(None, settings)  # configs' gates.default
+    if request.gates or configured:
+        chosen = set(request.gates or configured)
     elif request.rollback:
         chosen = {"checksums"}
     else:

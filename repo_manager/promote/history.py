@@ -17,6 +17,7 @@ and every gate's result.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import socket
@@ -44,9 +45,16 @@ def pipeline_context(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Who ran this: the CI run and commit variables that are set, plus user and host."""
     environ = dict(os.environ) if environ is None else environ
     found = {key.lower(): environ[key] for key in CI_VARIABLES if environ.get(key)}
-    found["user"] = environ.get("USER") or environ.get("USERNAME") or "unknown"
+    found["user"] = environ.get("USER") or environ.get("USERNAME") or _login()
     found["host"] = socket.gethostname()
     return found
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        return f"uid {os.getuid()}"
 
 
 @dataclass(frozen=True)

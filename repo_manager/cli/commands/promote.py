@@ -86,7 +86,7 @@ def history_command(ctx: Context, env: str, name: str | None, store: str | None,
     """Every promotion and rollback of ENV (of model NAME only, if given), oldest first."""
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
     location, records = read_history(settings, env, name, store)
-    lines = [f"{r.at}  {r.action:8} {r.model} {r.from_version} -> {r.to_version}"
+    lines = [f"{r.at}  {r.action:8} {r.model} {r.from_version or '-'} -> {r.to_version}"
              f"  gates: {', '.join(g['gate'] + ('' if g['passed'] else ' FAILED') for g in r.gates) or '-'}"
              f"  by {r.pipeline.get('github_run_id') or r.pipeline.get('ci_pipeline_id') or r.pipeline.get('user')}"
              for r in records]
