@@ -132,8 +132,10 @@ class Manifest:
         paths = [f.path for f in files]
         if len(set(paths)) != len(paths):
             raise IntegrityError(f"{origin} lists a file twice")
-        for path in paths:  # a file may not also be a folder of another file
-            if any(other.startswith(path + "/") for other in paths):
+        # a file may not also be a folder of another file (linear: manifests can list thousands of files)
+        folders = {path[:i] for path in paths for i, char in enumerate(path) if char == "/"}
+        for path in paths:
+            if path in folders:
                 raise IntegrityError(f"{origin}: {path!r} is both a file and a folder")
         members = data.get("members") or {}
         for member, member_version in members.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -74,14 +75,19 @@ def test_dry_run_prints_the_plan_and_changes_nothing(capsys, s3_location, tmp_pa
     assert not (tmp_path / "dst").exists()
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "corrupt-ranged", "truncated-ranged"])
 def test_a_bad_object_in_the_store_is_fetched_again_then_reported_never_installed(capsys, s3_location, tmp_path,
-                                                                                   damage):
+                                                                                   damage, monkeypatch):
+    from repo_manager.sync import cache as cache_module
+
+    if damage.endswith("ranged"):  # 64 KiB parts: the 300 kB blob is fetched as ranged parts
+        monkeypatch.setattr(cache_module, "PART_SIZE", 64 * 1024)
+        monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 128 * 1024)
     manifest = make_version(tmp_path / "src", "m", {"w.bin": pseudo_random(300_000, 3)})
     _push(capsys, tmp_path / "src", s3_location)
     digest = manifest.files[0].sha256
     good = pseudo_random(300_000, 3)
-    bad = good[:1000] + b"X" + good[1001:] if damage == "corrupt" else good[:200_000]
+    bad = good[:250_000] + b"X" + good[250_001:] if damage.startswith("corrupt") else good[:200_000]
     _raw_client().put_object(Bucket=BUCKET, Key=_raw_key(s3_location, blob_key(digest)), Body=bad)
     result = _sync(capsys, s3_location, tmp_path / "dst", tmp_path / "cache")
     assert result.code == 7, result.err
@@ -207,3 +213,55 @@ def test_endpoint_going_down_mid_sync_fails_clearly_and_leaves_the_repository_in
     assert server.env["AWS_SECRET_ACCESS_KEY"] not in err + str(summary)
     assert tree_digest(dst) == before
     assert LocalRepository(dst).versions("m") == [1] and LocalRepository(dst).validate() == []
+
+
+@pytest.mark.parametrize("ranged", [False, True])
+def test_concurrent_fetches_stay_correct_when_file_locks_do_not_work(s3_location, tmp_path, monkeypatch, ranged):
+    """Mock of a failure that cannot be produced for real here: flock silently succeeding for everyone,
+    as on some network filesystems. Correctness must come from unique files, hashes and link()."""
+    import fcntl
+    import threading
+
+    from repo_manager.sync import cache as cache_module
+    from repo_manager.sync.cache import BlobCache
+
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: None)
+    if ranged:  # 1 MiB parts: the 5 MB blob goes through partial folders, adoption and markers
+        monkeypatch.setattr(cache_module, "PART_SIZE", MB)
+        monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 2 * MB)
+    data = pseudo_random(5 * MB, 9)
+    manifest = make_version(tmp_path / "src", "m", {"w.bin": data})
+    open_store(s3_location).put_blob(manifest.files[0].sha256, tmp_path / "src" / "m" / "1" / "w.bin", len(data))
+    cache, errors, barrier = BlobCache(tmp_path / "cache"), [], threading.Barrier(4)
+
+    def fetch() -> None:
+        barrier.wait()
+        try:
+            with ThreadPoolExecutor(4) as parts:
+                BlobCache(cache.root).fetch(open_store(s3_location), manifest.files[0].sha256, len(data),
+                                            parts_pool=parts)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+    threads = [threading.Thread(target=fetch) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert cache.path(manifest.files[0].sha256).read_bytes() == data
+    assert list((cache.root / "partial").iterdir()) == []
+
+
+def test_cache_collection_keeps_blobs_another_pod_still_links(capsys, tmp_path):
+    store = str(tmp_path / "store")  # the embedded default: a folder store
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    make_version(src, "m", {"old.bin": b"old weights"})
+    _push(capsys, src, store)
+    for pod in ("pod1", "pod2"):
+        assert _sync(capsys, store, tmp_path / pod, cache).code == 0
+    make_version(src, "m", {"new.bin": b"new weights"})
+    _push(capsys, src, store, "--model", "m:2")
+    pruned = _sync(capsys, store, tmp_path / "pod1", cache, "--prune").json()
+    assert pruned["pruned"] == ["m/1"] and pruned["gc_removed"] == 0  # pod2 still links version 1's blob
+    assert (tmp_path / "pod2" / "m" / "1" / "old.bin").read_bytes() == b"old weights"
+    assert _sync(capsys, store, tmp_path / "pod2", cache, "--prune").json()["gc_removed"] == 1

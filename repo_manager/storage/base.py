@@ -186,7 +186,11 @@ class Store(ABC):
 
     # ----------------------------------------------------------------------------- environments
     def get_env(self, env: str) -> EnvPointer:
-        payload, tag = self._get_bytes(env_key(env))
+        try:
+            payload, tag = self._get_bytes(env_key(env))
+        except NotFoundError as exc:
+            raise NotFoundError(f"environment {env} does not exist in {self.location}",
+                                hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
         pointer = EnvPointer.from_json(payload, f"{self.location}/{env_key(env)}", tag)
         if pointer.name != env:
             raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")

@@ -1,7 +1,7 @@
 """`trm sync`: make a node's local Triton repository serve what an environment in a store says.
 
 ``plan_sync`` reads the pointer and manifests and decides (changing nothing); ``execute`` carries the
-plan out. See ``cache.py`` (the shared node cache), ``plan.py`` and ``execute.py``.
+plan out. See ``cache.py`` (the shared node cache), ``plan.py`` and ``executor.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
-from repo_manager.sync.execute import SyncProgress, SyncResult, execute
+from repo_manager.sync.executor import SyncProgress, SyncResult, execute
 from repo_manager.sync.plan import SyncPlan, build_plan
 from repo_manager.triton.client import TritonClient
 

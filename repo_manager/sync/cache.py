@@ -3,7 +3,8 @@
 Layout::
 
     <cache>/blobs/sha256/<hex>            verified blobs, read-only; repositories hard-link to them
-    <cache>/partial/<hex>.<token>/data    a download in progress (+ done/<part> markers for resuming)
+    <cache>/partial/<hex>.<token>/data    a large download in progress (+ done/<part> markers for resuming)
+    <cache>/partial/<hex>.<token>.small   a small download in progress (one GET, hashed as it streams)
     <cache>/locks/<hex>                   advisory lock: only avoids two downloads of one blob at once
     <cache>/manifests/<store-id>/<model>/<N>.json   manifests already verified (they are immutable)
 
@@ -32,9 +33,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from repo_manager.errors import IntegrityError, NotFoundError
 from repo_manager.manifest import CHUNK, Manifest
@@ -124,22 +126,67 @@ class BlobCache:
         with self._lock(digest):
             if self.has(digest, size):  # another sync fetched it while we waited
                 return 0, 0
-            downloaded = resumed = 0
-            for attempt in (1, 2):
-                folder = self._adopt_partial(digest) if attempt == 1 else None
-                folder = folder or self._new_partial(digest)
+            if size <= RANGED_THRESHOLD:
+                return self._fetch_small(store, digest, size, on_bytes, limit), 0
+            downloaded = resumed = failures = lost = 0
+            adopt = True
+            while True:
+                folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
+                adopt = False  # a retry always starts from scratch
                 try:
-                    got, kept = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
+                    got, kept, actual = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
                     downloaded += got
                     resumed += kept
-                    self._verify(folder / "data", digest, size)
+                    if actual != digest or (folder / "data").stat().st_size != size:
+                        raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
+                                             f"{actual[:12]}…)",
+                                             hint="the object in the store is corrupt: push the version again")
+                    self._install(folder, digest)
+                    return downloaded, resumed
                 except IntegrityError:
                     shutil.rmtree(folder, ignore_errors=True)
-                    if attempt == 2:
+                    failures += 1
+                    if failures == 2:
                         raise
-                    continue
-                self._install(folder, digest)
-                return downloaded, resumed
+                except FileNotFoundError:
+                    # our partial folder was adopted by another sync: only possible where locks do not
+                    # work; it finishes that download, we start a fresh one unless it is already done
+                    if self.has(digest, size):
+                        return downloaded, resumed
+                    lost += 1
+                    if lost == 3:
+                        raise
+
+    def _fetch_small(self, store: Store, digest: str, size: int, on_bytes: OnBytes, limit: RateLimit | None) -> int:
+        """One GET streamed into a unique temporary file while hashing (no second read), then linked in."""
+        downloaded = 0
+        for attempt in (1, 2):
+            tmp = self.partial / f"{digest}.{uuid.uuid4().hex}.small"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                hasher = hashlib.sha256()
+                try:
+                    self._copy(_hashed(store.read_blob(digest, 0, size), hasher), fd, 0, size, digest, on_bytes,
+                               limit)
+                    downloaded += size
+                    if hasher.hexdigest() != digest:
+                        raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
+                                             f"{hasher.hexdigest()[:12]}…)",
+                                             hint="the object in the store is corrupt: push the version again")
+                    os.fchmod(fd, 0o444)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(tmp, self.path(digest))
+                except FileExistsError:
+                    pass  # installed by another writer (only where locks do not work): same content
+                return downloaded
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+            finally:
+                tmp.unlink(missing_ok=True)
         raise AssertionError("unreachable")
 
     def _new_partial(self, digest: str) -> Path:
@@ -149,7 +196,8 @@ class BlobCache:
 
     def _adopt_partial(self, digest: str) -> Path | None:
         """Take over an abandoned partial download of ``digest`` (we hold its lock: its owner is gone)."""
-        for candidate in sorted(self.partial.glob(f"{digest}.*")):
+        candidates = [e.path for e in os.scandir(self.partial) if e.name.startswith(digest) and e.is_dir()]
+        for candidate in sorted(candidates):
             mine = self.partial / f"{digest}.{uuid.uuid4().hex}"
             try:
                 os.rename(candidate, mine)
@@ -160,27 +208,34 @@ class BlobCache:
         return None
 
     def _download(self, store: Store, digest: str, size: int, folder: Path, on_bytes: OnBytes,
-                  parts_pool: ThreadPoolExecutor | None, limit: RateLimit | None) -> tuple[int, int]:
+                  parts_pool: ThreadPoolExecutor | None, limit: RateLimit | None) -> tuple[int, int, str]:
+        """Fetch the missing parts into ``folder/data``. Returns (bytes fetched, bytes resumed, sha256)."""
         data = folder / "data"
         fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.ftruncate(fd, size)
-            if size <= RANGED_THRESHOLD:
-                self._copy(store.read_blob(digest, 0, size), fd, 0, size, digest, on_bytes, limit)
-                return size, 0
             part_size = self._part_size(folder)
             count = (size + part_size - 1) // part_size
             done = folder / "done"
             missing = [i for i in range(count) if not (done / str(i)).exists()]
+            hasher = _InOrderHasher(fd, size, part_size, set(range(count)) - set(missing))
 
             def part(index: int) -> int:
                 start = index * part_size
                 length = min(part_size, size - start)
                 self._copy(store.read_blob(digest, start, length), fd, start, length, digest, on_bytes, limit)
                 (done / str(index)).touch()  # after the bytes are written: a marker never lies
+                hasher.completed(index)
                 return length
-            got = sum(parts_pool.map(part, missing) if parts_pool else map(part, missing))
-            return got, size - got
+            if parts_pool is None:
+                got = sum(map(part, missing))
+            else:
+                # wait for every part before the fd is closed, even when one fails: a part still running
+                # could otherwise write into whatever file reuses the fd number
+                futures = [parts_pool.submit(part, i) for i in missing]
+                wait(futures)
+                got = sum(f.result() for f in futures)
+            return got, size - got, hasher.finish()
         finally:
             os.close(fd)
 
@@ -209,17 +264,6 @@ class BlobCache:
         if offset != start + length:
             raise IntegrityError(f"blob {digest[:12]}… was truncated: got {offset - start} of {length} bytes "
                                  f"at offset {start}")
-
-    @staticmethod
-    def _verify(path: Path, digest: str, size: int) -> None:
-        actual = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                actual.update(chunk)
-        if path.stat().st_size != size or actual.hexdigest() != digest:
-            raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
-                                 f"{actual.hexdigest()[:12]}…, {path.stat().st_size} bytes)",
-                                 hint="the object in the store is corrupt: push the version again")
 
     def _install(self, folder: Path, digest: str) -> None:
         data = folder / "data"
@@ -266,10 +310,59 @@ class BlobCache:
                 removed += 1
                 freed += info.st_size
         cutoff = time.time() - STALE_PARTIAL_S
-        for folder in self.partial.iterdir():
+        for entry in self.partial.iterdir():
             try:
-                if folder.stat().st_mtime < cutoff:
-                    shutil.rmtree(folder, ignore_errors=True)
+                if entry.stat().st_mtime >= cutoff:
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink()
             except FileNotFoundError:
                 continue
         return removed, freed
+
+
+def _hashed(chunks: Iterator[bytes], hasher: Any) -> Iterator[bytes]:
+    for chunk in chunks:
+        hasher.update(chunk)
+        yield chunk
+
+
+class _InOrderHasher:
+    """sha256 of a file whose parts arrive out of order, computed while the download runs.
+
+    Each finished part is reported; whichever thread gets the lock hashes every part that is next in
+    order (read back from the page cache), so hashing overlaps the remaining downloads instead of
+    following them. A thread that finds the lock taken leaves its part to the holder or to ``finish``.
+    """
+
+    def __init__(self, fd: int, size: int, part_size: int, ready: set[int]) -> None:
+        self.fd, self.size, self.part_size = fd, size, part_size
+        self.ready = ready
+        self.next = 0
+        self.hash = hashlib.sha256()
+        self.lock = threading.Lock()
+
+    def completed(self, index: int, block: bool = False) -> None:
+        self.ready.add(index)
+        if not self.lock.acquire(blocking=block):
+            return
+        try:
+            while self.next in self.ready:
+                offset = self.next * self.part_size
+                end = min(offset + self.part_size, self.size)
+                while offset < end:
+                    chunk = os.pread(self.fd, min(CHUNK, end - offset), offset)
+                    if not chunk:
+                        return  # shorter than expected: the size check reports it
+                    self.hash.update(chunk)
+                    offset += len(chunk)
+                self.next += 1
+        finally:
+            self.lock.release()
+
+    def finish(self) -> str:
+        if self.ready:
+            self.completed(next(iter(self.ready)), block=True)
+        return self.hash.hexdigest()

@@ -14,7 +14,7 @@ from typing import Any
 
 from repo_manager import config as cfg
 from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, UsageError
-from repo_manager.manifest import Manifest, check_model_name, read_manifest
+from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name
 from repo_manager.repository import CONFIG_NAME, LocalRepository
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
@@ -131,16 +131,17 @@ def wanted_versions(store: Store, env: str | None, models: tuple[str, ...]) -> t
     return dict(pointer.models), 1
 
 
-def load_manifest(store: Store, cache: BlobCache, model: str, version: int) -> tuple[Manifest, int]:
-    """The verified manifest (from the node cache when seen before) and the remote reads it cost."""
+def load_manifest(store: Store, cache: BlobCache, model: str, version: int) -> tuple[Manifest, bytes, int]:
+    """The verified manifest (from the node cache when seen before), its canonical bytes (what trm writes
+    as trm-manifest.json) and the remote reads it cost."""
     sid = store_id(store)
     cached = cache.cached_manifest(sid, model, version)
     if cached is not None:
-        return store.parse_manifest(cached, model, version), 0
+        return store.parse_manifest(cached, model, version), cached, 0
     manifest = store.get_manifest(model, version)
     check_manifest_config(manifest)
     cache.save_manifest(sid, manifest)
-    return manifest, 1
+    return manifest, manifest.to_json(), 1
 
 
 def check_manifest_config(manifest: Manifest) -> cfg.ModelConfig:
@@ -154,7 +155,7 @@ def check_manifest_config(manifest: Manifest) -> cfg.ModelConfig:
     return config
 
 
-def local_state(repo: LocalRepository, manifest: Manifest) -> str:
+def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None = None) -> str:
     """PRESENT if the version folder holds exactly this manifest and files of the right size, else what
     to do. A different version under the same number is a conflict: versions are immutable."""
     folder = repo.version_dir(manifest.model, manifest.version)
@@ -163,8 +164,11 @@ def local_state(repo: LocalRepository, manifest: Manifest) -> str:
     if folder.is_symlink() or not folder.is_dir():
         return REPLACE
     try:
-        local = read_manifest(folder)
-    except (FileNotFoundError, IntegrityError):
+        # the common case, an unchanged version: the same bytes trm wrote, no parsing needed
+        local_payload = (folder / MANIFEST_NAME).read_bytes()
+        same = local_payload == (payload or manifest.to_json())
+        local = manifest if same else Manifest.from_json(local_payload, str(folder))
+    except (OSError, IntegrityError):
         return REPLACE  # no (valid) manifest: an incomplete folder that readers ignore
     if local.files != manifest.files or local.config != manifest.config:
         raise ConflictError(f"{folder} holds a different version {manifest.version} of {manifest.model} than "
@@ -212,9 +216,9 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
     fetch: dict[str, BlobFetch] = {}
     reuse = 0
     for model, version in sorted(wanted.items()):
-        manifest, cost = load_manifest(store, cache, model, version)
+        manifest, payload, cost = load_manifest(store, cache, model, version)
         reads += cost
-        state = local_state(repo, manifest)
+        state = local_state(repo, manifest, payload)
         actions.append(ModelAction(model, version, state, config_differs(repo, manifest), len(manifest.files),
                                    manifest.total_size, manifest))
         if state == PRESENT:

@@ -58,27 +58,35 @@ class RichProgress(SyncProgress):
         from rich.console import Console  # noqa: PLC0415
         from rich.progress import (  # noqa: PLC0415
             BarColumn,
-            DownloadColumn,
-            MofNCompleteColumn,
             Progress,
+            TaskProgressColumn,
             TextColumn,
+            TimeRemainingColumn,
             TransferSpeedColumn,
         )
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                             TransferSpeedColumn(), console=Console(stderr=True), transient=False)
-        self._bytes = self._bar.add_task("bytes", total=total_bytes)
-        self._files = self._bar.add_task("blobs", total=total_files)
-        self._bar.columns = (*self._bar.columns, MofNCompleteColumn())
+        self._bar = Progress(TextColumn("{task.description:<5}"), BarColumn(), TaskProgressColumn(),
+                             TextColumn("{task.fields[detail]}"), TransferSpeedColumn(), TimeRemainingColumn(),
+                             console=Console(stderr=True))
+        self._total_bytes, self._total_files, self._done_bytes, self._done_files = total_bytes, total_files, 0, 0
+        self._bytes = self._bar.add_task("bytes", total=total_bytes, detail=self._bytes_detail())
+        self._files = self._bar.add_task("blobs", total=total_files, detail=f"0/{total_files}")
         self._bar.start()
+
+    def _bytes_detail(self) -> str:
+        return f"{self._done_bytes / 1e6:.1f}/{self._total_bytes / 1e6:.1f} MB"
 
     def advance(self, nbytes: int) -> None:
         if self._bar is not None:
-            self._bar.update(self._bytes, advance=nbytes)
+            with self._lock:
+                self._done_bytes += nbytes
+                self._bar.update(self._bytes, advance=nbytes, detail=self._bytes_detail())
 
     def file_done(self) -> None:
         if self._bar is not None:
-            self._bar.update(self._files, advance=1)
+            with self._lock:
+                self._done_files += 1
+                self._bar.update(self._files, advance=1, detail=f"{self._done_files}/{self._total_files}")
 
     def message(self, text: str) -> None:
         if self._bar is not None:

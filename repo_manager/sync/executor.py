@@ -35,7 +35,7 @@ from repo_manager.sync.plan import (
     local_state,
 )
 
-BLOB_WORKERS = 8
+BLOB_WORKERS = 16  # small blobs are latency-bound: more in flight than CPU cores
 
 
 class SyncProgress:
