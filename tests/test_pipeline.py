@@ -23,8 +23,8 @@ from repo_manager.settings import load_settings
 from repo_manager.storage import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_p99_increase_pct": 100,
-                "min_p99_delta_ms": 25, "max_capacity_drop_pct": 50, "arrivals": "constant", "max_lag_ms": 50}
+FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_p99_increase_pct": 300,
+                "min_p99_delta_ms": 50, "max_capacity_drop_pct": 75, "arrivals": "constant", "max_lag_ms": 50}
 
 
 def _project(root: Path, store: str) -> Path:

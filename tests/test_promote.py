@@ -29,14 +29,15 @@ from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.storage import blob_key, open_store
 
-# short points and wide margins: on a shared 2-core machine the p99 of two identical models differs by
-# 10 ms and more; the slower version in the latency test is ~10x slower, far outside these margins
-FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_p99_increase_pct": 100,
-                "min_p99_delta_ms": 25, "max_capacity_drop_pct": 50, "arrivals": "constant", "max_lag_ms": 50}
+# short points and wide margins: on a shared, loaded 2-core machine two identical models measured one after
+# the other differed by 3.5x in p99 (17 vs 60 ms) and 2.7x in capacity; the slower version in the latency
+# test is >10x slower in capacity, far outside these margins
+FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_p99_increase_pct": 300,
+                "min_p99_delta_ms": 50, "max_capacity_drop_pct": 75, "arrivals": "constant", "max_lag_ms": 50}
 
 
-def heavy(path: Path, width: int = 1024, layers: int = 40) -> Path:
-    """Same inputs and outputs as ``om.linear`` (X[batch,4] -> Y[batch,3]) but ~100 MFLOP per row: a
+def heavy(path: Path, width: int = 1024, layers: int = 60) -> Path:
+    """Same inputs and outputs as ``om.linear`` (X[batch,4] -> Y[batch,3]) but ~125 MFLOP per row: a
     version that really is slower. One shared weight keeps the file at 4 MB."""
     rng = np.random.default_rng(1)
     nodes = [helper.make_node("MatMul", ["X", "W_IN"], ["H0"])]
@@ -143,6 +144,9 @@ def test_a_failing_gate_blocks_the_promotion_and_leaves_production_exactly_as_it
     assert snapshot(staged) == before
     if gate == "eval":
         assert failed[0]["details"]["score"] == 0.42
+    if gate == "latency":
+        print("latency gate:", failed[0]["summary"])  # the measured figures, for -s runs
+        assert "capacity" in failed[0]["summary"]
 
 
 def test_eval_gate_passes_when_the_score_reaches_the_threshold(staged, tmp_path):
@@ -331,4 +335,22 @@ def test_dry_run_prints_the_plan_and_changes_nothing(staged, tmp_path, capsys):
     plan = result.json()["plan"]
     assert (plan["version"], plan["replaces"], plan["config_only"]) == (v2, 1, True)
     assert plan["gates"] == ["checksums", "load", "latency", "agreement"]
+    assert snapshot(staged) == before
+
+
+@pytest.mark.parametrize("damage", ["manifest", "missing blob"])
+def test_a_damaged_version_in_a_folder_store_is_refused_by_the_checksums_gate(staged, tmp_path, capsys, damage):
+    v2 = publish(staged, om.linear(tmp_path / "v1.onnx", seed=0), max_batch_size=2)
+    point(staged, "staging", v2)
+    store = Path(staged.store)
+    if damage == "manifest":
+        (store / "models" / "lin" / "versions" / f"{v2}.json").write_text('{"schema": "trm.manifest/1", "model"')
+    else:  # v2 shares v1's file: remove it and production's own version is damaged too, as in a bad cleanup
+        entry = LocalRepository(staged.repository).manifest("lin", v2).files[0]
+        (store / blob_key(entry.sha256)).unlink()
+    before = snapshot(staged)
+    result = run_cli(capsys, "promote", "lin", "--from", "staging", "--to", "production", "--store", staged.store,
+                     "--url", staged.triton_url, "--json")
+    assert result.code == 9, result.err
+    assert [(g["gate"], g["passed"]) for g in result.json()["gates"]] == [("checksums", False)]
     assert snapshot(staged) == before

@@ -167,8 +167,8 @@ def plan_promotion(settings: Settings, request: PromotionRequest, stores: Stores
         try:
             config_only = _same_files(stores.source.get_manifest(model, version),
                                       stores.target.get_manifest(model, replaces))
-        except NotFoundError:
-            config_only = None  # a missing manifest is the checksums gate's to report
+        except (NotFoundError, StoreError):
+            config_only = None  # a missing or corrupt manifest is the checksums gate's to report
     return PromotionPlan("rollback" if request.rollback else "promote", model, version, request.to_env,
                          request.from_env, stores.source.location, stores.target.location, replaces,
                          pointer.etag, _choose_gates(settings, request, replaces, config_only), config_only)
