@@ -77,7 +77,7 @@ def test_pipeline_publishes_to_staging_then_promotes_to_production_through_the_g
     again = _pipeline(project, "production", triton.url)  # a re-run job changes nothing and succeeds
     assert again.returncode == 0 and "already serves version 2" in again.stderr
 
-    records = read_history(settings, "production")[1]
+    records = read_history(settings, "production").records
     assert [(r.from_version, r.to_version) for r in records] == [(None, 1), (1, 2)]
     assert [g["gate"] for g in records[-1].gates] == ["checksums", "load", "latency", "agreement"]
     assert records[-1].pipeline["github_run_id"] == "777"

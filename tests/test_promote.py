@@ -79,7 +79,7 @@ def snapshot(settings: Settings, env: str = "production", store: str | None = No
         pointer = target.get_env(env)
     except NotFoundError:
         return None, []
-    return (pointer.models, pointer.etag), [r.id for r in read_history(settings, env, store=store)[1]]
+    return (pointer.models, pointer.etag), [r.id for r in read_history(settings, env, store=store).records]
 
 
 @pytest.fixture
@@ -186,15 +186,22 @@ def test_history_is_complete_in_order_and_separate_per_environment(staged, tmp_p
     point(staged, "staging", v2)
     point(staged, "production", other, name="other")
     promote(staged, PromotionRequest("lin", "production", from_env="staging", gates=("checksums",)))
-    records = read_history(staged, "production")[1]
+    assert open_store(staged.store, staged).get_env("production").models == {"lin": v2, "other": other}
+    records = read_history(staged, "production").records
     assert [(r.model, r.from_version, r.to_version) for r in records] == [("lin", None, 1), ("other", None, other),
                                                                           ("lin", 1, v2)]
     assert all(r.gates and r.gates[0]["gate"] == "checksums" and r.gates[0]["passed"] for r in records)
     assert [r.at for r in records] == sorted(r.at for r in records)
-    assert [(r.from_version, r.to_version) for r in read_history(staged, "staging", "lin")[1]] == [(None, 1), (1, v2)]
+    staging = read_history(staged, "staging", "lin")
+    assert [(r.from_version, r.to_version) for r in staging.records] == [(None, 1), (1, v2)]
     text = run_cli(capsys, "history", "production", "--store", staged.store)
     assert text.code == 0 and len(text.out.strip().splitlines()) == 3
-    assert open_store(staged.store, staged).get_env("production").models == {"lin": v2, "other": other}
+    assert read_history(staged, "production").unrecorded == {}
+    # a pointer moved outside `trm promote` (push --env) is flagged, not silently trusted
+    push(open_store(staged.store, staged), LocalRepository(staged.repository), [("lin", 1)], env="production")
+    assert read_history(staged, "production").unrecorded == {"lin": {"serving": 1, "last_recorded": v2}}
+    text = run_cli(capsys, "history", "production", "--store", staged.store)
+    assert "moved outside `trm promote`" in text.out
 
 
 def test_promoting_a_version_the_source_does_not_serve_is_refused(staged, capsys):
@@ -253,7 +260,7 @@ def test_two_concurrent_promotions_exactly_one_wins_and_the_other_changes_nothin
     loser = next(err for code, _, err in outcomes if code == 8)
     assert "another promotion won" in loser
     assert open_store(s3_staged.store, s3_staged).get_env("production").models == {"lin": winner}
-    records = read_history(s3_staged, "production")[1]
+    records = read_history(s3_staged, "production").records
     assert [r.id for r in records[:-1]] == before_history
     assert (records[-1].from_version, records[-1].to_version) == (1, winner)
 
@@ -284,7 +291,7 @@ def test_promotion_across_two_buckets_copies_blobs_and_manifest_then_swaps(s3_st
     assert b"".join(target.read_blob(entry.sha256)) == \
         (settings.repository / "lin" / str(v2) / entry.path).read_bytes()
     # the history lives with production, in its own bucket
-    assert [r.to_version for r in read_history(settings, "production")[1]] == [1, v2]
+    assert [r.to_version for r in read_history(settings, "production").records] == [1, v2]
     # the staging bucket's own "production" pointer (from the fixture) was not the one moved
     assert open_store(s3_staged.store, settings).get_env("production").models == {"lin": 1}
 

@@ -4,6 +4,7 @@ See ``core`` for the steps and ``gates`` for what each gate measures.
 """
 
 from repo_manager.promote.core import (
+    HistoryView,
     PromotionPlan,
     PromotionRequest,
     PromotionResult,
@@ -15,6 +16,6 @@ from repo_manager.promote.core import (
 from repo_manager.promote.envs import GATES, ModelSpec, env_store, model_specs, parse_gates
 from repo_manager.promote.history import HistoryRecord
 
-__all__ = ["GATES", "HistoryRecord", "ModelSpec", "PromotionPlan", "PromotionRequest", "PromotionResult",
+__all__ = ["GATES", "HistoryRecord", "HistoryView", "ModelSpec", "PromotionPlan", "PromotionRequest", "PromotionResult",
            "env_store", "execute_promotion", "model_specs", "parse_gates", "plan_promotion", "promote",
            "read_history"]

@@ -376,9 +376,26 @@ def promote(settings: Settings, request: PromotionRequest, *, dry_run: bool = Fa
     return execute_promotion(settings, request, plan, stores, progress=progress)
 
 
-def read_history(settings: Settings, env: str, model: str | None = None, store: str | None = None
-                 ) -> tuple[str, list[history.HistoryRecord]]:
+@dataclass(frozen=True)
+class HistoryView:
+    store: str
+    records: list[history.HistoryRecord]
+    unrecorded: dict[str, dict[str, int | None]]
+    """Models whose pointer entry is not what their last record says: moved outside `trm promote` (e.g.
+    `trm push --env`), or a promotion that died between its swap and its record."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "records": [r.to_dict() for r in self.records], "unrecorded": self.unrecorded}
+
+
+def read_history(settings: Settings, env: str, model: str | None = None, store: str | None = None) -> HistoryView:
     target = open_store(env_store(settings, env, store), settings)
     if model is not None:
         check_model_name(model)
-    return target.location, history.read(target, env, model)
+    records = history.read(target, env, model)
+    last = {r.model: r.to_version for r in records}
+    served = _read_pointer(target, env).models
+    unrecorded = {m: {"serving": served.get(m), "last_recorded": last.get(m)}
+                  for m in sorted(set(served) | set(last)) if (model is None or m == model)
+                  and served.get(m) != last.get(m)}
+    return HistoryView(target.location, records, unrecorded)

@@ -85,13 +85,15 @@ def _gate_lines(gates) -> str:
 def history_command(ctx: Context, env: str, name: str | None, store: str | None, s3_endpoint_url: str | None) -> None:
     """Every promotion and rollback of ENV (of model NAME only, if given), oldest first."""
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
-    location, records = read_history(settings, env, name, store)
+    view = read_history(settings, env, name, store)
+    location, records = view.store, view.records
     lines = [f"{r.at}  {r.action:8} {r.model} {r.from_version or '-'} -> {r.to_version}"
              f"  gates: {', '.join(g['gate'] + ('' if g['passed'] else ' FAILED') for g in r.gates) or '-'}"
              f"  by {r.pipeline.get('github_run_id') or r.pipeline.get('ci_pipeline_id') or r.pipeline.get('user')}"
              for r in records]
-    ctx.emit({"env": env, "store": location, "records": [r.to_dict() for r in records]},
-             "\n".join(lines) if lines else f"no history for {env} in {location}")
+    lines += [f"note: {m} is served at version {v['serving']} but its last record says {v['last_recorded']} "
+              "(moved outside `trm promote`)" for m, v in view.unrecorded.items()]
+    ctx.emit({"env": env, **view.to_dict()}, "\n".join(lines) if lines else f"no history for {env} in {location}")
 
 
 @cli.command("specs")
