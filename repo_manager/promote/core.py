@@ -52,7 +52,7 @@ class PromotionRequest:
     from_env: str | None = None
     rollback: bool = False
     gates: tuple[str, ...] | None = None
-    """Gates to run; None: decided per version (``auto``)."""
+    """Gates to run; ``()``: decided per version (``auto``); None: configs' ``gates.default``."""
     store: str | None = None
     """Store of both environments, overriding configs."""
     to_store: str | None = None
@@ -191,9 +191,10 @@ def _source_version(store: Store, request: PromotionRequest, model: str) -> int:
 
 def _choose_gates(settings: Settings, request: PromotionRequest, replaces: int | None,
                   config_only: bool | None) -> tuple[str, ...]:
-    configured = () if request.rollback else parse_gates(None, settings)  # configs' gates.default
-    if request.gates or configured:
-        chosen = set(request.gates or configured)
+    # None: configs' gates.default (not for rollbacks); () : auto, also when given as --gates auto
+    selected = parse_gates(None, settings) if request.gates is None and not request.rollback else request.gates
+    if selected:
+        chosen = set(selected)
     elif request.rollback:
         chosen = {"checksums"}
     else:

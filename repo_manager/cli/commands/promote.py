@@ -47,7 +47,7 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
     fails, 8 when another promotion won the race (nothing is changed in either case)."""
     settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
     request = PromotionRequest(name, to_env, version, from_env, rollback,
-                               parse_gates(gates, settings) if gates else None, store, to_store,
+                               parse_gates(gates, settings) if gates is not None else None, store, to_store,
                                Path(sample) if sample else None, eval_cmd, eval_threshold)
     try:
         result = promote(settings, request, dry_run=dry_run, progress=ctx.progress)
