@@ -7,8 +7,11 @@ Triton layout (``trm export``). Scenarios, in order, each for every tool:
 
 1. first sync into an empty node;
 2. a second pod on the same node (trm: same node cache, new repository; the others have no cache);
-3. a re-sync with nothing changed (median of 3);
+3. a re-sync with nothing changed;
 4. a sync after one new version (one shard changed, the rest identical).
+
+Each scenario runs three times (three separate nodes, each with its own repositories and cache) and
+reports the median; the machine's load average is printed with the table.
 
 Triton's own S3 repository support downloads the whole model, every version, one object at a time into
 a fresh temporary folder on each load: that is what the third column does (boto3, sequential GETs).
@@ -143,31 +146,35 @@ def run(args: argparse.Namespace) -> dict:
             print(f"data: {args.large} x {args.large_mb} MB + {args.small} small files, {size / 1e6:.0f} MB",
                   file=sys.stderr)
 
-            def scenario(name: str, trm_repo: str, aws_dest: str, repeat: int = 1) -> None:
+            def scenario(name: str, pod: str, cache: str, aws_dest: str, repeat: int = 3) -> None:
+                """Run every tool ``repeat`` times (median); names may use {r}, the repetition."""
                 rows: dict[str, list[dict]] = {}
-                for _ in range(repeat):
+                for r in range(repeat):
+                    def at(prefix: str, template: str, r: int = r) -> Path:
+                        return work / f"{prefix}-{template.format(r=r)}"
                     rows.setdefault("trm in-process", []).append(
-                        trm_in_process(work / f"ip-{trm_repo}", work / "ip-cache", endpoint))
-                    rows.setdefault("aws in-process", []).append(aws_in_process(work / f"ip-{aws_dest}", endpoint))
-                    rows.setdefault("trm process", []).append(
-                        trm_process(work / f"p-{trm_repo}", work / "p-cache", endpoint))
-                    rows.setdefault("aws process", []).append(aws_process(work / f"p-{aws_dest}", endpoint))
+                        trm_in_process(at("ip", pod), at("ip", cache), endpoint))
+                    rows.setdefault("aws in-process", []).append(aws_in_process(at("ip", aws_dest), endpoint))
+                    rows.setdefault("trm process", []).append(trm_process(at("p", pod), at("p", cache), endpoint))
+                    rows.setdefault("aws process", []).append(aws_process(at("p", aws_dest), endpoint))
                     rows.setdefault("triton-style", []).append(triton_style(endpoint))
-                results[name] = {tool: {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs)}
+                results[name] = {tool: {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs),
+                                        "runs": [round(r["seconds"], 3) for r in runs]}
                                  for tool, runs in rows.items()}
-                print(f"{name}: " + ", ".join(f"{t} {r['seconds']:.3f}s" for t, r in results[name].items()),
-                      file=sys.stderr)
+                print(f"{name}: " + ", ".join(f"{t} {r['runs']}" for t, r in results[name].items()), file=sys.stderr)
 
-            scenario("first sync, empty node", "pod1", "aws1")
-            scenario("second pod, same node", "pod2", "aws2")
-            scenario("re-sync, nothing changed", "pod1", "aws1", repeat=3)
+            # every repetition r gets its own empty node (repository + cache) for the first sync, a second
+            # pod on that node, and takes its node through the re-sync and the new version
+            scenario("first sync, empty node", "pod1-{r}", "cache-{r}", "aws1-{r}")
+            scenario("second pod, same node", "pod2-{r}", "cache-{r}", "aws2-{r}")
+            scenario("re-sync, nothing changed", "pod1-{r}", "cache-{r}", "aws1-{r}")
             build_source(source, args.large, args.large_mb, args.small, 2)
             publish_to_store(source, endpoint)
-            scenario("after one new version", "pod1", "aws1")
+            scenario("after one new version", "pod1-{r}", "cache-{r}", "aws1-{r}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"data": {"large_files": args.large, "large_mb": args.large_mb, "small_files": args.small},
-            "results": results}
+            "load_average": os.getloadavg(), "results": results}
 
 
 def table(report: dict) -> str:
@@ -190,7 +197,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     report = run(args)
-    text = table(report)
+    text = table(report) + "\n\nload average at the end: " + ", ".join(f"{x:.1f}" for x in report["load_average"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sync.json").write_text(json.dumps(report, indent=2))
     (args.out / "sync.md").write_text(text + "\n")

@@ -289,6 +289,9 @@ class SignedReader:
                 raise NotFoundError(f"s3 object {key} does not exist")
             if response.status in (409, 412):
                 raise ConflictError(f"s3 object {key} was changed by another writer")
+            if response.status == 416:  # a range its manifest promises is not there: truncated object
+                raise IntegrityError(f"s3 object {key} is shorter than its manifest says (HTTP 416)",
+                                     hint="the object in the store is corrupt: push the version again")
             if response.status >= 500 and attempt < self.RETRIES:
                 time.sleep(0.2 * 2 ** attempt)
                 continue

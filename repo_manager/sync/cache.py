@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,20 @@ PART_WORKERS = 8
 STALE_PARTIAL_S = 24 * 3600
 
 OnBytes = Callable[[int], None]
+
+
+def settle(futures: list[Future]) -> list[Any]:
+    """Results in order. On the first failure: cancel what has not started, wait for what runs (no thread
+    may still write to a file its caller is about to close), then raise that failure. A dead endpoint so
+    fails a sync in seconds instead of after every queued download has spent its retries."""
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    failed = next((f for f in futures if f in done and f.exception() is not None), None)
+    if failed is not None:
+        for future in futures:
+            future.cancel()
+        wait(futures)
+        raise failed.exception()  # type: ignore[misc]
+    return [f.result() for f in futures]
 
 
 class RateLimit:
@@ -232,9 +246,7 @@ class BlobCache:
             else:
                 # wait for every part before the fd is closed, even when one fails: a part still running
                 # could otherwise write into whatever file reuses the fd number
-                futures = [parts_pool.submit(part, i) for i in missing]
-                wait(futures)
-                got = sum(f.result() for f in futures)
+                got = sum(settle([parts_pool.submit(part, i) for i in missing]))
             return got, size - got, hasher.finish()
         finally:
             os.close(fd)

@@ -24,7 +24,7 @@ from repo_manager import config as cfg
 from repo_manager.errors import ConflictError, NotFoundError
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
-from repo_manager.sync.cache import PART_WORKERS, BlobCache, RateLimit
+from repo_manager.sync.cache import PART_WORKERS, BlobCache, RateLimit, settle
 from repo_manager.sync.plan import (
     INSTALL,
     PRESENT,
@@ -107,7 +107,8 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
                 progress.advance(got[1])
             progress.file_done()
             return got
-        results = list(zip(plan.fetch, blobs.map(one, plan.fetch)))
+        futures = [blobs.submit(one, blob) for blob in plan.fetch]
+        results = list(zip(plan.fetch, settle(futures)))
     fetched = [got for _, got in results if got != (0, 0)]
     by_others = sum(blob.size for blob, got in results if got == (0, 0))
     return sum(g[0] for g in fetched), sum(g[1] for g in fetched), len(fetched), by_others
