@@ -16,7 +16,9 @@
 #   TRM_PIPELINE_WORK         scratch folder for the local repository (default: .trm-pipeline)
 #   TRM_URL                   a running Triton for verification and gates (default: trm starts one)
 #   TRM_PIPELINE_SKIP_TUNING  1: do not tune (also skipped when this trm has no tune-batching)
-#   TRM_TUNE_BUDGET_S         seconds per model for tune-batching (default: 300)
+#   TRM_TUNE_BUDGET_S         seconds per model for tune-batching (default: 300; a soft limit)
+#   TRM_TUNE_REQUESTS         requests per measured tuning point (default: 1000)
+#   TRM_TUNE_URL              tune on this server (it must serve the model); default: an embedded one
 #   TRM_STAGING_GATES         gates for staging (default: checksums,load)
 #   TRM_PROMOTE_GATES         gates for production (default: configs, i.e. auto)
 #   stores, environments and gate thresholds: configs/trm.yaml; S3 credentials: the AWS chain.
@@ -109,8 +111,12 @@ stage() {
       log "$name: tuning skipped (TRM_PIPELINE_SKIP_TUNING=1, or this trm has no tune-batching)"
     else
       log "$name: tuning batching for p99 <= $p99 ms at $low..$peak req/s"
+      # on an embedded server on the local repository (this runner's hardware), or on TRM_TUNE_URL: a server
+      # of the target hardware that serves the model (tune-batching measures the model it serves)
+      local tune_args=(--budget "${TRM_TUNE_BUDGET_S:-300}" --requests "${TRM_TUNE_REQUESTS:-1000}")
+      [ -n "${TRM_TUNE_URL:-}" ] && tune_args+=(--url "$TRM_TUNE_URL")
       trm_json "$WORK/tune-$name.json" tune-batching "$name" --repo "$REPO" --p99-ms "$p99" --low-rps "${low:-$peak}" \
-        --peak-rps "$peak" --budget "${TRM_TUNE_BUDGET_S:-300}" --write ${URL_ARGS[@]+"${URL_ARGS[@]}"}
+        --peak-rps "$peak" --write "${tune_args[@]}"
       local tuned
       tuned=$(json_get "$WORK/tune-$name.json" written_version)
       if [ -n "$tuned" ]; then
