@@ -212,6 +212,16 @@ def test_promoting_a_version_the_source_does_not_serve_is_refused(staged, capsys
     assert snapshot(staged) == before
 
 
+def test_an_earlier_version_that_passed_through_the_source_environment_can_be_promoted(staged, tmp_path):
+    v2 = publish(staged, om.linear(tmp_path / "v1.onnx", seed=0), max_batch_size=2)
+    v3 = publish(staged, om.linear(tmp_path / "v1.onnx", seed=0), max_batch_size=4)
+    point(staged, "staging", v2)
+    point(staged, "staging", v3)
+    result = promote(staged, PromotionRequest("lin", "production", version=v2, from_env="staging",
+                                              gates=("checksums",)))
+    assert result.moved and result.env_models == {"lin": v2}
+
+
 # ------------------------------------------------------------------------------------------ S3 stores
 def _raw_client():
     return boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"])

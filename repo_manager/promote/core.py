@@ -183,10 +183,15 @@ def _source_version(store: Store, request: PromotionRequest, model: str) -> int:
     if served is None:
         raise NotFoundError(f"environment {request.from_env} in {store.location} does not serve {model}",
                             hint="point it at a version first (trm promote --to it)", model=model)
-    if request.version is not None and request.version != served:
-        raise InputError(f"{request.from_env} serves {model} version {served}, not {request.version}",
-                         hint=f"promote what {request.from_env} serves, or drop --from", model=model)
-    return served
+    if request.version is None or request.version == served:
+        return served
+    # an explicit earlier version is accepted when it passed through the source environment (on its record):
+    # e.g. two releases of one model racing for production while staging already moved on
+    if any(r.to_version == request.version for r in history.read(store, request.from_env, model)):
+        return request.version
+    raise InputError(f"{request.from_env} serves {model} version {served}, not {request.version}, and never "
+                     "served it on record", hint=f"promote what {request.from_env} serves, or drop --from",
+                     model=model)
 
 
 def _choose_gates(settings: Settings, request: PromotionRequest, replaces: int | None,
