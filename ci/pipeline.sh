@@ -39,7 +39,7 @@ meaning() {
     0) echo "ok" ;; 2) echo "usage error" ;; 3) echo "bad input" ;; 4) echo "not found" ;;
     5) echo "verification failed" ;; 6) echo "Triton error" ;; 7) echo "store error" ;;
     8) echo "conflict: another promotion or publish won the race; nothing was changed" ;;
-    9) echo "a gate failed; the target environment is unchanged" ;; *) echo "internal error" ;;
+    9) echo "a gate, SLO or check failed; nothing was changed" ;; *) echo "internal error" ;;
   esac
 }
 

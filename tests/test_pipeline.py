@@ -68,7 +68,7 @@ def test_pipeline_publishes_to_staging_then_promotes_to_production_through_the_g
     assert store.get_env("staging").models == {"tiny": 2}
     blocked = _pipeline(project, "production", triton.url, TRM_PROMOTE_GATES="checksums,eval")
     assert blocked.returncode == 9, blocked.stderr
-    assert "a gate failed" in blocked.stderr
+    assert "a gate, SLO or check failed" in blocked.stderr
     assert store.get_env("production").models == {"tiny": 1}
 
     # auto gates: the same files with the same config -> latency and agreement with version 1 on the sample
