@@ -1,0 +1,114 @@
+"""`trm promote`, `trm history`, `trm specs`: moving versions between environments, on record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, url_option
+from repo_manager.cli.commands.store import endpoint_option
+from repo_manager.errors import GateError, UsageError
+from repo_manager.promote import (
+    PromotionPlan,
+    PromotionRequest,
+    env_store,
+    model_specs,
+    parse_gates,
+    promote,
+    read_history,
+)
+
+
+@cli.command("promote")
+@click.argument("name")
+@click.option("--to", "to_env", required=True, help="Environment to point at the version (e.g. production).")
+@click.option("--from", "from_env", help="Environment that serves the version now (e.g. staging).")
+@click.option("--version", type=int, help="Version to promote (default: the one --from serves).")
+@click.option("--rollback", is_flag=True, help="Point --to back at the version it served before the current one.")
+@click.option("--store", help="Store of both environments (default: each environment's store in configs/).")
+@click.option("--to-store", help="Store of the --to environment only (e.g. a separate production bucket).")
+@click.option("--gates", help="Comma-separated: checksums, load, latency, agreement, eval; or auto / all "
+              "(default: settings gates.default, else auto).")
+@click.option("--sample", type=click.Path(dir_okay=False), help=".npz inputs for the agreement and latency gates "
+              "(default: the model's spec in configs/models/).")
+@click.option("--eval-cmd", help="Evaluation command for the eval gate; it prints a score on its last line.")
+@click.option("--eval-threshold", type=float, help="Lowest score the eval gate accepts.")
+@url_option
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@endpoint_option
+@json_option
+@pass_ctx
+def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, version: int | None, rollback: bool,
+                    store: str | None, to_store: str | None, gates: str | None, sample: str | None,
+                    eval_cmd: str | None, eval_threshold: float | None, triton_url: str | None, dry_run: bool,
+                    s3_endpoint_url: str | None) -> None:
+    """Point environment --to at version --version of NAME after its gates pass; exit 9 when a gate
+    fails, 8 when another promotion won the race (nothing is changed in either case)."""
+    settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
+    request = PromotionRequest(name, to_env, version, from_env, rollback,
+                               parse_gates(gates, settings) if gates is not None else None, store, to_store,
+                               Path(sample) if sample else None, eval_cmd, eval_threshold)
+    try:
+        result = promote(settings, request, dry_run=dry_run, progress=ctx.progress)
+    except GateError as exc:
+        blocked = getattr(exc, "result", None)
+        if blocked is not None:
+            ctx.emit({**blocked.to_dict(), "error": exc.to_dict()}, _gate_lines(blocked.gates))
+            exc.reported = True
+        raise
+    if isinstance(result, PromotionPlan):
+        ctx.emit({"dry_run": True, "plan": result.to_dict()}, result.describe())
+        return
+    plan = result.plan
+    if not result.moved:
+        ctx.emit(result.to_dict(), f"{plan.to_env} already serves {plan.model} version {plan.version}; nothing to do")
+        return
+    text = (f"{plan.to_env} now serves {plan.model} version {plan.version} (was "
+            f"{plan.replaces if plan.replaces is not None else 'nothing'})"
+            + (f"; copied {result.blobs_copied} blob(s), {result.bytes_copied} bytes" if plan.cross_store else "")
+            + "\n" + _gate_lines(result.gates))
+    ctx.emit(result.to_dict(), text)
+
+
+def _gate_lines(gates) -> str:
+    return "\n".join(f"  {'PASS' if r.passed else 'FAIL'} {r.name}: {r.summary}" for r in gates)
+
+
+@cli.command("history")
+@click.argument("env")
+@click.argument("name", required=False)
+@click.option("--store", help="Store of the environment (default: its store in configs/).")
+@endpoint_option
+@json_option
+@pass_ctx
+def history_command(ctx: Context, env: str, name: str | None, store: str | None, s3_endpoint_url: str | None) -> None:
+    """Every promotion and rollback of ENV (of model NAME only, if given), oldest first."""
+    settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
+    view = read_history(settings, env, name, store)
+    location, records = view.store, view.records
+    lines = [f"{r.at}  {r.action:8} {r.model} {r.from_version or '-'} -> {r.to_version}"
+             f"  gates: {', '.join(g['gate'] + ('' if g['passed'] else ' FAILED') for g in r.gates) or '-'}"
+             f"  by {r.pipeline.get('github_run_id') or r.pipeline.get('ci_pipeline_id') or r.pipeline.get('user')}"
+             for r in records]
+    lines += [f"note: {m} is served at version {v['serving']} but its last record says {v['last_recorded']} "
+              "(moved outside `trm promote`)" for m, v in view.unrecorded.items()]
+    ctx.emit({"env": env, **view.to_dict()}, "\n".join(lines) if lines else f"no history for {env} in {location}")
+
+
+@cli.command("specs")
+@json_option
+@pass_ctx
+def specs_command(ctx: Context) -> None:
+    """The environments (and the store of each) and the model specs in configs/, for pipelines."""
+    settings = ctx.settings
+    envs = {}
+    for env in settings.environments:
+        try:
+            envs[env] = env_store(settings, env)
+        except UsageError:
+            envs[env] = None  # no store configured yet: commands then need --store
+    specs = [spec.to_dict() for spec in model_specs(settings)]
+    text = "\n".join([f"environment {e}: {s}" for e, s in envs.items()]
+                     + [f"model {s['name']}: {s['source']}" for s in specs]) or "no environments or model specs"
+    ctx.emit({"environments": envs, "models": specs}, text)

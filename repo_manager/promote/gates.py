@@ -1,0 +1,281 @@
+"""Promotion gates: real checks of a stored version before an environment points at it.
+
+Every gate returns a ``GateResult`` (recorded in the history) and never changes a store. A gate that
+is not met raises nothing itself: ``run_gates`` collects the results and ``core`` refuses the move
+with ``GateError``. Failures of the infrastructure (store unreachable, Triton down) are not gate
+results: they propagate with their own exit codes.
+
+* ``checksums`` — the manifest parses (schema, hostile-input checks), its config is a valid Triton config
+  and every blob downloads with the size and sha256 the manifest names (``sync.cache.BlobCache``, the same
+  verified fetch `trm sync` uses). It is always run first: the others load the files it fetched.
+* ``load`` — the version loads on a real Triton (embedded, or ``--url``) through the load API under a
+  temporary name and answers requests generated from its config (``publish.verify``).
+* ``latency`` — the version and the one it replaces, loaded side by side, measured in alternating
+  rounds with the load generator: p99 at the spec's rate (open loop) and capacity (closed loop).
+* ``agreement`` — both answer the sample file (or generated inputs) with the same outputs, within the
+  dtype's tolerance (``publish.verify.compare``): for config-only changes.
+* ``eval`` — a user command scores the loaded version; the score must reach the threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from repo_manager import config as cfg
+from repo_manager.errors import IntegrityError, NotFoundError, UsageError, VerificationError
+from repo_manager.inputs import generate_inputs, verification_samples
+from repo_manager.loadgen import LoadSpec, Measurement, Target, Workload, measure
+from repo_manager.manifest import Manifest
+from repo_manager.publish.verify import Candidate, LoadedCandidates, compare, verify
+from repo_manager.storage import Store
+from repo_manager.sync.cache import BlobCache
+from repo_manager.sync.plan import check_manifest_config
+from repo_manager.triton.client import TritonClient
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str
+    passed: bool
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gate": self.name, "passed": self.passed, "skipped": self.skipped, "summary": self.summary,
+                "details": self.details, "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class FetchedVersion:
+    """A stored version (and its ensemble members) whose every blob was downloaded and verified."""
+
+    manifest: Manifest
+    candidates: tuple[Candidate, ...]
+    """Members first, the version itself last (the order ``LoadedCandidates`` loads in)."""
+    manifests: tuple[Manifest, ...]
+    """The manifests of ``candidates``, in the same order (what a copy to another store writes)."""
+
+    @property
+    def config(self) -> cfg.ModelConfig:
+        return self.candidates[-1].config
+
+
+def fetch_version(store: Store, cache: BlobCache, model: str, version: int) -> FetchedVersion:
+    """Download and verify ``model``/``version`` and its members. IntegrityError / NotFoundError when the
+    store holds something else than the manifest promises."""
+    manifest = store.get_manifest(model, version)
+    config = check_manifest_config(manifest)
+    candidates: list[Candidate] = []
+    manifests: list[Manifest] = []
+    for member, member_version in manifest.members.items():
+        fetched = fetch_version(store, cache, member, member_version)
+        for candidate, member_manifest in zip(fetched.candidates, fetched.manifests):
+            if candidate.name not in {x.name for x in candidates}:
+                candidates.append(candidate)
+                manifests.append(member_manifest)
+    for entry in manifest.files:
+        cache.fetch(store, entry.sha256, entry.size)
+    files = {entry.path: cache.path(entry.sha256) for entry in manifest.files}
+    candidates.append(Candidate(model, config, files))
+    manifests.append(manifest)
+    return FetchedVersion(manifest, tuple(candidates), tuple(manifests))
+
+
+def checksums_gate(store: Store, cache: BlobCache, model: str,
+                   version: int) -> tuple[GateResult, FetchedVersion | None]:
+    started = time.monotonic()
+    try:
+        fetched = fetch_version(store, cache, model, version)
+    except (IntegrityError, NotFoundError) as exc:
+        return GateResult("checksums", False, f"{model}/{version} in {store.location} is not intact: {exc.message}",
+                          {"store": store.location}, time.monotonic() - started), None
+    files = sum(len(c.files) for c in fetched.candidates)
+    size = sum(e.size for e in fetched.manifest.files)
+    return GateResult("checksums", True, f"manifest, config and {files} blob(s) verified ({size} bytes)",
+                      {"store": store.location, "files": files, "bytes": size}, time.monotonic() - started), fetched
+
+
+def load_gate(client: TritonClient, version: FetchedVersion) -> GateResult:
+    started = time.monotonic()
+    samples = verification_samples(version.config)
+    try:
+        report = verify(client, list(version.candidates), version.manifest.model, samples, None)
+    except VerificationError as exc:
+        return GateResult("load", False, f"did not load and answer on {client.url}: {exc.message}",
+                          {"server": client.url}, time.monotonic() - started)
+    return GateResult("load", True, f"loaded and answered {report.samples} request(s) on {client.url}",
+                      report.to_dict(), time.monotonic() - started)
+
+
+@contextmanager
+def loaded(client: TritonClient, *versions: FetchedVersion) -> Iterator[list[str]]:
+    """Load each version under its own temporary name; yields the names of the entry models."""
+    with ExitStack() as stack:
+        names = []
+        for version in versions:
+            handle = stack.enter_context(LoadedCandidates(client, list(version.candidates)))
+            names.append(handle.names[version.manifest.model])
+        yield names
+
+
+def _workload(config: cfg.ModelConfig, sample: Path | None) -> Workload:
+    return Workload.from_file(sample, config) if sample else Workload.from_config(config)
+
+
+def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, params: dict[str, Any],
+                 sample: Path | None, progress: Progress) -> GateResult:
+    """Side by side, in alternating rounds (A B, B A, …) so a busy moment of a shared machine hits both."""
+    started = time.monotonic()
+    rate, requests = float(params["rate"]), int(params["requests"])
+    rounds, concurrency = max(1, int(params["rounds"])), max(1, int(params["concurrency"]))
+    points: dict[str, dict[str, list[float]]] = {s: {"p99_ms": [], "capacity_rps": []} for s in ("new", "old")}
+    invalid: list[str] = []
+    with loaded(client, new, old) as (new_name, old_name):
+        names = {"new": new_name, "old": old_name}
+        workloads = {"new": _workload(new.config, sample), "old": _workload(old.config, sample)}
+        for index in range(rounds):
+            for side in (("new", "old") if index % 2 == 0 else ("old", "new")):
+                progress(f"latency round {index + 1}/{rounds}: {side} version at {rate:g} req/s")
+                target = Target(names[side], client.url)
+                open_point = _measure_valid(target, LoadSpec(
+                    rate=rate, requests=requests, warmup_s=0.5, seed=index, max_lag_ms=float(params["max_lag_ms"]),
+                    arrivals=str(params["arrivals"])), workloads[side], invalid, f"{side} p99")
+                # no warm-up of its own: the open-loop point just warmed the model, and the closed loop's
+                # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
+                closed = _measure_valid(target, LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
+                                        workloads[side], invalid, f"{side} capacity")
+                if open_point is not None:
+                    points[side]["p99_ms"].append(open_point.p99_ms)
+                if closed is not None:
+                    points[side]["capacity_rps"].append(closed.achieved_rps)
+    seconds = time.monotonic() - started
+    if any(not values for side in points.values() for values in side.values()):
+        return GateResult("latency", False, "no valid measurement: " + "; ".join(invalid[:3]),
+                          {"invalid": invalid, "points": points}, seconds)
+    med = {side: {k: statistics.median(v) for k, v in data.items()} for side, data in points.items()}
+    p99_limit = max(med["old"]["p99_ms"] * (1 + params["max_p99_increase_pct"] / 100),
+                    med["old"]["p99_ms"] + params["min_p99_delta_ms"])
+    capacity_floor = med["old"]["capacity_rps"] * (1 - params["max_capacity_drop_pct"] / 100)
+    details = {"rate_rps": rate, "requests": requests, "rounds": rounds, "concurrency": concurrency,
+               "new": med["new"], "old": med["old"], "p99_limit_ms": round(p99_limit, 3),
+               "capacity_floor_rps": round(capacity_floor, 1), "thresholds": dict(params), "invalid": invalid}
+    problems = []
+    if med["new"]["p99_ms"] > p99_limit:
+        problems.append(f"p99 {med['new']['p99_ms']:.2f} ms > limit {p99_limit:.2f} ms "
+                        f"(replaced version: {med['old']['p99_ms']:.2f} ms)")
+    if med["new"]["capacity_rps"] < capacity_floor:
+        problems.append(f"capacity {med['new']['capacity_rps']:.0f} req/s < floor {capacity_floor:.0f} req/s "
+                        f"(replaced version: {med['old']['capacity_rps']:.0f} req/s)")
+    summary = "; ".join(problems) if problems else (
+        f"p99 {med['new']['p99_ms']:.2f} ms vs {med['old']['p99_ms']:.2f} ms, capacity "
+        f"{med['new']['capacity_rps']:.0f} vs {med['old']['capacity_rps']:.0f} req/s at {rate:g} req/s")
+    return GateResult("latency", not problems, summary, details, seconds)
+
+
+def _measure_valid(target: Target, spec: LoadSpec, workload: Workload, invalid: list[str], label: str,
+                   attempts: int = 3) -> Measurement | None:
+    """A valid point, measured again (a bounded number of times) when the client, not the server, limited
+    it (a busy moment on a shared runner); None when no attempt was valid, each reason kept in ``invalid``."""
+    for _ in range(attempts):
+        point = measure(target, spec, workload)
+        if point.valid and not point.errors:
+            return point
+        invalid.append(f"{label}: {point.invalid_reason or f'{point.errors} failed requests'}")
+    return None
+
+
+def _agreement_samples(config: cfg.ModelConfig, sample: Path | None) -> list[dict[str, np.ndarray]]:
+    if sample:
+        return list(Workload.from_file(sample, config).samples)
+    return [generate_inputs(config, batch_size=1, seed=seed) for seed in range(4)]
+
+
+def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, sample: Path | None) -> GateResult:
+    started = time.monotonic()
+    samples = _agreement_samples(old.config, sample)
+    worst: dict[str, float] = {}
+    with loaded(client, new, old) as (new_name, old_name):
+        for request in samples:
+            want = client.infer(old_name, request)
+            got = client.infer(new_name, request)
+            for name, expected in want.items():
+                if name not in got:
+                    return GateResult("agreement", False, f"output {name} is missing from the new version's answer",
+                                      {"worst_abs_diff": worst}, time.monotonic() - started)
+                try:
+                    worst[name] = max(worst.get(name, 0.0), compare(name, got[name], expected))
+                except VerificationError as exc:
+                    return GateResult("agreement", False, f"outputs differ from version {old.manifest.version}: "
+                                      f"{exc.message}", {"worst_abs_diff": worst, "samples": len(samples)},
+                                      time.monotonic() - started)
+    source = str(sample) if sample else "generated inputs"
+    return GateResult("agreement", True, f"{len(samples)} request(s) from {source} answered like version "
+                      f"{old.manifest.version}", {"worst_abs_diff": worst, "samples": len(samples), "source": source},
+                      time.monotonic() - started)
+
+
+def parse_score(stdout: str) -> float:
+    """The last non-empty line: a number, or JSON with a ``score``."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("it printed nothing")
+    last = lines[-1]
+    try:
+        return float(last)
+    except ValueError:
+        data = json.loads(last)
+        return float(data["score"])
+
+
+def eval_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion | None, command: str,
+              threshold: float, timeout_s: float = 1800.0) -> GateResult:
+    """Run ``command`` (a shell command line from the user's configs or options) with the loaded version's
+    name and server in its environment; its score must be at least ``threshold``."""
+    started = time.monotonic()
+    if not command.strip():
+        raise UsageError("the eval gate needs a command", hint="pass --eval-cmd or set eval.command in the spec")
+    versions = (new, old) if old else (new,)
+    with loaded(client, *versions) as names:
+        env = dict(os.environ, TRM_EVAL_URL=client.url, TRM_EVAL_MODEL=names[0],
+                   TRM_EVAL_NAME=new.manifest.model, TRM_EVAL_VERSION=str(new.manifest.version))
+        if old:
+            env.update(TRM_EVAL_BASELINE_MODEL=names[1], TRM_EVAL_BASELINE_VERSION=str(old.manifest.version))
+        try:
+            done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True,  # noqa: S602
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return GateResult("eval", False, f"evaluation command timed out after {timeout_s:g} s",
+                              {"command": command}, time.monotonic() - started)
+    details: dict[str, Any] = {"command": command, "threshold": threshold, "exit_code": done.returncode,
+                               "stderr_tail": done.stderr[-500:]}
+    if done.returncode != 0:
+        return GateResult("eval", False, f"evaluation command exited with {done.returncode}", details,
+                          time.monotonic() - started)
+    try:
+        score = parse_score(done.stdout)
+    except (ValueError, KeyError, TypeError) as exc:
+        return GateResult("eval", False, f"evaluation command gave no score ({exc}); print a number or "
+                          '{"score": X} on its last line', details, time.monotonic() - started)
+    details["score"] = score
+    passed = score >= threshold
+    return GateResult("eval", passed, f"score {score:g} {'>=' if passed else '<'} threshold {threshold:g}",
+                      details, time.monotonic() - started)
+
+
+def skipped(name: str, reason: str) -> GateResult:
+    return GateResult(name, True, f"skipped: {reason}", skipped=True)
