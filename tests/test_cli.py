@@ -167,3 +167,25 @@ def test_serve_refuses_a_malformed_config_in_the_repository(tmp_path, capsys, tr
     result = run_cli(capsys, "serve", "--repo", repo, "--http-port", "0", "--grpc-port", "0",
                      "--metrics-port", "0")
     assert result.code == 3 and "not a valid Triton model config" in result.err
+
+
+def test_every_command_module_is_in_the_lazy_table():
+    """The lazy command table names exactly the commands the modules define."""
+    import importlib
+    import pkgutil
+
+    import repo_manager.cli.commands as commands
+    from repo_manager.cli import cli
+
+    for module in pkgutil.iter_modules(commands.__path__):
+        importlib.import_module(f"repo_manager.cli.commands.{module.name}")
+    assert set(cli.commands) == set(commands.COMMANDS)
+
+
+def test_a_light_command_does_not_import_the_heavy_stack(tmp_path):
+    code = ("import sys; from repo_manager.cli import main\n"
+            "try:\n    main(['list', '--repo', '.'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('onnx', 'onnxruntime', 'torch', 'transformers', 'matplotlib', 'boto3')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

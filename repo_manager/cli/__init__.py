@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import traceback
@@ -62,7 +63,23 @@ def json_option(function):
                         help="Print machine-readable JSON.")(function)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A click group whose commands are imported on first use (see ``repo_manager.cli.commands``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
+
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
+
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(f"repo_manager.cli.commands.{COMMANDS[cmd_name]}")
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="TRM_CONFIG",
               help="Settings file (default: configs/trm.yaml when present).")
 @click.option("--json", "json_output", is_flag=True, help="Print machine-readable JSON.")
@@ -75,14 +92,8 @@ def cli(ctx: click.Context, config_file: str | None, json_output: bool, verbose:
     ctx.obj = Context(load_settings(config_file), json=json_output, verbose=verbose, quiet=quiet)
 
 
-def _register() -> None:
-    # Imported for their side effect: each module adds its commands to `cli`.
-    from repo_manager.cli import commands  # noqa: F401, PLC0415
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map every error to its exit code."""
-    _register()
     args = sys.argv[1:] if argv is None else argv
     want_json = "--json" in args
     verbose = "-v" in args or "--verbose" in args
