@@ -140,15 +140,19 @@ class TritonClient:
         return {out["name"]: result.as_numpy(out["name"]) for out in response.get("outputs", [])}
 
 
-def build_inputs(inputs: Mapping[str, np.ndarray]) -> list[httpclient.InferInput]:
+def build_inputs(inputs: Mapping[str, np.ndarray], module: Any = httpclient) -> list[Any]:
+    """``InferInput`` objects of ``module`` (``tritonclient.http`` or ``tritonclient.grpc``), binary data."""
     request = []
     for name, array in inputs.items():
         array = np.asarray(array)
         dtype = "BYTES" if array.dtype.kind in ("O", "S", "U") else np_to_triton_dtype(array.dtype)
         if array.dtype.kind == "U":
             array = np.char.encode(array, "utf-8").astype(np.object_)
-        tensor = httpclient.InferInput(name, list(array.shape), dtype)
-        tensor.set_data_from_numpy(array, binary_data=True)
+        tensor = module.InferInput(name, list(array.shape), dtype)
+        if module is httpclient:
+            tensor.set_data_from_numpy(array, binary_data=True)
+        else:
+            tensor.set_data_from_numpy(array)
         request.append(tensor)
     return request
 
