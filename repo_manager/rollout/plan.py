@@ -1,0 +1,220 @@
+"""The rollout plan: what will happen on each server, decided before anything changes.
+
+``build_plan`` reads the repository (the target version, its ensemble members and their sizes) and asks
+every server which versions of the model and its members it has loaded. The resulting ``RolloutPlan``
+says, per server, the versions before and after, the strategy and why. ``--dry-run`` prints exactly this
+object, and ``execute`` runs exactly this object.
+
+Strategies:
+
+* ``side-by-side`` (default): load the new version beside the old one, check it, make it the version
+  unversioned requests reach, unload the old one. No request fails (see docs/rollout.md for the
+  experiments on tritonserver 2.51 this relies on).
+* ``drain``: when the model cannot be loaded twice on one server (``--no-side-by-side``, or old + new
+  files exceed ``--memory-budget``): the operator's drain command takes the server out of rotation,
+  the old version is unloaded, the new one loaded and checked, and the restore command brings it back.
+* ``skip``: the server already serves exactly the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repo_manager.errors import NotFoundError, UsageError
+from repo_manager.repository import LocalRepository
+from repo_manager.serving import dependencies
+from repo_manager.triton.client import TritonClient
+
+SIDE_BY_SIDE, DRAIN, SKIP = "side-by-side", "drain", "skip"
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    canary: int = 0
+    soak_s: float = 0.0
+    max_error_rate: float = 0.0
+    """Largest tolerated share of failed requests (Triton statistics + trm's probes) during a soak."""
+    max_p99_increase: float = 0.5
+    """Largest tolerated p99 growth during a soak, as a fraction of the p99 before (0.5 = +50 %)."""
+    keep_previous: bool = False
+    side_by_side: bool = True
+    memory_budget: int | None = None
+    """Bytes one server may hold for this model; old + new above it forces the drain strategy."""
+    drain_cmd: str | None = None
+    restore_cmd: str | None = None
+    precheck: bool = True
+    """Load and smoke-check the new version under a temporary name before touching the live model."""
+    smoke_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    """A model and the member versions it pins (empty for a plain model)."""
+
+    model: str
+    version: int
+    members: tuple[tuple[str, int], ...] = ()
+    """Ensemble members, deepest first, with the versions this version pins."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "members": dict(self.members)}
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    url: str
+    before: dict[str, tuple[int, ...]]
+    """Loaded (READY) versions of the model and of every member, before the rollout."""
+    after: dict[str, tuple[int, ...]]
+    strategy: str
+    reason: str
+    canary: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "before": {k: list(v) for k, v in self.before.items()},
+                "after": {k: list(v) for k, v in self.after.items()}, "strategy": self.strategy,
+                "reason": self.reason, "canary": self.canary}
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    target: ModelSet
+    servers: tuple[ServerPlan, ...]
+    options: RolloutOptions
+    repository: str
+    to_previous: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        opts = self.options
+        return {"target": self.target.to_dict(), "repository": self.repository,
+                "to_previous": self.to_previous, "servers": [s.to_dict() for s in self.servers],
+                "options": {"canary": opts.canary, "soak_s": opts.soak_s,
+                            "max_error_rate": opts.max_error_rate, "max_p99_increase": opts.max_p99_increase,
+                            "keep_previous": opts.keep_previous, "precheck": opts.precheck,
+                            "smoke_file": str(opts.smoke_file) if opts.smoke_file else None},
+                "notes": list(self.notes)}
+
+    def describe(self) -> str:
+        lines = [f"rollout {self.target.model} -> version {self.target.version}"
+                 + (f" (members {', '.join(f'{m}:{v}' for m, v in self.target.members)})"
+                    if self.target.members else "")]
+        for index, server in enumerate(self.servers, 1):
+            before = _versions_text(server.before)
+            after = _versions_text(server.after)
+            tag = " [canary]" if server.canary else ""
+            lines.append(f"  {index}. {server.url}{tag}: {before} -> {after}  "
+                         f"strategy {server.strategy} ({server.reason})")
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _versions_text(versions: dict[str, tuple[int, ...]]) -> str:
+    return ", ".join(f"{m}:{'/'.join(map(str, v)) or '-'}" for m, v in versions.items())
+
+
+def model_set(repo: LocalRepository, model: str, version: int) -> ModelSet:
+    repo.manifest(model, version)  # NotFoundError naming the model and version
+    return ModelSet(model, version, tuple(dependencies(repo, model, version)))
+
+
+def footprint(repo: LocalRepository, target: ModelSet) -> dict[str, int]:
+    """Bytes of files per model of the target set: a proxy for the memory one loaded copy needs."""
+    sizes = {target.model: repo.manifest(target.model, target.version).total_size}
+    for member, version in target.members:
+        sizes[member] = repo.manifest(member, version).total_size
+    return sizes
+
+
+def served_versions(client: TritonClient, names: list[str]) -> dict[str, tuple[int, ...]]:
+    index = client.repository_index()
+    return {name: tuple(sorted(int(e["version"]) for e in index if e.get("name") == name
+                               and e.get("state") == "READY" and e.get("version"))) for name in names}
+
+
+def previous_version(repo: LocalRepository, model: str, serving: list[int]) -> int:
+    """For --to-previous: the newest published version below the newest one the servers serve."""
+    if not serving:
+        raise NotFoundError(f"no server serves {model}, so there is no previous version to go back to",
+                            model=model)
+    older = [v for v in repo.versions(model) if v < max(serving)]
+    if not older:
+        raise NotFoundError(f"{model} has no published version older than {max(serving)}",
+                            hint="roll out a specific version with --version", model=model)
+    return older[-1]
+
+
+def decide_strategy(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]],
+                    sizes: dict[str, int], target: ModelSet, options: RolloutOptions) -> tuple[str, str]:
+    if before == after:
+        return SKIP, "already serves the target"
+    if not before.get(target.model):
+        return SIDE_BY_SIDE, f"{target.model} is not loaded yet: plain load"
+    if not options.side_by_side:
+        return DRAIN, "--no-side-by-side"
+    if options.memory_budget is not None:
+        # Peak while both are loaded: every model whose version changes holds old + new files.
+        peak = sum(sizes[name] * (2 if set(after[name]) - set(before.get(name, ())) and before.get(name)
+                                  else 1) for name in sizes)
+        if peak > options.memory_budget:
+            return DRAIN, (f"old + new need about {peak} bytes, over the memory budget of "
+                           f"{options.memory_budget}")
+        return SIDE_BY_SIDE, f"old + new ({peak} bytes) fit the memory budget ({options.memory_budget})"
+    return SIDE_BY_SIDE, "new version loads beside the old one"
+
+
+def build_plan(repo: LocalRepository, model: str, version: int | None, urls: list[str],
+               options: RolloutOptions, *, to_previous: bool = False) -> RolloutPlan:
+    if not urls:
+        raise UsageError("give at least one --url of a Triton server in explicit model-control mode")
+    if len(set(urls)) != len(urls):
+        raise UsageError("the same --url is given twice")
+    if options.canary < 0 or options.canary > len(urls):
+        raise UsageError(f"--canary {options.canary} must be between 0 and the number of servers ({len(urls)})")
+    if (version is None) == (not to_previous):
+        raise UsageError("give either --version N or --to-previous")
+    if to_previous:
+        if options.keep_previous:
+            raise UsageError("--to-previous with --keep-previous would leave the newer version answering "
+                             "unversioned requests", hint="drop --keep-previous")
+        serving: set[int] = set()
+        for url in urls:
+            with TritonClient(url, timeout_s=10.0) as client:
+                client.require_ready()
+                serving |= set(served_versions(client, [model])[model])
+        version = previous_version(repo, model, sorted(serving))
+    assert version is not None
+    target = model_set(repo, model, version)
+    names = [model] + [m for m, _ in target.members]
+    sizes = footprint(repo, target)
+    servers = []
+    notes = []
+    for index, url in enumerate(urls):
+        with TritonClient(url, timeout_s=10.0) as client:
+            client.require_ready()
+            before = served_versions(client, names)
+        wanted = dict(target.members) | {model: version}
+        after = {}
+        if options.keep_previous and any(v > version for v in before.get(model, ())):
+            raise UsageError(f"{url} serves a version of {model} newer than {version}; with --keep-previous "
+                             "it would keep answering unversioned requests", hint="drop --keep-previous")
+        for name in names:
+            # An ensemble has one config for all its versions, so only its members can keep old versions.
+            keeps = options.keep_previous and not (name == model and target.members)
+            keep = before.get(name, ()) if keeps else ()
+            after[name] = tuple(sorted(set(keep) | {wanted[name]}))
+        strategy, reason = decide_strategy(before, after, sizes, target, options)
+        if strategy == DRAIN and not (options.drain_cmd and options.restore_cmd):
+            raise UsageError(f"{url} needs the drain strategy ({reason}) but no --drain-cmd/--restore-cmd "
+                             "was given", hint="give the commands that take a server out of rotation and "
+                                               "bring it back, or raise --memory-budget")
+        if strategy == DRAIN and options.keep_previous:
+            after = {name: (wanted[name],) for name in names}
+            reason += "; --keep-previous is impossible when only one copy fits"
+        servers.append(ServerPlan(url, before, after, strategy, reason, canary=index < options.canary))
+    if target.members:
+        notes.append("ensemble: members load beside their old versions first, then the ensemble switches "
+                     "in one reload, then old members are unloaded; each request is all old or all new")
+    return RolloutPlan(target, tuple(servers), options, str(repo.root), to_previous, tuple(notes))

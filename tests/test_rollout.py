@@ -1,0 +1,79 @@
+"""`trm rollout` against real tritonserver processes under continuous load from several clients.
+
+Every model here is a tiny Python-backend model whose answers carry the version that computed them
+(tests/rollout_models.py), so each request of the background load says which version served it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import rollout_models as rm
+from helpers import run_cli
+
+from repo_manager.loadgen import BackgroundLoad, Workload
+from repo_manager.repository import LocalRepository
+from repo_manager.rollout.plan import served_versions
+from repo_manager.rollout.record import read_records
+from repo_manager.serving import load_version
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
+
+CLIENTS = 4
+WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
+
+
+def tag(outputs) -> str:
+    return f"v{int(outputs['TAG'].ravel()[0])}"
+
+
+def pipe_tag(outputs) -> str:
+    pre, post = int(outputs["PRE_TAG"].ravel()[0]), int(outputs["POST_TAG"].ravel()[0])
+    return f"v{pre}" if pre == post else f"mixed {pre}/{post}"
+
+
+@pytest.fixture
+def repo_root(tmp_path):
+    return tmp_path / "repo"
+
+
+def start(repo_root, model: str, version: int) -> TritonServer:
+    server = TritonServer(repo_root).start()
+    with TritonClient(server.url) as client:
+        load_version(client, LocalRepository(repo_root), model, version)
+    return server
+
+
+def rollout(capsys, repo_root, *args):
+    return run_cli(capsys, "--json", "-q", "rollout", *args, "--repo", repo_root)
+
+
+def test_v1_to_v2_switches_answers_with_zero_failed_requests(capsys, repo_root):
+    rm.tagged(repo_root, "m", 1, delay=0.005)
+    server = start(repo_root, "m", 1)
+    try:
+        # v2 changes the config too (batch size, two instances): still no failed request.
+        rm.tagged(repo_root, "m", 2, delay=0.005, max_batch_size=4, instances=2)
+        with BackgroundLoad(server.url, "m", clients=CLIENTS, workload=WORKLOAD, check=tag) as load:
+            load.wait_for(40)
+            result = rollout(capsys, repo_root, "m", "--version", 2, "--url", server.url)
+            start_count = load.count()
+            load.wait_for(start_count + 40)
+        summary = load.summary()
+        assert result.code == 0, result.err
+        assert summary.failed == 0, summary.errors
+        assert summary.labels == ("v1", "v2")
+        assert summary.versions == (1, 2)
+        data = result.json()
+        assert data["outcome"] == "done"
+        [srv] = data["servers"]
+        assert srv["before"] == {"m": [1]} and srv["after"] == {"m": [2]}
+        steps = [s["step"] for s in srv["steps"]]
+        assert steps[0].startswith("pre-check") and "load m 1/2" in steps and "drop m -> 2" in steps
+        assert all(s["started_at"].endswith("Z") for s in srv["steps"])
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (2,)}
+        [record] = read_records(repo_root)
+        assert record["url"] == server.url and record["after"] == {"m": [2]}
+    finally:
+        server.stop()
