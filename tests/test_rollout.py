@@ -6,6 +6,8 @@ Every model here is a tiny Python-backend model whose answers carry the version 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import rollout_models as rm
@@ -75,5 +77,82 @@ def test_v1_to_v2_switches_answers_with_zero_failed_requests(capsys, repo_root):
             assert served_versions(client, ["m"]) == {"m": (2,)}
         [record] = read_records(repo_root)
         assert record["url"] == server.url and record["after"] == {"m": [2]}
+    finally:
+        server.stop()
+
+
+def test_keep_previous_serves_clients_pinned_to_v1_throughout(capsys, repo_root):
+    rm.tagged(repo_root, "m", 1, delay=0.005)
+    server = start(repo_root, "m", 1)
+    try:
+        rm.tagged(repo_root, "m", 2, delay=0.005)
+        with BackgroundLoad(server.url, "m", clients=2, workload=WORKLOAD, version=1, check=tag) as pinned, \
+                BackgroundLoad(server.url, "m", clients=2, workload=WORKLOAD, check=tag) as free:
+            pinned.wait_for(20)
+            result = rollout(capsys, repo_root, "m", "--version", 2, "--url", server.url, "--keep-previous")
+            pinned.wait_for(pinned.count() + 20)
+            free.wait_for(free.count() + 20)
+        assert result.code == 0, result.err
+        assert pinned.summary().failed == 0 and pinned.summary().labels == ("v1",)
+        assert free.summary().failed == 0 and free.summary().labels == ("v1", "v2")
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (1, 2)}
+    finally:
+        server.stop()
+
+
+def test_ensemble_rollout_answers_all_old_or_all_new(capsys, repo_root):
+    rm.ensemble(repo_root, 1)
+    server = start(repo_root, "pipe", 1)
+    try:
+        rm.ensemble(repo_root, 2)
+        with BackgroundLoad(server.url, "pipe", clients=CLIENTS, workload=WORKLOAD, check=pipe_tag) as load:
+            load.wait_for(30)
+            result = rollout(capsys, repo_root, "pipe", "--version", 2, "--url", server.url)
+            load.wait_for(load.count() + 30)
+        summary = load.summary()
+        assert result.code == 0, result.err
+        assert summary.failed == 0, summary.errors
+        assert summary.labels == ("v1", "v2"), summary.label_counts  # never "mixed"
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["pipe", "pre", "post"]) == {"pipe": (2,), "pre": (2,), "post": (2,)}
+        steps = [s["step"] for s in result.json()["servers"][0]["steps"]]
+        assert steps.index("load pre 1/2") < steps.index("load pipe 2") < steps.index("drop pre -> 2")
+    finally:
+        server.stop()
+
+
+def _smoke_file(tmp_path):
+    """Requests with positive inputs and the answers every good version gives (Y = 2 X)."""
+    path = tmp_path / "smoke.json"
+    path.write_text(json.dumps({"cases": [{"inputs": {"X": [[1, 2, 3, 4]]}, "outputs": {"Y": [[2, 4, 6, 8]]}}]}))
+    return path
+
+
+@pytest.mark.parametrize("precheck", ["--precheck", "--no-precheck"])
+@pytest.mark.parametrize("broken, reason", [({"fail_load": True}, "load_failed"),
+                                            ({"factor": 3.0}, "smoke_failed")])
+def test_bad_v3_is_rolled_back_and_v2_keeps_serving(capsys, tmp_path, repo_root, broken, reason, precheck):
+    rm.tagged(repo_root, "m", 1)
+    rm.tagged(repo_root, "m", 2, delay=0.005)
+    server = start(repo_root, "m", 2)
+    try:
+        rm.tagged(repo_root, "m", 3, **broken)
+        with BackgroundLoad(server.url, "m", clients=CLIENTS, workload=WORKLOAD, check=tag) as load:
+            load.wait_for(30)
+            result = rollout(capsys, repo_root, "m", "--version", 3, "--url", server.url,
+                             "--smoke", _smoke_file(tmp_path), precheck)
+            load.wait_for(load.count() + 30)
+        summary = load.summary()
+        assert result.code == 10, result.err
+        data = result.json()
+        assert data["error"]["reason"] == reason and data["outcome"] == "rolled_back"
+        assert summary.failed == 0, summary.errors
+        assert summary.labels[-1] == "v2"
+        if precheck == "--precheck":  # caught before the live model was touched: nobody saw v3
+            assert summary.labels == ("v2",)
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (2,)}
+        assert read_records(repo_root)[-1]["server_outcome"] == "rolled_back"
     finally:
         server.stop()

@@ -32,6 +32,7 @@ from repo_manager import config as cfg
 from repo_manager.errors import InputError, TrmError, VerificationError
 from repo_manager.inputs import verification_samples
 from repo_manager.loadgen import BackgroundLoad, StatsSnapshot, Workload
+from repo_manager.manifest import MANIFEST_NAME
 from repo_manager.publish.verify import Candidate, LoadedCandidates, compare
 from repo_manager.publish.verify import _check_against_config as check_against_config
 from repo_manager.repository import LocalRepository
@@ -102,6 +103,9 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
              cases: list[SmokeCase]) -> int:
     """Load the target set under temporary names (``publish.verify``) and smoke-check it there.
 
+    An ensemble alone in ``names`` keeps its steps pinned to the real member versions, which must be
+    loaded already.
+
     ModelLoadError when it does not load; VerificationError when it answers wrongly. Returns the number
     of requests checked.
     """
@@ -109,8 +113,12 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
     for name, version in names:
         manifest = repo.manifest(name, version)
         folder = repo.version_dir(name, version)
+        files = {f.path: folder / f.path for f in manifest.files}
+        # An ensemble has no files, but a load with file overrides needs at least one to create the
+        # version folder (without any, Triton looks for the temporary name in its repository and fails).
+        files = files or {MANIFEST_NAME: folder / MANIFEST_NAME}
         candidates.append(Candidate(name, cfg.parse_config(manifest.config, f"manifest of {name}/{version}"),
-                                    {f.path: folder / f.path for f in manifest.files}))
+                                    files))
     entry_config = next(c.config for c in candidates if c.name == entry)
     with LoadedCandidates(client, candidates) as loaded:
         for case in cases:

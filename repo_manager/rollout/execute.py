@@ -162,11 +162,12 @@ def load_set(client: TritonClient, repo: LocalRepository, name: str, versions: t
 
 def transition(client: TritonClient, repo: LocalRepository, model: str, current: Sets, goal: Sets,
                goal_versions: dict[str, int], log: StepLog, check: Callable[[], str] | None = None,
-               *, side_by_side: bool = True) -> None:
+               *, side_by_side: bool = True, before_switch: Callable[[], str] | None = None) -> None:
     """Move one server from ``current`` to ``goal`` version sets (see the module docstring).
 
     ``goal_versions`` names, per model, the version whose config is used (the one that will answer);
-    ``check`` runs once the goal version of ``model`` is loaded, before the old versions go.
+    ``before_switch`` runs once the members are in place, before ``model`` changes (an ensemble's
+    pre-check); ``check`` runs once the goal version of ``model`` is loaded, before the old versions go.
     """
     members = [name for name in goal if name != model]
     ensemble = bool(members)
@@ -186,6 +187,9 @@ def transition(client: TritonClient, repo: LocalRepository, model: str, current:
         with log.step("settle members"):
             for member in changed:
                 load_set(client, repo, member, unions[member], goal_versions[member])
+    if before_switch is not None:
+        with log.step("pre-check ensemble under a temporary name") as info:
+            info["detail"] = before_switch()
     first = goal[model] if ensemble else unions[model]
     if first != current.get(model, ()):
         with log.step(f"load {model} {'/'.join(map(str, first))}"):
@@ -229,27 +233,34 @@ class Executor:
                                   self.cases)
         return f"{count} versioned requests answered as expected"
 
+    def _precheck(self, client: TritonClient) -> str:
+        count = checks.precheck(client, self.repo, [(self.target.model, self.target.version)],
+                                self.target.model, self.cases)
+        return f"{count} requests answered as expected"
+
     def move(self, server: ServerPlan, log: StepLog) -> None:
         """Forward transition of one server; raises RolledBackError after rolling this server back."""
         opts = self.plan.options
         with TritonClient(server.url) as client:
-            if opts.precheck:
+            # Triton cannot load an ensemble whose members exist only under temporary names (it looks
+            # for them in its repository), so an ensemble is pre-checked once its new members are
+            # loaded beside the old ones, under a temporary name pinned to those members.
+            if opts.precheck and not self.target.members:
                 try:
                     with log.step("pre-check under a temporary name") as info:
-                        names = list(self.target.members) + [(self.target.model, self.target.version)]
-                        count = checks.precheck(client, self.repo, names, self.target.model, self.cases)
-                        info["detail"] = f"{count} requests answered as expected"
+                        info["detail"] = self._precheck(client)
                 except ModelLoadError as exc:
                     raise self._failed(server, "load_failed", exc, changed=False) from exc
                 except VerificationError as exc:
                     self._require_reachable(client, server)
                     raise self._failed(server, "smoke_failed", exc, changed=False) from exc
+            ensemble_check = (lambda: self._precheck(client)) if opts.precheck and self.target.members else None
             if server.strategy == DRAIN:
                 self._run_command(opts.drain_cmd, server, log, "drain")
             try:
                 transition(client, self.repo, self.target.model, server.before, server.after,
                            self.goal_versions, log, check=lambda: self._smoke(client),
-                           side_by_side=server.strategy != DRAIN)
+                           side_by_side=server.strategy != DRAIN, before_switch=ensemble_check)
             except ModelLoadError as exc:
                 self._require_reachable(client, server)
                 self.roll_back(server, log)
