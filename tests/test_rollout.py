@@ -77,6 +77,17 @@ def test_v1_to_v2_switches_answers_with_zero_failed_requests(capsys, repo_root):
             assert served_versions(client, ["m"]) == {"m": (2,)}
         [record] = read_records(repo_root)
         assert record["url"] == server.url and record["after"] == {"m": [2]}
+        status = run_cli(capsys, "--json", "status", "--repo", repo_root)
+        [entry] = status.json()["servers"]
+        assert entry["models"] == {"m": [2]} and entry["up_to_date"] == {"m": True}
+
+        with BackgroundLoad(server.url, "m", clients=CLIENTS, workload=WORKLOAD, check=tag) as load:
+            load.wait_for(20)
+            back = rollout(capsys, repo_root, "m", "--to-previous", "--url", server.url)
+            load.wait_for(load.count() + 20)
+        assert back.code == 0, back.err
+        assert back.json()["version"] == 1
+        assert load.summary().failed == 0 and load.summary().labels == ("v2", "v1")
     finally:
         server.stop()
 
@@ -154,5 +165,113 @@ def test_bad_v3_is_rolled_back_and_v2_keeps_serving(capsys, tmp_path, repo_root,
         with TritonClient(server.url) as client:
             assert served_versions(client, ["m"]) == {"m": (2,)}
         assert read_records(repo_root)[-1]["server_outcome"] == "rolled_back"
+    finally:
+        server.stop()
+
+
+def _mixed_workload():
+    """Half the requests have negative inputs: good versions answer them, the v3 below refuses them."""
+    ones = np.ones((1, rm.FEATURES), np.float32)
+    return Workload(({"X": ones}, {"X": -ones}))
+
+
+def test_canary_breach_rolls_back_the_canary_and_leaves_the_other_server_untouched(capsys, tmp_path,
+                                                                                   repo_root):
+    rm.tagged(repo_root, "m", 1)
+    rm.tagged(repo_root, "m", 2)
+    first, second = start(repo_root, "m", 2), start(repo_root, "m", 2)
+    try:
+        rm.tagged(repo_root, "m", 3, fail_negative=True)  # passes the smoke check, fails real traffic
+        with BackgroundLoad(first.url, "m", clients=2, workload=_mixed_workload(), check=tag) as load:
+            load.wait_for(20)
+            result = rollout(capsys, repo_root, "m", "--version", 3, "--url", first.url, "--url", second.url,
+                             "--canary", 1, "--soak", 2, "--smoke", _smoke_file(tmp_path))
+            load.wait_for(load.count() + 20)
+        assert result.code == 10, result.err
+        data = result.json()
+        assert data["error"]["reason"] == "threshold_breached"
+        assert "error rate" in data["error"]["message"]
+        canary, other = data["servers"]
+        # Triton counts an error a Python model returns as a success: trm's own probes see it.
+        assert canary["outcome"] == "rolled_back" and canary["soak"]["probe_failures"] > 0
+        assert other["outcome"] == "not_started" and other["steps"] == []
+        assert load.summary().labels[-1] == "v2"  # the canary serves v2 again
+        for server in (first, second):
+            with TritonClient(server.url) as client:
+                assert served_versions(client, ["m"]) == {"m": (2,)}
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_server_dying_mid_rollout_gives_a_clear_error_and_a_consistent_other_server(repo_root):
+    import os
+    import signal
+
+    from repo_manager.errors import ServerError
+    from repo_manager.rollout import RolloutOptions, plan_rollout, run_rollout
+    from repo_manager.settings import Settings
+
+    rm.tagged(repo_root, "m", 1)
+    first, second = start(repo_root, "m", 1), start(repo_root, "m", 1)
+    try:
+        rm.tagged(repo_root, "m", 2)
+        settings = Settings(repository=repo_root)
+        plan = plan_rollout(settings, "m", 2, [first.url, second.url], RolloutOptions())
+
+        def progress(message: str) -> None:  # the second server dies once the first is done
+            if first.url in message and "drop m -> 2" in message:
+                os.killpg(second.pid, signal.SIGKILL)
+
+        with BackgroundLoad(first.url, "m", clients=2, workload=WORKLOAD, check=tag) as load:
+            load.wait_for(20)
+            with pytest.raises(ServerError) as failure:
+                run_rollout(settings, plan, progress)
+            load.wait_for(load.count() + 20)
+        assert second.url in failure.value.message and first.url in failure.value.message
+        assert failure.value.exit_code == 6
+        result = failure.value.result
+        assert [s.outcome for s in result.servers] == ["done", "failed"]
+        assert load.summary().failed == 0 and load.summary().labels == ("v1", "v2")
+        with TritonClient(first.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (2,)}
+        records = read_records(repo_root)
+        assert [(r["url"], r["server_outcome"]) for r in records] == [(first.url, "done"), (second.url, "failed")]
+        status = {s.url: s for s in __import__("repo_manager.rollout", fromlist=["x"]).server_status(
+            repo_root, [])}
+        assert status[first.url].models == {"m": [2]} and not status[second.url].reachable
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_drain_strategy_runs_the_operator_commands_around_a_one_copy_swap(capsys, tmp_path, repo_root):
+    rm.tagged(repo_root, "m", 1)
+    server = start(repo_root, "m", 1)
+    try:
+        rm.tagged(repo_root, "m", 2)
+        journal = tmp_path / "journal.txt"
+        common = ["m", "--version", 2, "--url", server.url, "--memory-budget", "10",
+                  "--drain-cmd", f"echo drain $TRM_SERVER_URL >> {journal}",
+                  "--restore-cmd", f"echo restore $TRM_VERSION >> {journal}"]
+        plan = rollout(capsys, repo_root, *common, "--dry-run")
+        assert plan.code == 0, plan.err
+        [planned] = plan.json()["plan"]["servers"]
+        assert planned["strategy"] == "drain" and "memory budget" in planned["reason"]
+        assert not journal.exists()  # a dry run changes nothing
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (1,)}
+
+        result = rollout(capsys, repo_root, *common)
+        assert result.code == 0, result.err
+        steps = [s["step"] for s in result.json()["servers"][0]["steps"]]
+        assert steps.index("drain command") < steps.index("unload m 1") < steps.index("load m 2") \
+            < steps.index("restore command")
+        assert journal.read_text().split("\n")[:2] == [f"drain {server.url}", "restore 2"]
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (2,)}
+
+        missing = rollout(capsys, repo_root, "m", "--version", 1, "--url", server.url, "--no-side-by-side")
+        assert missing.code == 2 and "--drain-cmd" in missing.err
     finally:
         server.stop()
