@@ -263,26 +263,35 @@ class Executor:
                            side_by_side=server.strategy != DRAIN, before_switch=ensemble_check)
             except ModelLoadError as exc:
                 self._require_reachable(client, server)
-                self.roll_back(server, log)
+                self.roll_back(server, log, drained=True)
                 raise self._failed(server, "load_failed", exc, changed=True) from exc
             except VerificationError as exc:
                 self._require_reachable(client, server)
-                self.roll_back(server, log)
+                self.roll_back(server, log, drained=True)
                 raise self._failed(server, "smoke_failed", exc, changed=True) from exc
             finally:
                 if server.strategy == DRAIN:
                     self._run_command(opts.restore_cmd, server, log, "restore")
 
-    def roll_back(self, server: ServerPlan, log: StepLog) -> None:
-        """Back to the server's ``before`` sets, from whatever it serves now."""
-        with TritonClient(server.url) as client:
-            names = list(server.before)
-            current = served_versions(client, names)
-            fallback = dict(self.goal_versions)
-            goal_versions = _config_versions(server.before, fallback)
-            with log.step("roll back"):
-                transition(client, self.repo, self.target.model, current, server.before, goal_versions, log,
-                           side_by_side=server.strategy != DRAIN)
+    def roll_back(self, server: ServerPlan, log: StepLog, *, drained: bool = False) -> None:
+        """Back to the server's ``before`` sets, from whatever it serves now.
+
+        A drain-strategy server that is back in rotation (a canary breach found later) is drained again
+        around its rollback, since the rollback also swaps one copy for the other.
+        """
+        drain = server.strategy == DRAIN and not drained
+        if drain:
+            self._run_command(self.plan.options.drain_cmd, server, log, "drain")
+        try:
+            with TritonClient(server.url) as client:
+                current = served_versions(client, list(server.before))
+                goal_versions = _config_versions(server.before, dict(self.goal_versions))
+                with log.step("roll back"):
+                    transition(client, self.repo, self.target.model, current, server.before, goal_versions,
+                               log, side_by_side=server.strategy != DRAIN)
+        finally:
+            if drain:
+                self._run_command(self.plan.options.restore_cmd, server, log, "restore")
 
     def _require_reachable(self, client: TritonClient, server: ServerPlan) -> None:
         if not client.is_ready():
