@@ -15,7 +15,7 @@ Methods:
 * ``restart``: the usual alternative: publish, stop the server (SIGTERM, in-flight requests finish), start
   it again on the same ports with the new latest version, and wait until it is ready.
 
-    python bench/bench_rollout.py [--clients 4] [--changes 3] [--steady 5] [--json out.json]
+    python bench/bench_rollout.py [--clients 4] [--changes 2] [--steady 5] [--json out.json]
 
 Bounded to about two minutes on a 2-core machine.
 """
@@ -123,7 +123,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--changes", type=int, default=3)
+    parser.add_argument("--changes", type=int, default=2)
     parser.add_argument("--steady", type=float, default=5.0, help="steady-state window, seconds")
     parser.add_argument("--json", dest="json_path", help="also write the rows to this file")
     args = parser.parse_args()

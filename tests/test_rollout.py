@@ -275,3 +275,22 @@ def test_drain_strategy_runs_the_operator_commands_around_a_one_copy_swap(capsys
         assert missing.code == 2 and "--drain-cmd" in missing.err
     finally:
         server.stop()
+
+
+def test_bad_usage_and_unreachable_servers_change_nothing(capsys, repo_root):
+    from repo_manager.triton.server import free_ports
+
+    rm.tagged(repo_root, "m", 1)
+    [port] = free_ports(1)
+    nowhere = f"http://127.0.0.1:{port}"
+    store = rollout(capsys, repo_root, "m", "--version", 1, "--url", nowhere, "--from", "s3://bucket/x")
+    assert store.code == 2 and "not available yet" in store.err
+    both = rollout(capsys, repo_root, "m", "--version", 1, "--to-previous", "--url", nowhere)
+    assert both.code == 2 and "either --version N or --to-previous" in both.err
+    down = rollout(capsys, repo_root, "m", "--version", 1, "--url", nowhere)
+    assert down.code == 6 and nowhere in down.err
+    missing = rollout(capsys, repo_root, "m", "--version", 7, "--url", nowhere)
+    assert missing.code == 4 and "no version 7" in missing.err
+    assert read_records(repo_root) == []  # nothing was attempted, nothing recorded
+    status = run_cli(capsys, "status", "--url", nowhere, "--repo", repo_root)
+    assert status.code == 0 and "UNREACHABLE" in status.out
