@@ -86,12 +86,16 @@ def tagged(repo_root: Path, name: str, tag: int, **behaviour) -> int:
     return result.version
 
 
-def ensemble(repo_root: Path, tag: int, *, name: str = "pipe") -> int:
-    """Publish the next versions of ``pre``, ``post`` and the ensemble ``name`` pinning them."""
+def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2.0) -> int:
+    """Publish the next versions of ``pre``, ``post`` and the ensemble ``name`` pinning them.
+
+    The pipeline computes ``Y = X * factor``; a factor other than 2 is a version that answers wrongly.
+    """
     settings = Settings(repository=repo_root)
 
     def build(repo, _name: str) -> list[Staged]:
-        pre = _stage_python(repo, "pre", tag, output_name="MID", tag_output="PRE_TAG", delay=0.005)
+        pre = _stage_python(repo, "pre", tag, output_name="MID", tag_output="PRE_TAG", delay=0.005,
+                            factor=factor)
         post = _stage_python(repo, "post", tag, input_name="MID", output_name="Y", tag_output="POST_TAG",
                              factor=1.0)
         config = cfg.ModelConfig(name=name, platform="ensemble", max_batch_size=8)

@@ -112,7 +112,7 @@ def test_keep_previous_serves_clients_pinned_to_v1_throughout(capsys, repo_root)
         server.stop()
 
 
-def test_ensemble_rollout_answers_all_old_or_all_new(capsys, repo_root):
+def test_ensemble_rollout_answers_all_old_or_all_new(capsys, tmp_path, repo_root):
     rm.ensemble(repo_root, 1)
     server = start(repo_root, "pipe", 1)
     try:
@@ -129,6 +129,21 @@ def test_ensemble_rollout_answers_all_old_or_all_new(capsys, repo_root):
             assert served_versions(client, ["pipe", "pre", "post"]) == {"pipe": (2,), "pre": (2,), "post": (2,)}
         steps = [s["step"] for s in result.json()["servers"][0]["steps"]]
         assert steps.index("load pre 1/2") < steps.index("load pipe 2") < steps.index("drop pre -> 2")
+
+        # A v3 pipeline that answers wrongly, without the pre-check: it goes live, fails the smoke check
+        # and the whole pipeline is switched back, still without a failed or mixed answer.
+        rm.ensemble(repo_root, 3, factor=3.0)
+        with BackgroundLoad(server.url, "pipe", clients=CLIENTS, workload=WORKLOAD, check=pipe_tag) as load:
+            load.wait_for(30)
+            bad = rollout(capsys, repo_root, "pipe", "--version", 3, "--url", server.url, "--no-precheck",
+                          "--smoke", _smoke_file(tmp_path))
+            load.wait_for(load.count() + 30)
+        assert bad.code == 10 and bad.json()["error"]["reason"] == "smoke_failed"
+        summary = load.summary()
+        assert summary.failed == 0, summary.errors
+        assert set(summary.label_counts) <= {"v2", "v3"} and summary.labels[-1] == "v2"
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["pipe", "pre", "post"]) == {"pipe": (2,), "pre": (2,), "post": (2,)}
     finally:
         server.stop()
 

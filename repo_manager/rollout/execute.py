@@ -183,14 +183,17 @@ def transition(client: TritonClient, repo: LocalRepository, model: str, current:
     for member in changed:
         with log.step(f"load {member} {'/'.join(map(str, unions[member]))}"):
             load_set(client, repo, member, unions[member], goal_versions[member])
-    if ensemble and changed:
+    first = goal[model] if ensemble else unions[model]
+    if ensemble and first != current.get(model, ()):
+        # Every member, changed or not, so that a folder touched since its last load cannot make the
+        # ensemble load reload it from disk (module docstring). A config-only update for Triton.
         with log.step("settle members"):
-            for member in changed:
-                load_set(client, repo, member, unions[member], goal_versions[member])
+            for member in members:
+                if unions[member]:
+                    load_set(client, repo, member, unions[member], goal_versions[member])
     if before_switch is not None:
         with log.step("pre-check ensemble under a temporary name") as info:
             info["detail"] = before_switch()
-    first = goal[model] if ensemble else unions[model]
     if first != current.get(model, ()):
         with log.step(f"load {model} {'/'.join(map(str, first))}"):
             load_set(client, repo, model, first, goal_versions[model])
@@ -370,7 +373,7 @@ def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
     requests0, errors0 = _observed(server.url, plan.target.model)
     baseline = soak = None
     try:
-        if soak_here:
+        if soak_here and server.before.get(plan.target.model):
             with log.step("baseline probes") as info:
                 baseline = checks.watch(server.url, plan.target.model, min(max(1.0, opts.soak_s / 2), 5.0))
                 info["detail"] = f"p99 {baseline.p99_ms or 0:.1f} ms"
