@@ -49,6 +49,9 @@ class Settings:
     """Named environments (staging, production, …) and the store each lives in."""
     gates: dict[str, Any] = field(default_factory=dict)
     """Promotion gate defaults."""
+    rollout: dict[str, Any] = field(default_factory=dict)
+    """Rollout defaults: ``memory_budget`` (bytes or "24GiB": old + new versions above it make a server use
+    the drain strategy) and ``single_copy_models`` (models never loaded twice on one server)."""
     source: str = "defaults"
     """Where the settings file came from, for `trm config`-style reporting."""
 

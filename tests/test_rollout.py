@@ -288,6 +288,14 @@ def test_drain_strategy_runs_the_operator_commands_around_a_one_copy_swap(capsys
 
         missing = rollout(capsys, repo_root, "m", "--version", 1, "--url", server.url, "--no-side-by-side")
         assert missing.code == 2 and "--drain-cmd" in missing.err
+
+        # The same decision from the settings file (the tests run in tmp_path: configs/trm.yaml is read).
+        (tmp_path / "configs").mkdir()
+        (tmp_path / "configs" / "trm.yaml").write_text("rollout:\n  single_copy_models: [m]\n")
+        planned = rollout(capsys, repo_root, "m", "--version", 1, "--url", server.url, "--dry-run",
+                          "--drain-cmd", "true", "--restore-cmd", "true")
+        assert planned.code == 0, planned.err
+        assert planned.json()["plan"]["servers"][0]["strategy"] == "drain"
     finally:
         server.stop()
 

@@ -12,12 +12,12 @@ from pathlib import Path
 from repo_manager.errors import UsageError
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout.execute import Progress, RolloutResult, execute
-from repo_manager.rollout.plan import RolloutOptions, RolloutPlan, build_plan
+from repo_manager.rollout.plan import RolloutOptions, RolloutPlan, build_plan, parse_size, with_settings
 from repo_manager.rollout.record import ServerStatus, describe_status, server_status
 from repo_manager.settings import Settings
 
 __all__ = ["RolloutOptions", "RolloutPlan", "RolloutResult", "ServerStatus", "describe_status", "execute",
-           "plan_rollout", "run_rollout", "server_status"]
+           "parse_size", "plan_rollout", "run_rollout", "server_status"]
 
 
 def _quiet(_: str) -> None:
@@ -35,6 +35,7 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
     if not repo.root.is_dir():
         raise UsageError(f"repository {repo.root} does not exist", hint="pass --repo DIR")
     progress(f"planning {model} on {len(urls)} server(s)")
+    options = with_settings(options, model, settings.rollout)
     return build_plan(repo, model, version, urls, options, to_previous=to_previous)
 
 

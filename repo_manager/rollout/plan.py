@@ -18,6 +18,7 @@ Strategies:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,32 @@ def _versions_text(versions: dict[str, tuple[int, ...]]) -> str:
     return ", ".join(f"{m}:{'/'.join(map(str, v)) or '-'}" for m, v in versions.items())
 
 
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """``24GiB``, ``500MB``, ``1000000`` -> bytes (None stays None)."""
+    if text is None or isinstance(text, int):
+        return text
+    number = str(text).strip().lower()
+    unit = number.lstrip("0123456789.")
+    try:
+        return int(float(number[: len(number) - len(unit)]) * _UNITS[unit.strip()])
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"memory budget {text!r} is not a size", hint="e.g. 24GiB, 500MB, 1000000") from exc
+
+
+def with_settings(options: RolloutOptions, model: str, rollout_settings: dict[str, Any]) -> RolloutOptions:
+    """Options not given on the command line come from the ``rollout`` settings (configs/trm.yaml)."""
+    changes: dict[str, Any] = {}
+    if options.memory_budget is None and rollout_settings.get("memory_budget") is not None:
+        changes["memory_budget"] = parse_size(rollout_settings["memory_budget"])
+    if model in (rollout_settings.get("single_copy_models") or []):
+        changes["side_by_side"] = False
+    return dataclasses.replace(options, **changes) if changes else options
+
+
 def model_set(repo: LocalRepository, model: str, version: int) -> ModelSet:
     repo.manifest(model, version)  # NotFoundError naming the model and version
     return ModelSet(model, version, tuple(dependencies(repo, model, version)))
@@ -153,7 +180,7 @@ def decide_strategy(before: dict[str, tuple[int, ...]], after: dict[str, tuple[i
     if not before.get(target.model):
         return SIDE_BY_SIDE, f"{target.model} is not loaded yet: plain load"
     if not options.side_by_side:
-        return DRAIN, "--no-side-by-side"
+        return DRAIN, "cannot be loaded twice (--no-side-by-side or settings rollout.single_copy_models)"
     if options.memory_budget is not None:
         # Peak while both are loaded: every model whose version changes holds old + new files.
         peak = sum(sizes[name] * (2 if set(after[name]) - set(before.get(name, ())) and before.get(name)

@@ -7,29 +7,15 @@ from pathlib import Path
 import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
-from repo_manager.errors import TrmError, UsageError
+from repo_manager.errors import TrmError
 from repo_manager.rollout import (
     RolloutOptions,
     describe_status,
+    parse_size,
     plan_rollout,
     run_rollout,
     server_status,
 )
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-
-
-def parse_bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    number = text.strip().lower().rstrip()
-    unit = number.lstrip("0123456789.")
-    try:
-        value = float(number[: len(number) - len(unit)])
-        return int(value * _UNITS[unit.strip()])
-    except (ValueError, KeyError) as exc:
-        raise UsageError(f"--memory-budget {text!r} is not a size", hint="e.g. 24GiB, 500MB, 1000000") from exc
 
 
 @cli.command("rollout")
@@ -53,7 +39,7 @@ def parse_bytes(text: str | None) -> int | None:
 @click.option("--side-by-side/--no-side-by-side", default=True, show_default=True,
               help="--no-side-by-side: the model cannot be loaded twice; drain each server instead.")
 @click.option("--memory-budget", help="Bytes one server may hold for this model (e.g. 24GiB): old + new "
-              "over it selects the drain strategy.")
+              "over it selects the drain strategy. Default: settings rollout.memory_budget.")
 @click.option("--drain-cmd", help="Shell command that takes $TRM_SERVER_URL out of rotation (drain strategy).")
 @click.option("--restore-cmd", help="Shell command that brings $TRM_SERVER_URL back (drain strategy).")
 @click.option("--precheck/--no-precheck", default=True, show_default=True,
@@ -74,7 +60,7 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
     settings = ctx.settings.replace(repository=repository)
     options = RolloutOptions(canary=canary, soak_s=soak_s, max_error_rate=max_error_rate,
                              max_p99_increase=max_p99_increase, keep_previous=keep_previous,
-                             side_by_side=side_by_side, memory_budget=parse_bytes(memory_budget),
+                             side_by_side=side_by_side, memory_budget=parse_size(memory_budget),
                              drain_cmd=drain_cmd, restore_cmd=restore_cmd, precheck=precheck,
                              smoke_file=Path(smoke_file) if smoke_file else None)
     plan = plan_rollout(settings, name, version, list(urls), options, to_previous=to_previous, source=source,
