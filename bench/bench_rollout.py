@@ -6,18 +6,21 @@ model whose answers carry their version (tests/rollout_models.py), starts steady
 ``--changes`` times, and reports:
 
 * failed requests during the changes (the zero-drop claim),
-* p99 latency of the requests sent while a change was running, against the steady-state p99,
+* p99 and max latency of the requests sent while a change was running, against the steady-state p99,
 * the time one change takes on one server, and the longest gap without a successful answer.
 
 Methods:
 
-* ``trm rollout``: ``plan_rollout`` + ``run_rollout`` (side by side: pre-check, load beside, smoke, drop);
+* ``trm rollout (gRPC control)``: ``plan_rollout`` + ``run_rollout`` (side by side: pre-check, load
+  beside, smoke, drop) with ``--grpc-url``, so loads go through Triton's gRPC frontend;
+* ``trm rollout (HTTP control)``: the same with loads over HTTP (Triton runs each load on one HTTP worker
+  thread: the HTTP clients whose connections it serves wait for the whole load);
 * ``restart``: the usual alternative: publish, stop the server (SIGTERM, in-flight requests finish), start
   it again on the same ports with the new latest version, and wait until it is ready.
 
     python bench/bench_rollout.py [--clients 4] [--changes 2] [--steady 5] [--json out.json]
 
-Bounded to about two minutes on a 2-core machine.
+Bounded to about three minutes on a 2-core machine (a restart waits for Triton's exit timeout).
 """
 
 from __future__ import annotations
@@ -76,9 +79,10 @@ def run_method(method: str, clients: int, changes: int, steady_s: float) -> dict
                 for change in range(changes):
                     version = rm.tagged(root, "m", change + 2, delay=DELAY_S)
                     t0 = time.time()
-                    if method == "trm rollout":
+                    if method.startswith("trm rollout"):
                         settings = Settings(repository=root)
-                        plan = plan_rollout(settings, "m", version, [server.url], RolloutOptions())
+                        grpc = [server.endpoints.grpc] if "gRPC" in method else None
+                        plan = plan_rollout(settings, "m", version, [server.url], RolloutOptions(), grpc_urls=grpc)
                         run_rollout(settings, plan)
                     else:
                         server = restart(server, root)
@@ -93,6 +97,7 @@ def run_method(method: str, clients: int, changes: int, steady_s: float) -> dict
             "requests": len(records), "failed": sum(not r.ok for r in records),
             "failed_during_changes": sum(not r.ok for r in during),
             "steady_p99_ms": p99_ms(steady), "change_p99_ms": p99_ms(during),
+            "change_max_ms": round(max((r.latency_s * 1000 for r in during if r.ok), default=0.0), 1),
             "seconds_per_change": round(sum(b - a for a, b in windows) / len(windows), 2),
             "longest_gap_s": longest_gap_s(records),
             "versions_seen": sorted({r.model_version for r in records if r.ok and r.model_version})}
@@ -110,13 +115,13 @@ def restart(server: TritonServer, root: Path) -> TritonServer:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| method | failed requests | steady p99 ms | p99 during change ms | s per change (1 server) | "
-            "longest gap s | requests |")
-    lines = [head, "|" + "---|" * 7]
+    head = ("| method | failed requests (during changes / total) | steady p99 ms | p99 during change ms | "
+            "max latency during change ms | s per change (1 server) | longest gap without an answer s | requests |")
+    lines = [head, "|" + "---|" * 8]
     for r in rows:
-        lines.append(f"| {r['method']} | {r['failed_during_changes']} of {r['failed']} total | "
-                     f"{r['steady_p99_ms']} | {r['change_p99_ms']} | {r['seconds_per_change']} | "
-                     f"{r['longest_gap_s']} | {r['requests']} |")
+        lines.append(f"| {r['method']} | {r['failed_during_changes']} / {r['failed']} | "
+                     f"{r['steady_p99_ms']} | {r['change_p99_ms']} | {r['change_max_ms']} | "
+                     f"{r['seconds_per_change']} | {r['longest_gap_s']} | {r['requests']} |")
     return "\n".join(lines)
 
 
@@ -124,10 +129,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--changes", type=int, default=2)
-    parser.add_argument("--steady", type=float, default=5.0, help="steady-state window, seconds")
+    parser.add_argument("--steady", type=float, default=4.0, help="steady-state window, seconds")
     parser.add_argument("--json", dest="json_path", help="also write the rows to this file")
     args = parser.parse_args()
-    rows = [run_method(m, args.clients, args.changes, args.steady) for m in ("trm rollout", "restart")]
+    methods = ("trm rollout (gRPC control)", "trm rollout (HTTP control)", "restart")
+    rows = [run_method(m, args.clients, args.changes, args.steady) for m in methods]
     print(table(rows))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(rows, indent=2) + "\n")

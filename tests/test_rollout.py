@@ -46,6 +46,14 @@ def start(repo_root, model: str, version: int) -> TritonServer:
     return server
 
 
+def at(*servers: TritonServer) -> list:
+    """--url and --grpc-url for each server: model control over gRPC (the recommended setup)."""
+    args: list = []
+    for server in servers:
+        args += ["--url", server.url, "--grpc-url", server.endpoints.grpc]
+    return args
+
+
 def rollout(capsys, repo_root, *args):
     return run_cli(capsys, "--json", "-q", "rollout", *args, "--repo", repo_root)
 
@@ -58,7 +66,7 @@ def test_v1_to_v2_switches_answers_with_zero_failed_requests(capsys, repo_root):
         rm.tagged(repo_root, "m", 2, delay=0.005, max_batch_size=4, instances=2)
         with BackgroundLoad(server.url, "m", clients=CLIENTS, workload=WORKLOAD, check=tag) as load:
             load.wait_for(40)
-            result = rollout(capsys, repo_root, "m", "--version", 2, "--url", server.url)
+            result = rollout(capsys, repo_root, "m", "--version", 2, *at(server))
             start_count = load.count()
             load.wait_for(start_count + 40)
         summary = load.summary()
@@ -119,7 +127,7 @@ def test_ensemble_rollout_answers_all_old_or_all_new(capsys, tmp_path, repo_root
         rm.ensemble(repo_root, 2)
         with BackgroundLoad(server.url, "pipe", clients=CLIENTS, workload=WORKLOAD, check=pipe_tag) as load:
             load.wait_for(30)
-            result = rollout(capsys, repo_root, "pipe", "--version", 2, "--url", server.url)
+            result = rollout(capsys, repo_root, "pipe", "--version", 2, *at(server))
             load.wait_for(load.count() + 30)
         summary = load.summary()
         assert result.code == 0, result.err
@@ -135,7 +143,7 @@ def test_ensemble_rollout_answers_all_old_or_all_new(capsys, tmp_path, repo_root
         rm.ensemble(repo_root, 3, factor=3.0)
         with BackgroundLoad(server.url, "pipe", clients=CLIENTS, workload=WORKLOAD, check=pipe_tag) as load:
             load.wait_for(30)
-            bad = rollout(capsys, repo_root, "pipe", "--version", 3, "--url", server.url, "--no-precheck",
+            bad = rollout(capsys, repo_root, "pipe", "--version", 3, *at(server), "--no-precheck",
                           "--smoke", _smoke_file(tmp_path))
             load.wait_for(load.count() + 30)
         assert bad.code == 10 and bad.json()["error"]["reason"] == "smoke_failed"
@@ -166,7 +174,7 @@ def test_bad_v3_is_rolled_back_and_v2_keeps_serving(capsys, tmp_path, repo_root,
         rm.tagged(repo_root, "m", 3, **broken)
         with BackgroundLoad(server.url, "m", clients=CLIENTS, workload=WORKLOAD, check=tag) as load:
             load.wait_for(30)
-            result = rollout(capsys, repo_root, "m", "--version", 3, "--url", server.url,
+            result = rollout(capsys, repo_root, "m", "--version", 3, *at(server),
                              "--smoke", _smoke_file(tmp_path), precheck)
             load.wait_for(load.count() + 30)
         summary = load.summary()
@@ -199,8 +207,8 @@ def test_canary_breach_rolls_back_the_canary_and_leaves_the_other_server_untouch
         rm.tagged(repo_root, "m", 3, fail_negative=True)  # passes the smoke check, fails real traffic
         with BackgroundLoad(first.url, "m", clients=2, workload=_mixed_workload(), check=tag) as load:
             load.wait_for(20)
-            result = rollout(capsys, repo_root, "m", "--version", 3, "--url", first.url, "--url", second.url,
-                             "--canary", 1, "--soak", 2, "--smoke", _smoke_file(tmp_path))
+            result = rollout(capsys, repo_root, "m", "--version", 3, *at(first, second), "--canary", 1,
+                             "--soak", 2, "--smoke", _smoke_file(tmp_path))
             load.wait_for(load.count() + 20)
         assert result.code == 10, result.err
         data = result.json()
@@ -232,7 +240,8 @@ def test_server_dying_mid_rollout_gives_a_clear_error_and_a_consistent_other_ser
     try:
         rm.tagged(repo_root, "m", 2)
         settings = Settings(repository=repo_root)
-        plan = plan_rollout(settings, "m", 2, [first.url, second.url], RolloutOptions())
+        plan = plan_rollout(settings, "m", 2, [first.url, second.url], RolloutOptions(),
+                            grpc_urls=[first.endpoints.grpc, second.endpoints.grpc])
 
         def progress(message: str) -> None:  # the second server dies once the first is done
             if first.url in message and "drop m -> 2" in message:

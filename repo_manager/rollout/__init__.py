@@ -26,7 +26,7 @@ def _quiet(_: str) -> None:
 
 def plan_rollout(settings: Settings, model: str, version: int | None, urls: list[str],
                  options: RolloutOptions, *, to_previous: bool = False, source: str | None = None,
-                 progress: Progress = _quiet) -> RolloutPlan:
+                 grpc_urls: list[str] | None = None, progress: Progress = _quiet) -> RolloutPlan:
     """The plan for moving ``urls`` to ``version`` of ``model`` from the local repository."""
     if source is not None:
         raise UsageError("--from STORE is not available yet: the store/sync code has not landed in this "
@@ -36,7 +36,7 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
         raise UsageError(f"repository {repo.root} does not exist", hint="pass --repo DIR")
     progress(f"planning {model} on {len(urls)} server(s)")
     options = with_settings(options, model, settings.rollout)
-    return build_plan(repo, model, version, urls, options, to_previous=to_previous)
+    return build_plan(repo, model, version, urls, options, to_previous=to_previous, grpc_urls=grpc_urls)
 
 
 def run_rollout(settings: Settings, plan: RolloutPlan, progress: Progress = _quiet) -> RolloutResult:

@@ -244,7 +244,7 @@ class Executor:
     def move(self, server: ServerPlan, log: StepLog) -> None:
         """Forward transition of one server; raises RolledBackError after rolling this server back."""
         opts = self.plan.options
-        with TritonClient(server.url) as client:
+        with TritonClient(server.url, grpc_url=server.grpc_url) as client:
             # Triton cannot load an ensemble whose members exist only under temporary names (it looks
             # for them in its repository), so an ensemble is pre-checked once its new members are
             # loaded beside the old ones, under a temporary name pinned to those members.
@@ -286,7 +286,7 @@ class Executor:
         if drain:
             self._run_command(self.plan.options.drain_cmd, server, log, "drain")
         try:
-            with TritonClient(server.url) as client:
+            with TritonClient(server.url, grpc_url=server.grpc_url) as client:
                 current = served_versions(client, list(server.before))
                 goal_versions = _config_versions(server.before, dict(self.goal_versions))
                 with log.step("roll back"):

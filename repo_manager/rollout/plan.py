@@ -66,6 +66,8 @@ class ModelSet:
 @dataclass(frozen=True)
 class ServerPlan:
     url: str
+    grpc_url: str | None
+    """Where trm sends load/unload (see TritonClient); None: over HTTP, which stalls some HTTP clients."""
     before: dict[str, tuple[int, ...]]
     """Loaded (READY) versions of the model and of every member, before the rollout."""
     after: dict[str, tuple[int, ...]]
@@ -74,7 +76,8 @@ class ServerPlan:
     canary: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "before": {k: list(v) for k, v in self.before.items()},
+        return {"url": self.url, "grpc_url": self.grpc_url,
+                "before": {k: list(v) for k, v in self.before.items()},
                 "after": {k: list(v) for k, v in self.after.items()}, "strategy": self.strategy,
                 "reason": self.reason, "canary": self.canary}
 
@@ -106,7 +109,8 @@ class RolloutPlan:
             before = _versions_text(server.before)
             after = _versions_text(server.after)
             tag = " [canary]" if server.canary else ""
-            lines.append(f"  {index}. {server.url}{tag}: {before} -> {after}  "
+            control = f" (control {server.grpc_url})" if server.grpc_url else ""
+            lines.append(f"  {index}. {server.url}{control}{tag}: {before} -> {after}  "
                          f"strategy {server.strategy} ({server.reason})")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -193,9 +197,13 @@ def decide_strategy(before: dict[str, tuple[int, ...]], after: dict[str, tuple[i
 
 
 def build_plan(repo: LocalRepository, model: str, version: int | None, urls: list[str],
-               options: RolloutOptions, *, to_previous: bool = False) -> RolloutPlan:
+               options: RolloutOptions, *, to_previous: bool = False,
+               grpc_urls: list[str] | None = None) -> RolloutPlan:
     if not urls:
         raise UsageError("give at least one --url of a Triton server in explicit model-control mode")
+    if grpc_urls and len(grpc_urls) != len(urls):
+        raise UsageError(f"{len(grpc_urls)} --grpc-url for {len(urls)} --url",
+                         hint="give one --grpc-url per --url, in the same order, or none")
     if len(set(urls)) != len(urls):
         raise UsageError("the same --url is given twice")
     if options.canary < 0 or options.canary > len(urls):
@@ -240,7 +248,11 @@ def build_plan(repo: LocalRepository, model: str, version: int | None, urls: lis
         if strategy == DRAIN and options.keep_previous:
             after = {name: (wanted[name],) for name in names}
             reason += "; --keep-previous is impossible when only one copy fits"
-        servers.append(ServerPlan(url, before, after, strategy, reason, canary=index < options.canary))
+        grpc_url = grpc_urls[index] if grpc_urls else None
+        servers.append(ServerPlan(url, grpc_url, before, after, strategy, reason, canary=index < options.canary))
+    if not grpc_urls:
+        notes.append("model control over HTTP: Triton runs each load on one HTTP worker thread, so some HTTP "
+                     "clients wait for the whole load; give --grpc-url per server to avoid it")
     if target.members:
         notes.append("ensemble: members load beside their old versions first, then the ensemble switches "
                      "in one reload, then old members are unloaded; each request is all old or all new")

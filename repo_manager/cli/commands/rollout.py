@@ -24,6 +24,9 @@ from repo_manager.rollout import (
 @click.option("--to-previous", is_flag=True, help="Go back to the version before the newest one served.")
 @click.option("--url", "urls", multiple=True, required=True,
               help="A Triton server in explicit model-control mode (repeatable; order = rollout order).")
+@click.option("--grpc-url", "grpc_urls", multiple=True,
+              help="Each server's gRPC address (host:8001), in --url order: loads and unloads go there, so "
+                   "HTTP clients never wait behind a load. Default: control over HTTP.")
 @repo_option
 @click.option("--from", "source", help="Sync the version from this store first (not available yet).")
 @click.option("--canary", type=int, default=0, show_default=True, help="Servers to roll out and soak first.")
@@ -48,7 +51,7 @@ from repo_manager.rollout import (
 @json_option
 @pass_ctx
 def rollout_command(ctx: Context, name: str, version: int | None, to_previous: bool, urls: tuple[str, ...],
-                    repository: str | None, source: str | None, canary: int, soak_s: float,
+                    grpc_urls: tuple[str, ...], repository: str | None, source: str | None, canary: int, soak_s: float,
                     smoke_file: str | None, max_error_rate: float, max_p99_increase: float,
                     keep_previous: bool, side_by_side: bool, memory_budget: str | None, drain_cmd: str | None,
                     restore_cmd: str | None, precheck: bool, dry_run: bool) -> None:
@@ -64,7 +67,7 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
                              drain_cmd=drain_cmd, restore_cmd=restore_cmd, precheck=precheck,
                              smoke_file=Path(smoke_file) if smoke_file else None)
     plan = plan_rollout(settings, name, version, list(urls), options, to_previous=to_previous, source=source,
-                        progress=ctx.progress)
+                        grpc_urls=list(grpc_urls), progress=ctx.progress)
     if dry_run:
         ctx.emit({"dry_run": True, "plan": plan.to_dict()}, plan.describe())
         return
