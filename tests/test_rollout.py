@@ -326,3 +326,24 @@ def test_bad_usage_and_unreachable_servers_change_nothing(capsys, repo_root):
     assert read_records(repo_root) == []  # nothing was attempted, nothing recorded
     status = run_cli(capsys, "status", "--url", nowhere, "--repo", repo_root)
     assert status.code == 0 and "UNREACHABLE" in status.out
+
+
+def test_changed_outputs_switch_in_one_reload_without_failed_requests(capsys, repo_root):
+    rm.tagged(repo_root, "m", 1, delay=0.005)
+    server = start(repo_root, "m", 1)
+    try:
+        # v2 renames output Y to Z: v1 cannot run under v2's config, so no side-by-side phase.
+        rm.tagged(repo_root, "m", 2, delay=0.005, output_name="Z")
+        with BackgroundLoad(server.url, "m", clients=CLIENTS, workload=WORKLOAD, check=tag) as load:
+            load.wait_for(30)
+            result = rollout(capsys, repo_root, "m", "--version", 2, *at(server))
+            load.wait_for(load.count() + 30)
+        assert result.code == 0, result.err
+        [srv] = result.json()["servers"]
+        assert srv["strategy"] == "switch"
+        assert [s["step"] for s in srv["steps"]][1:3] == ["load m 2", "smoke m 2"]
+        summary = load.summary()
+        assert summary.failed == 0, summary.errors
+        assert summary.labels == ("v1", "v2")
+    finally:
+        server.stop()

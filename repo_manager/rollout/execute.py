@@ -43,7 +43,7 @@ from repo_manager.errors import (
 from repo_manager.loadgen import StatsSnapshot
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout import checks
-from repo_manager.rollout.plan import DRAIN, SKIP, RolloutPlan, ServerPlan, served_versions
+from repo_manager.rollout.plan import DRAIN, SKIP, SWITCH, RolloutPlan, ServerPlan, served_versions
 from repo_manager.rollout.record import append_record
 from repo_manager.serving import version_config
 from repo_manager.triton.client import TritonClient
@@ -162,16 +162,20 @@ def load_set(client: TritonClient, repo: LocalRepository, name: str, versions: t
 
 def transition(client: TritonClient, repo: LocalRepository, model: str, current: Sets, goal: Sets,
                goal_versions: dict[str, int], log: StepLog, check: Callable[[], str] | None = None,
-               *, side_by_side: bool = True, before_switch: Callable[[], str] | None = None) -> None:
+               *, side_by_side: bool = True, before_switch: Callable[[], str] | None = None,
+               direct: bool = False) -> None:
     """Move one server from ``current`` to ``goal`` version sets (see the module docstring).
 
     ``goal_versions`` names, per model, the version whose config is used (the one that will answer);
     ``before_switch`` runs once the members are in place, before ``model`` changes (an ensemble's
     pre-check); ``check`` runs once the goal version of ``model`` is loaded, before the old versions go.
+    ``direct`` (the switch strategy) reloads ``model`` once with its goal versions, without the union.
     """
     members = [name for name in goal if name != model]
     ensemble = bool(members)
     unions = {name: tuple(sorted(set(current.get(name, ())) | set(goal[name]))) for name in goal}
+    if direct:
+        unions[model] = goal[model]
     if not side_by_side:  # drain: the old copies go first, so that one copy at a time is loaded
         for name in [model] + members[::-1]:
             if current.get(name) and not set(goal[name]) >= set(current[name]):
@@ -263,7 +267,8 @@ class Executor:
             try:
                 transition(client, self.repo, self.target.model, server.before, server.after,
                            self.goal_versions, log, check=lambda: self._smoke(client),
-                           side_by_side=server.strategy != DRAIN, before_switch=ensemble_check)
+                           side_by_side=server.strategy != DRAIN, before_switch=ensemble_check,
+                           direct=server.strategy == SWITCH)
             except ModelLoadError as exc:
                 self._require_reachable(client, server)
                 self.roll_back(server, log, drained=True)
@@ -291,7 +296,7 @@ class Executor:
                 goal_versions = _config_versions(server.before, dict(self.goal_versions))
                 with log.step("roll back"):
                     transition(client, self.repo, self.target.model, current, server.before, goal_versions,
-                               log, side_by_side=server.strategy != DRAIN)
+                               log, side_by_side=server.strategy != DRAIN, direct=server.strategy == SWITCH)
         finally:
             if drain:
                 self._run_command(self.plan.options.restore_cmd, server, log, "restore")

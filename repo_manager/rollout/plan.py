@@ -13,6 +13,9 @@ Strategies:
 * ``drain``: when the model cannot be loaded twice on one server (``--no-side-by-side``, or old + new
   files exceed ``--memory-budget``): the operator's drain command takes the server out of rotation,
   the old version is unloaded, the new one loaded and checked, and the restore command brings it back.
+* ``switch``: the new version's inputs, outputs or batching differ from the old one's. Triton keeps one
+  config per model, so the old version cannot be loaded beside the new one under the new config; the
+  model is reloaded once with only the new version (Triton loads it before it unloads the old one).
 * ``skip``: the server already serves exactly the target.
 """
 
@@ -23,12 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repo_manager import config as cfg
 from repo_manager.errors import NotFoundError, UsageError
 from repo_manager.repository import LocalRepository
 from repo_manager.serving import dependencies
 from repo_manager.triton.client import TritonClient
 
-SIDE_BY_SIDE, DRAIN, SKIP = "side-by-side", "drain", "skip"
+SIDE_BY_SIDE, SWITCH, DRAIN, SKIP = "side-by-side", "switch", "drain", "skip"
 
 
 @dataclass(frozen=True)
@@ -177,8 +181,29 @@ def previous_version(repo: LocalRepository, model: str, serving: list[int]) -> i
     return older[-1]
 
 
+def interface(repo: LocalRepository, model: str, version: int) -> tuple[Any, ...]:
+    """What the old version's files depend on: tensors and whether there is a batch axis (not the batch
+    size, instances or batcher settings, which any version runs under)."""
+    config = cfg.parse_config(repo.manifest(model, version).config)
+    inputs, outputs = cfg.tensor_specs(config)
+    return tuple(inputs), tuple(outputs), config.max_batch_size > 0
+
+
+def interface_change(repo: LocalRepository, target: ModelSet, before: dict[str, tuple[int, ...]]) -> str | None:
+    """The old version of a plain model whose interface differs from the target's, as a reason."""
+    if target.members:
+        return None  # an ensemble switches in one reload anyway
+    wanted = interface(repo, target.model, target.version)
+    for version in before.get(target.model, ()):
+        if interface(repo, target.model, version) != wanted:
+            return (f"inputs/outputs differ from version {version}, which cannot run under the new config: "
+                    "one reload with only the new version")
+    return None
+
+
 def decide_strategy(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]],
-                    sizes: dict[str, int], target: ModelSet, options: RolloutOptions) -> tuple[str, str]:
+                    sizes: dict[str, int], target: ModelSet, options: RolloutOptions,
+                    changed_interface: str | None = None) -> tuple[str, str]:
     if before == after:
         return SKIP, "already serves the target"
     if not before.get(target.model):
@@ -192,7 +217,10 @@ def decide_strategy(before: dict[str, tuple[int, ...]], after: dict[str, tuple[i
         if peak > options.memory_budget:
             return DRAIN, (f"old + new need about {peak} bytes, over the memory budget of "
                            f"{options.memory_budget}")
-        return SIDE_BY_SIDE, f"old + new ({peak} bytes) fit the memory budget ({options.memory_budget})"
+        if not changed_interface:
+            return SIDE_BY_SIDE, f"old + new ({peak} bytes) fit the memory budget ({options.memory_budget})"
+    if changed_interface:
+        return SWITCH, changed_interface
     return SIDE_BY_SIDE, "new version loads beside the old one"
 
 
@@ -240,12 +268,18 @@ def build_plan(repo: LocalRepository, model: str, version: int | None, urls: lis
             keeps = options.keep_previous and not (name == model and target.members)
             keep = before.get(name, ()) if keeps else ()
             after[name] = tuple(sorted(set(keep) | {wanted[name]}))
-        strategy, reason = decide_strategy(before, after, sizes, target, options)
+        for name, versions in before.items():
+            missing = [v for v in versions if v not in repo.versions(name)]
+            if missing:
+                raise UsageError(f"{url} serves {name} version(s) {missing}, which {repo.root} does not hold, "
+                                 "so a rollback could not restore them", hint="pass the --repo the servers read")
+        strategy, reason = decide_strategy(before, after, sizes, target, options,
+                                           interface_change(repo, target, before))
         if strategy == DRAIN and not (options.drain_cmd and options.restore_cmd):
             raise UsageError(f"{url} needs the drain strategy ({reason}) but no --drain-cmd/--restore-cmd "
                              "was given", hint="give the commands that take a server out of rotation and "
                                                "bring it back, or raise --memory-budget")
-        if strategy == DRAIN and options.keep_previous:
+        if strategy in (DRAIN, SWITCH) and options.keep_previous:
             after = {name: (wanted[name],) for name in names}
             reason += "; --keep-previous is impossible when only one copy fits"
         grpc_url = grpc_urls[index] if grpc_urls else None
