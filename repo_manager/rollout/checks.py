@@ -34,7 +34,7 @@ from repo_manager.inputs import verification_samples
 from repo_manager.loadgen import BackgroundLoad, StatsSnapshot, Workload
 from repo_manager.manifest import MANIFEST_NAME
 from repo_manager.publish.verify import Candidate, LoadedCandidates, compare
-from repo_manager.publish.verify import _check_against_config as check_against_config
+from repo_manager.publish.verify import _check_against_config as check_against_config  # the check publish uses
 from repo_manager.repository import LocalRepository
 from repo_manager.triton.client import TritonClient
 
