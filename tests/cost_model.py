@@ -36,11 +36,15 @@ class TritonPythonModel:
 
 
 def cost_config(name: str, *, fixed_ms: float, per_item_ms: float, max_batch_size: int = 8,
-                dynamic_batching: bool = False, width: int = 4) -> cfg.ModelConfig:
+                dynamic_batching: bool = False, delay_us: int = 0, preferred: tuple[int, ...] = (),
+                width: int = 4) -> cfg.ModelConfig:
     config = cfg.build_config(name, "python", [cfg.TensorSpec("INPUT0", "FP32", (width,))],
                               [cfg.TensorSpec("OUTPUT0", "FP32", (width,))], True,
                               cfg.ConfigOptions(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching,
                                                 warmup=False))
+    if dynamic_batching:
+        config.dynamic_batching.max_queue_delay_microseconds = delay_us
+        config.dynamic_batching.preferred_batch_size.extend(preferred)
     for key, value in (("fixed_ms", fixed_ms), ("per_item_ms", per_item_ms)):
         config.parameters[key].string_value = str(value)
     return config

@@ -135,7 +135,10 @@ def test_background_load_records_a_clean_switch_from_version_1_to_2(server):
         traffic.wait_for(seen + 30)
     summary = traffic.summary()
     assert summary.failed == 0, summary.errors
-    assert summary.labels == ("v1", "v2") and summary.versions == (1, 2)
+    # by start time, requests sent within a millisecond of the switch may interleave; none sent after a
+    # v2 answer arrived may get v1, and none is a mix
+    assert summary.stale == 0 and set(summary.labels) == {"v1", "v2"} and summary.labels[0] == "v1"
+    assert summary.labels[-1] == "v2" and summary.versions[0] == 1 and summary.versions[-1] == 2
     assert summary.label_counts["v1"] >= 30 and summary.label_counts["v2"] >= 30
     records = traffic.records
     assert all(r.ok and r.latency_s > 0 and r.label in ("v1", "v2") for r in records)

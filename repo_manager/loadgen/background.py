@@ -14,7 +14,9 @@ entirely old or entirely new::
         load.wait_for(50)          # traffic is flowing
         rollout(...)
     summary = load.summary()
-    assert summary.failed == 0 and summary.labels == ("v1", "v2")
+    assert summary.failed == 0 and "mixed" not in summary.label_counts
+    assert summary.stale == 0              # nothing sent after the first v2 answer got v1
+    assert summary.labels[0] == "v1" and summary.labels[-1] == "v2"
 
 The clients run on an asyncio loop in one daemon thread, so the test's own thread stays free.
 """
@@ -58,14 +60,30 @@ class BackgroundSummary:
     errors: tuple[str, ...]
     """Distinct error texts, most frequent first."""
     versions: tuple[int | None, ...]
-    """Versions that answered, run-length collapsed in start order: (1, 2) is a clean switch."""
+    """Versions that answered, run-length collapsed in start order: (1, 2) is a clean switch. With several
+    clients, requests sent within a millisecond of the switch can interleave; ``stale`` is the strict test."""
     labels: tuple[str | None, ...]
     """The same for check labels."""
     label_counts: dict[str, int]
+    stale: int = 0
+    """Requests answered by an older answer kind (label, else version) although they were sent after an
+    answer of a newer kind had already arrived. 0 for a clean switch, whatever the concurrency."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "failed": self.failed, "errors": list(self.errors),
-                "versions": list(self.versions), "labels": list(self.labels), "label_counts": self.label_counts}
+                "versions": list(self.versions), "labels": list(self.labels), "label_counts": self.label_counts,
+                "stale": self.stale}
+
+
+def _stale(records: list[RequestRecord], kind) -> int:
+    """Records of an older kind that started after a newer kind's first answer had arrived."""
+    first_done: dict = {}
+    for record in records:
+        done = record.started_at + record.latency_s
+        first_done[kind(record)] = min(first_done.get(kind(record), done), done)
+    rank = {k: i for i, k in enumerate(sorted(first_done, key=first_done.get))}
+    return sum(1 for r in records
+               if any(rank[k] > rank[kind(r)] and first_done[k] < r.started_at for k in first_done))
 
 
 def _runs(values: list) -> tuple:
@@ -129,7 +147,8 @@ class BackgroundLoad:
             requests=len(records), failed=sum(not r.ok for r in records),
             errors=tuple(sorted(errors, key=errors.get, reverse=True)),
             versions=_runs([r.model_version for r in ok]),
-            labels=_runs([r.label for r in ok]) if self.check else (), label_counts=labels)
+            labels=_runs([r.label for r in ok]) if self.check else (), label_counts=labels,
+            stale=_stale(ok, (lambda r: r.label) if self.check else (lambda r: r.model_version)))
 
     # ------------------------------------------------------------------------------------ control
     def __enter__(self) -> BackgroundLoad:

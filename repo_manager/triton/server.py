@@ -223,17 +223,18 @@ class TritonServer:
     def _wait_ready(self) -> None:
         from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
 
-        client = TritonClient(self.url, timeout_s=2.0)
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise ServerStartError(
-                    f"tritonserver exited with code {self.process.returncode} during start-up:\n"
-                    f"{self.log_tail()}", log=self.log_path)
-            if client.is_ready():
-                return
-            time.sleep(0.2)
+        # closed at the end: an open keep-alive connection makes Triton wait its whole exit timeout on stop
+        with TritonClient(self.url, timeout_s=2.0) as client:
+            deadline = time.monotonic() + self.start_timeout_s
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise ServerStartError(
+                        f"tritonserver exited with code {self.process.returncode} during start-up:\n"
+                        f"{self.log_tail()}", log=self.log_path)
+                if client.is_ready():
+                    return
+                time.sleep(0.2)
         raise ServerStartError(f"tritonserver was not ready after {self.start_timeout_s:.0f} s:\n"
                                f"{self.log_tail()}", log=self.log_path)
 

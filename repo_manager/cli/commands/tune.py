@@ -1,0 +1,128 @@
+"""`trm tune-batching`: dynamic-batching settings chosen by measurement under a p99 SLO."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.errors import GateError, UsageError
+from repo_manager.tuning import CheckResult, TuneRequest, TuneResult, check_batching, tune_batching
+
+
+@contextmanager
+def live_progress(ctx: Context, budget_s: float) -> Iterator:
+    """A rich progress bar on stderr: what is being measured and how much of the budget is used."""
+    if ctx.quiet:
+        yield lambda message, used, budget: None
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed:.0f}/{task.total:.0f} s of budget"))
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task("starting", total=budget_s)
+
+        def update(message: str, used: float, budget: float) -> None:
+            bar.update(task, description=message[:90], completed=min(used, budget))
+
+        yield update
+
+
+@cli.command("tune-batching")
+@click.argument("name")
+@repo_option
+@url_option
+@click.option("--p99-ms", type=float, help="The p99 latency SLO in milliseconds.")
+@click.option("--low-rps", type=float, help="Low traffic, requests/s (the SLO must hold there too).")
+@click.option("--peak-rps", type=float, help="Peak traffic, requests/s.")
+@click.option("--headroom", type=float, default=1.2, show_default=True,
+              help="The SLO must also hold at peak x headroom.")
+@click.option("--budget", "budget_s", type=float, default=300.0, show_default=True,
+              help="Seconds the search may take (a soft limit: optional steps are skipped to fit).")
+@click.option("--requests", type=int, default=1000, show_default=True,
+              help="Requests per measured point (at most 15 s of traffic at low rates).")
+@click.option("--write", is_flag=True, help="Publish the choice as a new version (default: dry run).")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False),
+              help="Write tuning.md, tuning.json and p99_vs_throughput.png here.")
+@click.option("--check", "check_only", is_flag=True,
+              help="CI: re-measure the served config at low and peak; fail on an SLO miss or a changed environment.")
+@json_option
+@pass_ctx
+def tune_batching_command(ctx: Context, name: str, repository: str | None, triton_url: str | None,
+                          p99_ms: float | None, low_rps: float | None, peak_rps: float | None, headroom: float,
+                          budget_s: float, requests: int, write: bool, report_dir: str | None,
+                          check_only: bool) -> None:
+    """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
+    measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
+    settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
+    if check_only:
+        if write:
+            raise UsageError("--check measures only; it cannot be combined with --write")
+        with live_progress(ctx, 60.0) as progress:
+            checked = check_batching(settings, name, p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps,
+                                     requests=requests, progress=progress)
+        ctx.emit(checked.to_dict(), _check_text(checked))
+        if not checked.passed:
+            error = GateError(f"{name} no longer meets its tuning: " + _check_failure(checked),
+                              hint="re-run `trm tune-batching --write` on this environment", model=name)
+            error.reported = True
+            raise error
+        return
+    if p99_ms is None or low_rps is None or peak_rps is None:
+        raise UsageError("tune-batching needs --p99-ms, --low-rps and --peak-rps")
+    request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s, write=write,
+                          requests=requests, report_dir=Path(report_dir) if report_dir else None)
+    with live_progress(ctx, budget_s) as progress:
+        result = tune_batching(settings, request, progress)
+    ctx.emit(result.to_dict(), _tune_text(result))
+    if result.chosen is None:
+        closest = result.outcome.closest
+        error = GateError(f"no candidate met p99 <= {p99_ms:g} ms at every level; closest: "
+                          f"{closest.label if closest else 'none measured'}; nothing was written",
+                          hint="relax the SLO or the rates, or add capacity (instances, hardware)", model=name)
+        error.reported = True
+        raise error
+
+
+def _tune_text(result: TuneResult) -> str:
+    lines = [f"{'candidate':<28} {'origin':<8} {'low p99':>8} {'peak p99':>9} {'head p99':>9} {'capacity':>9}"]
+    for e in result.outcome.evaluations:
+        cells = [f"{e.levels[lvl].p99_ms:.1f}" if e.levels[lvl] else "-" for lvl in ("low", "peak", "headroom")]
+        capacity = f"{e.capacity_rps:.0f}/s" if e.capacity_rps else "-"
+        lines.append(f"{e.candidate.key:<28} {e.candidate.origin:<8} {cells[0]:>8} {cells[1]:>9} {cells[2]:>9} "
+                     f"{capacity:>9}")
+    if result.chosen:
+        lines += ["", f"chosen: {result.chosen.label}"]
+        lines += [f"  {k}: {v}" for k, v in result.outcome.evidence.items()]
+    else:
+        lines += ["", "no candidate met the SLO at every level"]
+    lines += [f"note: {n}" for n in result.outcome.notes]
+    if result.written_version:
+        lines.append(f"written: {result.model} version {result.written_version}")
+    elif result.chosen:
+        lines.append("dry run: nothing written (pass --write to publish the choice as a new version)")
+    if result.report_files:
+        lines.append(f"report: {Path(result.report_files[0]).parent}")
+    lines.append(f"search took {result.seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def _check_failure(result: CheckResult) -> str:
+    reasons = [f"{p.level} {p.rate:g}/s " + (f"p99 {p.p99_ms:.1f} ms > {result.slo['p99_ms']:g} ms"
+                                             if p.p99_ms > result.slo["p99_ms"] else
+                                             f"not measurable ({p.note or 'errors'})")
+               for p in result.points if not p.meets_slo]
+    reasons += [f"{k} changed ({v['tuned']} -> {v['now']})" for k, v in result.changes.items()]
+    return "; ".join(reasons)
+
+
+def _check_text(result: CheckResult) -> str:
+    lines = [f"{p.level:<5} {p.rate:>7.0f}/s  p99 {p.p99_ms:8.1f} ms  {'ok' if p.meets_slo else 'MISS'}  {p.note}"
+             for p in result.points]
+    lines += [f"environment changed: {k}: {v['tuned']} -> {v['now']}" for k, v in result.changes.items()]
+    lines.append("check passed" if result.passed else "check FAILED")
+    return "\n".join(lines)

@@ -1,0 +1,298 @@
+"""`trm tune-batching` and `--check`: the operations behind the command.
+
+``tune_batching`` serves the model (the embedded server on the repository, or ``--url``), profiles it,
+runs the search (``search.Search``) with candidates applied through the load API, and always restores
+the config the model was served with. With ``write`` the choice becomes a new version: the same files
+(linked or copied from the tuned version) and the chosen config, committed through
+``publish.core.commit_staged`` (schema writer, manifest last, atomic rename) with the tuning record
+(SLO, every measurement, evidence and environment) in its manifest.
+
+``check_batching`` re-measures the served config at the low and peak rates and compares the
+environment (Triton version, hardware, model checksum) with the tuning record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repo_manager import config as cfg
+from repo_manager.errors import InputError, NotFoundError, UsageError
+from repo_manager.loadgen import Target
+from repo_manager.manifest import Manifest, now_iso
+from repo_manager.publish.core import Staged, commit_staged
+from repo_manager.repository import LocalRepository
+from repo_manager.serving import load_version, version_config
+from repo_manager.settings import Settings
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
+from repo_manager.tuning.candidates import Candidate
+from repo_manager.tuning.prober import Point, Prober, Progress
+from repo_manager.tuning.report import write_report
+from repo_manager.tuning.search import Outcome, Search
+
+
+def _quiet(message: str, used: float, budget: float) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    model: str
+    p99_ms: float
+    low_rps: float
+    peak_rps: float
+    headroom: float = 1.2
+    budget_s: float = 300.0
+    write: bool = False
+    report_dir: Path | None = None
+    requests: int = 1000
+    """Requests per measured point (fewer at low rates: at most ``max_point_s`` seconds of traffic)."""
+    max_point_s: float = 15.0
+    warmup_s: float = 1.0
+    """Traffic at each point's rate before it is measured (the new config's first batches, connections)."""
+    max_batch_limit: int = 64
+    """The largest batch size profiled (and so the largest max_batch_size considered)."""
+
+    def check(self) -> None:
+        if not self.p99_ms > 0:
+            raise UsageError(f"--p99-ms must be positive, not {self.p99_ms}")
+        if not 0 < self.low_rps <= self.peak_rps:
+            raise UsageError(f"need 0 < --low-rps <= --peak-rps (got {self.low_rps} and {self.peak_rps})")
+        if self.headroom < 1:
+            raise UsageError(f"--headroom must be at least 1, not {self.headroom}")
+        if not self.budget_s > 0:
+            raise UsageError(f"--budget must be positive, not {self.budget_s}")
+
+
+@dataclass(frozen=True)
+class Served:
+    client: TritonClient
+    version: int | None
+    base: cfg.ModelConfig
+    """The config the candidates are applied to: the version's validated config when the repository has it."""
+    original: cfg.ModelConfig
+    """What the server served before tuning; restored afterwards."""
+    manifest: Manifest | None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    model: str
+    version: int | None
+    server: str
+    slo: dict[str, float]
+    environment: dict[str, Any]
+    outcome: Outcome
+    seconds: float
+    written_version: int | None = None
+    report_files: tuple[str, ...] = ()
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return self.outcome.chosen
+
+    def record(self) -> dict[str, Any]:
+        """The tuning record stored in a written version's manifest (and the JSON report)."""
+        o = self.outcome
+        return {
+            "tool": "trm tune-batching", "created_at": now_iso(), "model": self.model,
+            "tuned_from_version": self.version, "server": self.server, "slo": self.slo,
+            "environment": self.environment, "search_seconds": round(self.seconds, 1),
+            "chosen": o.chosen.to_dict() if o.chosen else None,
+            "closest": o.closest.to_dict() if o.closest else None,
+            "evidence": o.evidence, "noise": round(o.noise, 4), "notes": list(o.notes),
+            "profile": o.profile.to_dict(), "candidates": [e.to_dict() for e in o.evaluations],
+            "pruned": [p.to_dict() for p in o.pruned], "points": [p.to_dict() for p in o.points],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.record(), "written_version": self.written_version, "report_files": list(self.report_files)}
+
+
+# ---------------------------------------------------------------------------------------- serving
+
+@contextmanager
+def served_model(settings: Settings, model: str) -> Iterator[Served]:
+    """The model on a server: ``settings.triton_url`` if set, else the embedded server on the repository."""
+    repo = LocalRepository(settings.repository)
+    if settings.triton_url:
+        with TritonClient(settings.triton_url) as client:
+            client.require_ready()
+            served = client.model_config(model)
+            versions = client.loaded_versions(model)
+            version = versions[-1] if versions else None
+            manifest = None
+            if version is not None and version in repo.versions(model):
+                manifest = repo.manifest(model, version)
+            base = version_config(repo, model, version) if manifest and version else served
+            yield Served(client, version, base, served, manifest)
+        return
+    version = repo.latest(model)
+    with TritonServer(repo.root, binary=settings.tritonserver,
+                      start_timeout_s=settings.server_start_timeout_s) as server, \
+            TritonClient(server.url) as client:
+        load_version(client, repo, model, version)
+        config = version_config(repo, model, version)
+        yield Served(client, version, config, config, repo.manifest(model, version))
+
+
+def environment(client: TritonClient, manifest: Manifest | None) -> dict[str, Any]:
+    """What a measurement depends on besides the config: server, hardware, the model's exact files."""
+    checksum = None
+    if manifest is not None:
+        listing = "\n".join(f"{f.path} {f.sha256}" for f in sorted(manifest.files, key=lambda f: f.path))
+        checksum = hashlib.sha256(listing.encode()).hexdigest()
+    return {"triton_version": str(client.server_metadata().get("version", "unknown")),
+            "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "gpus": _gpus(), "machine": platform.machine(),
+            "model_checksum": checksum}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _gpus() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------- tuning
+
+def tune_batching(settings: Settings, request: TuneRequest, progress: Progress = _quiet) -> TuneResult:
+    """Measure candidates and choose one; with ``request.write`` publish it as a new version."""
+    request.check()
+    if request.write and request.model not in LocalRepository(settings.repository).models():
+        raise NotFoundError(f"--write needs {request.model} in the repository {settings.repository}",
+                            hint="pass --repo with the repository the model was published to", model=request.model)
+    started = time.monotonic()
+    with served_model(settings, request.model) as served:
+        if served.base.max_batch_size <= 0:
+            raise InputError(f"{request.model} has max_batch_size 0 (no batch axis): there is nothing to batch",
+                             model=request.model)
+        env = environment(served.client, served.manifest)
+        target = Target(request.model, served.client.url)
+        prober = Prober(served.client, target, served.base, request.p99_ms, request.budget_s,
+                        requests=request.requests, max_point_s=request.max_point_s, warmup_s=request.warmup_s,
+                        progress=progress)
+        current = Candidate.from_config(served.base)
+        try:
+            profile = prober.profile(current, request.max_batch_limit)
+            outcome = Search(prober, profile, current, request.p99_ms, request.low_rps, request.peak_rps,
+                             request.headroom).run()
+        finally:
+            progress("restoring the served config", prober.used_s, request.budget_s)
+            prober.restore(served.original)
+        slo = {"p99_ms": request.p99_ms, "low_rps": request.low_rps, "peak_rps": request.peak_rps,
+               "headroom": request.headroom, "headroom_rps": request.peak_rps * request.headroom}
+        result = TuneResult(request.model, served.version, served.client.url, slo, env, outcome,
+                            time.monotonic() - started)
+    if request.write and outcome.chosen is not None:
+        version = write_tuned_version(LocalRepository(settings.repository), result)
+        result = dataclasses.replace(result, written_version=version)
+    if request.report_dir is not None:
+        files = write_report(Path(request.report_dir), result.to_dict(), list(outcome.points))
+        result = dataclasses.replace(result, report_files=files)
+    return result
+
+
+def write_tuned_version(repo: LocalRepository, result: TuneResult) -> int:
+    """A new version: the tuned version's files, the chosen config, the tuning record."""
+    assert result.chosen is not None
+    source_version = result.version if result.version in repo.versions(result.model) else repo.latest(result.model)
+    source_dir = repo.version_dir(result.model, source_version)
+    manifest = repo.manifest(result.model, source_version)
+    config = result.chosen.apply(cfg.parse_config(manifest.config, f"manifest of {result.model}/{source_version}"))
+    config.ClearField("version_policy")
+    staging = repo.stage(result.model)
+    try:
+        for entry in manifest.files:
+            target = staging / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:  # versions are immutable, so sharing the bytes with a hard link is safe and free
+                os.link(source_dir / entry.path, target)
+            except OSError:
+                shutil.copyfile(source_dir / entry.path, target)
+        source = {"kind": "tuning", "from_version": source_version, "model_checksum":
+                  result.environment.get("model_checksum")}
+        staged = Staged(result.model, staging, config, source, tuning=result.record())
+        verification = {"passed": True, "method": "trm tune-batching", "server": result.server,
+                        "requests": sum(p.measurement.requests for p in result.outcome.points
+                                        if p.candidate == result.chosen.key and p.measurement)}
+        version, _ = commit_staged(repo, staged, verification)
+    except BaseException:
+        if staging.exists():
+            repo.discard(staging)
+        raise
+    return version
+
+
+# ---------------------------------------------------------------------------------------- checking
+
+@dataclass(frozen=True)
+class CheckResult:
+    model: str
+    version: int | None
+    slo: dict[str, float]
+    points: tuple[Point, ...]
+    environment: dict[str, Any]
+    changes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Environment fields that differ from the tuning record: name -> {"tuned": ..., "now": ...}."""
+
+    @property
+    def passed(self) -> bool:
+        return all(p.meets_slo for p in self.points) and not self.changes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "passed": self.passed, "slo": self.slo,
+                "points": [p.to_dict() for p in self.points], "environment": self.environment,
+                "environment_changes": self.changes}
+
+
+def check_batching(settings: Settings, model: str, *, p99_ms: float | None = None, low_rps: float | None = None,
+                   peak_rps: float | None = None, requests: int = 1000, progress: Progress = _quiet) -> CheckResult:
+    """Re-measure the served config at low and peak; compare the environment with the tuning record."""
+    with served_model(settings, model) as served:
+        record = (served.manifest.tuning if served.manifest else None) or {}
+        slo = {**record.get("slo", {})}
+        for key, value in (("p99_ms", p99_ms), ("low_rps", low_rps), ("peak_rps", peak_rps)):
+            if value is not None:
+                slo[key] = value
+        missing = [k for k in ("p99_ms", "low_rps", "peak_rps") if k not in slo]
+        if missing:
+            raise InputError(f"{model} version {served.version} has no tuning record to check against",
+                             hint="run `trm tune-batching --write` first, or give --p99-ms, --low-rps and --peak-rps")
+        env = environment(served.client, served.manifest)
+        tuned_env = record.get("environment", {})
+        changes = {k: {"tuned": tuned_env[k], "now": env.get(k)} for k in ("triton_version", "cpu", "gpus",
+                                                                             "model_checksum")
+                   if k in tuned_env and tuned_env[k] != env.get(k)}
+        prober = Prober(served.client, Target(model, served.client.url), served.base, slo["p99_ms"], 1e9,
+                        requests=requests, progress=progress)
+        current = Candidate.from_config(served.original)
+        prober.loaded = current.key  # measure what is served, as it is served
+        points = tuple(prober.point(current, level, slo[f"{level}_rps"]) for level in ("low", "peak"))
+    return CheckResult(model, served.version, {k: slo[k] for k in ("p99_ms", "low_rps", "peak_rps")}, points,
+                       env, changes)

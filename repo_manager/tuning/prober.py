@@ -1,0 +1,194 @@
+"""Measuring candidates on a live server: load through the API, warm up, measure, judge stability.
+
+Every candidate is applied with Triton's load API and a config override (``TritonClient.load``): no
+file is written and the server never restarts. A point passes the SLO only when it is valid (the client
+kept the offered rate), not saturated, without errors, stable, and its p99 is within the SLO.
+
+Stability rule: a point's measured requests are split into three windows in send order. When the p99
+of the last window is more than 1.5 times the first one's (and not trivially small), the queue was
+still growing or the machine was disturbed; the point is measured again with twice the requests, and
+if it is still unstable it passes only if every window's p99 is within the SLO. A point the client
+could not drive (invalid) is retried once; if it stays invalid it is reported as such and never passes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from repo_manager import config as cfg
+from repo_manager.errors import ServerError, TrmError
+from repo_manager.loadgen import LoadSpec, Measurement, Target, Workload, measure
+from repo_manager.triton.client import TritonClient
+from repo_manager.tuning.candidates import Candidate, Profile
+
+Progress = Callable[[str, float, float], None]
+"""``progress(message, seconds_used, budget_seconds)``."""
+
+
+@dataclass(frozen=True)
+class Point:
+    candidate: str
+    """The candidate's key."""
+    level: str
+    """``low``, ``peak``, ``headroom``, ``capacity``, ``delay-search`` or ``remeasure``."""
+    rate: float
+    meets_slo: bool
+    stable: bool
+    measurement: Measurement | None
+    note: str = ""
+
+    @property
+    def p99_ms(self) -> float:
+        return self.measurement.p99_ms if self.measurement else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"candidate": self.candidate, "level": self.level, "rate": self.rate,
+                                "meets_slo": self.meets_slo, "stable": self.stable, "note": self.note}
+        if self.measurement is not None:
+            data.update(self.measurement.to_dict())
+        return data
+
+
+class Prober:
+    def __init__(self, client: TritonClient, target: Target, base: cfg.ModelConfig, slo_ms: float,
+                 budget_s: float, *, requests: int = 1000, max_point_s: float = 15.0, warmup_s: float = 1.0,
+                 progress: Progress | None = None) -> None:
+        self.client, self.target, self.base, self.slo_ms = client, target, base, slo_ms
+        self.budget_s, self.requests, self.max_point_s, self.warmup_s = budget_s, requests, max_point_s, warmup_s
+        self.started = time.monotonic()
+        self.points: list[Point] = []
+        self.loaded: str | None = None
+        self.load_errors: dict[str, str] = {}
+        self._progress = progress
+        self._workload = Workload.from_config(base)
+
+    # ------------------------------------------------------------------------------------ budget
+    @property
+    def used_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining_s(self) -> float:
+        return self.budget_s - self.used_s
+
+    def point_count(self, rate: float) -> int:
+        """Requests for a point at ``rate``: ``requests``, capped at ``max_point_s`` of traffic (>= 300)."""
+        return int(max(min(self.requests, rate * self.max_point_s), min(self.requests, 300)))
+
+    def point_cost_s(self, rate: float) -> float:
+        return self.warmup_s + self.point_count(rate) / rate + 0.3
+
+    def can_afford(self, seconds: float) -> bool:
+        return seconds <= self.remaining_s()
+
+    def say(self, message: str) -> None:
+        if self._progress:
+            self._progress(message, self.used_s, self.budget_s)
+
+    # ------------------------------------------------------------------------------------ loading
+    def load(self, candidate: Candidate) -> bool:
+        """Apply ``candidate`` (no-op when it is what is loaded). False, with the reason kept, if it fails."""
+        if self.loaded == candidate.key:
+            return True
+        if candidate.key in self.load_errors:
+            return False
+        self.say(f"loading {candidate.label}")
+        try:
+            self.client.load(self.target.model, candidate.apply(self.base))
+        except ServerError as exc:
+            self.load_errors[candidate.key] = exc.message
+            self.loaded = None
+            return False
+        self.loaded = candidate.key
+        return True
+
+    def restore(self, config: cfg.ModelConfig) -> None:
+        self.client.load(self.target.model, config)
+        self.loaded = None
+
+    # ------------------------------------------------------------------------------------ measuring
+    def point(self, candidate: Candidate, level: str, rate: float) -> Point:
+        """Measure ``candidate`` at ``rate`` (cached per candidate and rate unless ``remeasure``)."""
+        if level != "remeasure":
+            for done in self.points:
+                if done.candidate == candidate.key and done.rate == rate and done.level != "remeasure":
+                    return done
+        if not self.load(candidate):
+            point = Point(candidate.key, level, rate, False, True, None,
+                          f"did not load: {self.load_errors[candidate.key]}")
+            self.points.append(point)
+            return point
+        self.say(f"{level} {rate:.0f}/s: {candidate.label}")
+        # far more requests in flight than the SLO allows means the server fell behind: stop early (but
+        # not on a hiccup of a shared machine: allow half a second of traffic, or ten SLOs' worth)
+        in_flight = max(64, int(rate * max(0.5, self.slo_ms / 100.0)))
+        spec = LoadSpec(rate=rate, requests=self.point_count(rate), warmup_s=self.warmup_s,
+                        seed=len(self.points), max_in_flight=in_flight)
+        result = self._measure(spec)
+        note = ""
+        if not result.valid:
+            note = f"retried: {result.invalid_reason}"
+            result = self._measure(replace(spec, seed=spec.seed + 1000))
+        stable = self._stable(result)
+        if result.valid and not stable:
+            note = "unstable, measured again with twice the requests"
+            result = self._measure(replace(spec, requests=spec.requests * 2, seed=spec.seed + 2000))
+            stable = self._stable(result)
+        point = Point(candidate.key, level, rate, self._passes(result, stable), stable, result,
+                      (note + "; " if note else "") + (result.invalid_reason or ""))
+        self.points.append(point)
+        verdict = "meets" if point.meets_slo else "misses"
+        self.say(f"{level} {rate:.0f}/s: p99 {point.p99_ms:.1f} ms {verdict} the SLO: {candidate.label}")
+        return point
+
+    def _measure(self, spec: LoadSpec) -> Measurement:
+        try:
+            return measure(self.target, spec, self._workload)
+        except TrmError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the transport's own failures name the server
+            raise ServerError(f"measuring {self.target.model} on {self.target.url} failed: {exc}",
+                              url=self.target.url) from exc
+
+    def _stable(self, result: Measurement) -> bool:
+        windows = result.window_p99_ms
+        if not result.valid or result.saturated or len(windows) < 2:
+            return True
+        floor = max(windows[0], self.slo_ms * 0.25)
+        return not windows[-1] > 1.5 * floor
+
+    def _passes(self, result: Measurement, stable: bool) -> bool:
+        if not result.valid or result.saturated or result.errors:
+            return False
+        if not stable:
+            return max(result.window_p99_ms) <= self.slo_ms
+        return result.p99_ms <= self.slo_ms
+
+    # ------------------------------------------------------------------------------------ profile
+    def profile(self, current: Candidate, limit: int, per_size: int = 24) -> Profile:
+        """Execution time per batch size, dynamic batching off, one request at a time."""
+        probe = Candidate(max(limit, current.max_batch_size), 1, dynamic=False, origin="profile")
+        if not self.load(probe):
+            probe = Candidate(current.max_batch_size, 1, dynamic=False, origin="profile")
+            if not self.load(probe):
+                raise ServerError(f"{self.target.model} does not load even with its own max_batch_size: "
+                                  f"{self.load_errors[probe.key]}", url=self.target.url)
+        exec_ms: dict[int, float] = {}
+        overhead = 0.0
+        size = 1
+        while size <= probe.max_batch_size:
+            self.say(f"profiling execution time at batch size {size}")
+            workload = Workload.from_config(self.base, batch_size=size, variants=2)
+            result = measure(self.target, LoadSpec(concurrency=1, requests=per_size, warmup_s=0.2), workload)
+            if result.errors or size not in (result.server.exec_ms_by_batch if result.server else {}):
+                break
+            exec_ms[size] = result.server.exec_ms_by_batch[size]
+            if size == 1:
+                overhead = max(result.p50_ms - result.server.server_ms, 0.0)
+            size *= 2
+        if not exec_ms:
+            raise ServerError(f"{self.target.model} did not answer a single request while profiling",
+                              url=self.target.url)
+        return Profile(exec_ms, round(overhead, 3), max(exec_ms))

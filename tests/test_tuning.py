@@ -1,0 +1,165 @@
+"""`trm tune-batching` against real tritonservers and the cost model (behaviour only, no timing asserts).
+
+The model starts with the seed's failure in miniature: a 50 ms queue delay and a preferred batch of 4,
+so at low traffic requests wait for batches that rarely fill and the current config misses the SLO.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cost_model import write_cost_model
+from helpers import run_cli
+
+from repo_manager import config as cfg
+from repo_manager.config import atomic_write_bytes
+from repo_manager.manifest import MANIFEST_NAME, Manifest
+from repo_manager.publish import publish_model
+from repo_manager.repository import LocalRepository
+from repo_manager.serving import load_version
+from repo_manager.settings import Settings
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer, free_ports
+from repo_manager.tuning import Candidate, TuneRequest, tune_batching
+
+SLO_MS = 30.0
+RATES = ("--low-rps", "50", "--peak-rps", "100")
+FAST = ("--requests", "150", "--budget", "15")
+
+
+def publish_seed_model(settings: Settings, tmp_path, name: str = "ranker") -> None:
+    source = write_cost_model(tmp_path / f"src-{name}", name=name, fixed_ms=2.0, per_item_ms=0.3, max_batch_size=4,
+                              dynamic_batching=True, delay_us=50_000, preferred=(4,))
+    publish_model(settings, source, name)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, triton):
+    """One tuning run with --write and a report, shared by the tests that inspect its results."""
+    tmp = tmp_path_factory.mktemp("tuned")
+    settings = Settings(repository=tmp / "repo", triton_url=triton.url)
+    publish_seed_model(settings, tmp)
+    embedded = Settings(repository=tmp / "repo")  # tuning on an embedded server on the repository
+    request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=20, write=True, requests=150, warmup_s=0.5,
+                          max_batch_limit=16,
+                          report_dir=tmp / "report")
+    return embedded, tune_batching(embedded, request)
+
+
+def test_chosen_config_met_the_slo_at_every_level_in_the_tuners_own_measurements(tuned):
+    _, result = tuned
+    chosen = result.chosen
+    assert chosen is not None
+    chosen_points = [p for p in result.outcome.points if p.candidate == chosen.key and p.level != "remeasure"]
+    levels = {p.level for p in chosen_points}
+    assert {"low", "peak", "headroom"} <= levels
+    for point in chosen_points:
+        if point.level in ("low", "peak", "headroom"):
+            assert point.meets_slo and point.measurement.valid and point.measurement.p99_ms <= SLO_MS
+            assert point.measurement.errors == 0
+    # the seed's config (50 ms delay waiting for a batch of 4) cannot meet a 30 ms p99 at 50 requests/s
+    current = next(e for e in result.outcome.evaluations if e.candidate.origin == "current")
+    assert not current.eligible and chosen.key != current.candidate.key
+    assert chosen.delay_us < 50_000
+
+
+def test_written_version_has_the_same_files_the_chosen_config_and_its_tuning_record(tuned):
+    settings, result = tuned
+    repo = LocalRepository(settings.repository)
+    assert result.written_version == 2 and repo.versions("ranker") == [1, 2]
+    old, new = repo.manifest("ranker", 1), repo.manifest("ranker", 2)
+    assert [(f.path, f.sha256) for f in new.files] == [(f.path, f.sha256) for f in old.files]
+    config = cfg.parse_config(new.config)
+    assert Candidate.from_config(config).key == result.chosen.key
+    assert not config.HasField("version_policy")
+    assert (repo.model_dir("ranker") / "config.pbtxt").read_text() == new.config
+    tuning = new.tuning
+    assert tuning["slo"]["p99_ms"] == SLO_MS and tuning["chosen"]["key"] == result.chosen.key
+    assert tuning["environment"]["triton_version"] and tuning["environment"]["model_checksum"]
+    assert {e["key"] for e in tuning["candidates"]} >= {result.chosen.key}
+    assert tuning["points"] and all("p99_ms" in p for p in tuning["points"] if p["note"][:10] != "did not lo")
+    # (version 1 may show a __pycache__ that the Python backend's stub wrote while the embedded server
+    # served it from the repository: a known issue of serving Python models in place, not of tuning)
+    assert [p for p in repo.validate() if p.version == 2] == []
+    # the written version loads on a real server with the tuned config and answers
+    with TritonServer(repo.root) as server, TritonClient(server.url) as client:
+        assert load_version(client, repo, "ranker") == 2
+        served = client.model_config("ranker")
+        assert served.max_batch_size == result.chosen.max_batch_size
+        assert client.infer("ranker", {"INPUT0": np.ones((1, 4), np.float32)})["OUTPUT0"].shape == (1, 4)
+
+
+def test_report_folder_has_table_json_and_plot(tuned):
+    _, result = tuned
+    folder = {f.rsplit("/", 1)[-1]: f for f in result.report_files}
+    assert set(folder) == {"tuning.json", "tuning.md", "p99_vs_throughput.png"}
+    data = json.loads(Path(folder["tuning.json"]).read_text())
+    assert data["chosen"]["key"] == result.chosen.key and data["written_version"] == 2
+    assert {"low", "peak", "headroom"} <= {p["level"] for p in data["points"]}
+    text = Path(folder["tuning.md"]).read_text()
+    assert "**Chosen:**" in text and "| candidate | level | offered/s" in text and result.chosen.key in text
+    assert Path(folder["p99_vs_throughput.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_check_passes_on_the_tuned_version_and_fails_when_the_slo_is_tightened(tuned, capsys):
+    settings, _ = tuned
+    repo = ("--repo", str(settings.repository))
+    # the recorded rates, a p99 bound no healthy run misses even on a busy shared machine: passes
+    ok = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "2000", "--requests", "150",
+                 "--json")
+    data = ok.json()
+    assert ok.code == 0, ok.err
+    assert data["passed"] and [p["level"] for p in data["points"]] == ["low", "peak"]
+    assert [p["rate"] for p in data["points"]] == [50, 100] and data["environment_changes"] == {}
+    tight = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "0.2", "--requests", "150")
+    assert tight.code == 9 and "no longer meets its tuning" in tight.err and "> 0.2 ms" in tight.err
+
+
+def test_check_fails_when_the_environment_changed_since_tuning(tuned, tmp_path, capsys):
+    settings, _ = tuned
+    copy = tmp_path / "repo"
+    shutil.copytree(settings.repository, copy)
+    path = copy / "ranker" / "2" / MANIFEST_NAME
+    manifest = Manifest.from_json(path.read_bytes())
+    tuning = {**manifest.tuning, "environment": {**manifest.tuning["environment"], "triton_version": "1.0.0"}}
+    atomic_write_bytes(path, Manifest(**{**manifest.__dict__, "tuning": tuning}).to_json())
+    result = run_cli(capsys, "-q", "tune-batching", "ranker", "--repo", str(copy), "--check", "--p99-ms", "2000",
+                     "--requests", "150")
+    assert result.code == 9 and "triton_version changed (1.0.0 ->" in result.err
+
+
+def test_impossible_slo_exits_9_names_the_closest_writes_nothing_and_restores_the_served_config(
+        triton, tmp_path, capsys):
+    settings = Settings(repository=tmp_path / "repo", triton_url=triton.url)
+    publish_seed_model(settings, tmp_path, "strict")
+    repo = LocalRepository(settings.repository)
+    with TritonServer(repo.root) as server, TritonClient(server.url) as client:  # a server that serves the repo
+        load_version(client, repo, "strict")
+        before = client.model_config("strict")
+        result = run_cli(capsys, "-q", "tune-batching", "strict", "--url", server.url, "--repo", str(repo.root),
+                         "--p99-ms", "0.3", *RATES, *FAST, "--write", "--json")
+        after = client.model_config("strict")
+    assert result.code == 9, result.err
+    assert "no candidate met p99 <= 0.3 ms" in result.err and "closest:" in result.err
+    data = result.json()
+    assert data["chosen"] is None and data["closest"] and data["written_version"] is None
+    assert repo.versions("strict") == [1]
+    assert cfg.config_to_text(after) == cfg.config_to_text(before)
+
+
+def test_down_server_and_unknown_model_are_clear_errors(tmp_path, capsys):
+    port = free_ports(1)[0]
+    down = run_cli(capsys, "-q", "tune-batching", "m", "--url", f"http://127.0.0.1:{port}", "--p99-ms", "10", *RATES)
+    assert down.code == 6 and "not reachable" in down.err
+    (tmp_path / "repo").mkdir()
+    unknown = run_cli(capsys, "-q", "tune-batching", "nope", "--repo", str(tmp_path / "repo"), "--p99-ms", "10", *RATES)
+    assert unknown.code == 4 and "nope" in unknown.err
+    usage = run_cli(capsys, "-q", "tune-batching", "m", "--repo", str(tmp_path / "repo"), "--p99-ms", "10")
+    assert usage.code == 2 and "--low-rps" in usage.err
+    bad = run_cli(capsys, "-q", "tune-batching", "m", "--repo", str(tmp_path / "repo"), "--p99-ms", "10",
+                  "--low-rps", "50", "--peak-rps", "10")
+    assert bad.code == 2
