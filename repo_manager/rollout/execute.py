@@ -40,7 +40,6 @@ from repo_manager.errors import (
     TrmError,
     VerificationError,
 )
-from repo_manager.loadgen import StatsSnapshot
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout import checks
 from repo_manager.rollout.plan import DRAIN, SKIP, SWITCH, RolloutPlan, ServerPlan, served_versions
@@ -127,6 +126,7 @@ class StepLog:
     def __init__(self, url: str, progress: Progress) -> None:
         self.url, self.progress = url, progress
         self.steps: list[StepRecord] = []
+        self.after_step: Callable[[], None] | None = None
 
     @contextmanager
     def step(self, name: str) -> Iterator[dict[str, str]]:
@@ -144,6 +144,8 @@ class StepLog:
     def _add(self, name: str, started: datetime, seconds: float, ok: bool, detail: str) -> None:
         record = StepRecord(self.url, name, started.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), seconds, ok, detail)
         self.steps.append(record)
+        if self.after_step is not None:
+            self.after_step()
         self.progress(f"{record.started_at[11:23]} {self.url} {name}: {'ok' if ok else 'FAILED'} "
                       f"({seconds:.2f} s){' ' + detail if detail else ''}")
 
@@ -324,13 +326,45 @@ class Executor:
                                   f"{(done.stderr or done.stdout).strip()[-300:]}", url=server.url)
 
 
-def _observed(client_url: str, model: str) -> tuple[int, int]:
-    try:
-        with TritonClient(client_url, timeout_s=5.0) as client:
-            stats = StatsSnapshot.read(client, model)
-    except TrmError:
-        return 0, 0
-    return stats.success + stats.fail, stats.fail
+class Observer:
+    """At least how many requests Triton answered for the model on one server while it changed.
+
+    Triton's statistics are per version, vanish when a version is unloaded and restart from 0 when a
+    version is reloaded (a config change, or files touched since the load), so a before/after difference
+    undercounts. The counters are sampled after every step; each version contributes what it answered
+    between samples, a drop in a counter starting a new count. Requests answered between a version's last
+    sample and its unload or reload are missed, hence "at least".
+    """
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url, self.model = url, model
+        self.counted: dict[str, list[int]] = {}
+        """version -> [requests, failed] counted so far."""
+        self.last: dict[str, tuple[int, int]] = {}
+
+    def sample(self) -> None:
+        try:
+            with TritonClient(self.url, timeout_s=5.0) as client:
+                entries = client.statistics(self.model)
+        except TrmError:
+            return  # an unreachable server is reported by the step that needed it
+        first_sample = not self.last and not self.counted
+        for entry in entries:
+            stats = entry.get("inference_stats", {})
+            now = (int(stats.get("success", {}).get("count", 0)), int(stats.get("fail", {}).get("count", 0)))
+            version = str(entry.get("version"))
+            # a version seen for the first time after the start was loaded meanwhile: it counts from 0
+            before = self.last.get(version, now if first_sample else (0, 0))
+            if now[0] < before[0] or now[1] < before[1]:
+                before = (0, 0)  # reloaded: its counters restarted
+            counted = self.counted.setdefault(version, [0, 0])
+            counted[0] += (now[0] - before[0]) + (now[1] - before[1])
+            counted[1] += now[1] - before[1]
+            self.last[version] = now
+
+    def totals(self) -> tuple[int, int]:
+        """(requests, failed) counted since the first sample."""
+        return (sum(c[0] for c in self.counted.values()), sum(c[1] for c in self.counted.values()))
 
 
 def execute(plan: RolloutPlan, repo: LocalRepository, progress: Progress = _quiet) -> RolloutResult:
@@ -375,7 +409,9 @@ def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
         result.servers.append(ServerResult(server.url, SKIP, "skipped", server.before, server.before))
         return
     soak_here = opts.soak_s > 0 and (server.canary or opts.canary == 0)
-    requests0, errors0 = _observed(server.url, plan.target.model)
+    observer = Observer(server.url, plan.target.model)
+    observer.sample()
+    log.after_step = observer.sample
     baseline = soak = None
     try:
         if soak_here and server.before.get(plan.target.model):
@@ -398,10 +434,11 @@ def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
             soak = checks.watch(server.url, plan.target.model, opts.soak_s)
             info["detail"] = (f"{soak.requests} requests, {soak.failed + soak.probe_failures} failed, "
                               f"p99 {soak.p99_ms or 0:.1f} ms")
-    requests1, errors1 = _observed(server.url, plan.target.model)
+    observer.sample()
+    requests, errors = observer.totals()
     result.servers.append(ServerResult(
         server.url, server.strategy, "done", server.before, server.after, tuple(log.steps),
-        max(0, requests1 - requests0), max(0, errors1 - errors0), time.monotonic() - t0,
+        requests, errors, time.monotonic() - t0,
         soak.to_dict() if soak else None))
     why = checks.breach(baseline, soak, opts.max_error_rate, opts.max_p99_increase) if soak else None
     if why:
