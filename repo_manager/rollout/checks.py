@@ -39,7 +39,7 @@ from repo_manager.repository import LocalRepository
 from repo_manager.triton.client import TritonClient
 
 # Below this, a p99 difference is timer noise on a busy host, not a regression.
-P99_SLACK_MS = 2.0
+P99_SLACK_MS = 5.0
 
 
 @dataclass(frozen=True)
