@@ -94,6 +94,8 @@ def test_v1_to_v2_switches_answers_with_zero_failed_requests(capsys, repo_root):
             assert served_versions(client, ["m"]) == {"m": (2,)}
         [record] = read_records(repo_root)
         assert record["url"] == server.url and record["after"] == {"m": [2]}
+        with TritonClient(server.url) as client:  # the record beside the models is invisible to Triton
+            assert {e["name"] for e in client.repository_index()} == {"m"}
         status = run_cli(capsys, "--json", "status", "--repo", repo_root)
         [entry] = status.json()["servers"]
         assert entry["models"] == {"m": [2]} and entry["up_to_date"] == {"m": True}
