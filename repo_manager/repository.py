@@ -256,8 +256,9 @@ class LocalRepository:
 
 
 def _present_files(folder: Path) -> set[str]:
+    # __pycache__ is what a Python backend writes next to model.py when the server lets it: not content.
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-            if (p.is_file() or p.is_symlink()) and p.name != MANIFEST_NAME}
+            if (p.is_file() or p.is_symlink()) and p.name != MANIFEST_NAME and "__pycache__" not in p.parts}
 
 
 def _fsync_dir(path: Path) -> None:

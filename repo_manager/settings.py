@@ -52,6 +52,9 @@ class Settings:
     trtllm_builder: str | None = None
     """TensorRT-LLM engine build command prefix taking trtllm-build's options (e.g. ``docker run --gpus all
     -v /models:/models nvcr.io/nvidia/tensorrt-llm/release:<tag> trtllm-build``); None: trm's default."""
+    rollout: dict[str, Any] = field(default_factory=dict)
+    """Rollout defaults: ``memory_budget`` (bytes or "24GiB": old + new versions above it make a server use
+    the drain strategy) and ``single_copy_models`` (models never loaded twice on one server)."""
     source: str = "defaults"
     """Where the settings file came from, for `trm config`-style reporting."""
 

@@ -246,3 +246,28 @@ def test_a_version_committed_without_its_config_is_repaired(settings, tmp_path):
     assert "config.pbtxt is missing" in problem.message
     assert publish_model(settings, source, "lin", verify_model=False).version == 2
     assert repo.validate() == []
+
+
+def test_bytecode_a_python_backend_writes_is_not_a_validation_problem(settings, tmp_path):
+    """A Python backend writes __pycache__ next to model.py (its stub ignores PYTHONDONTWRITEBYTECODE):
+    that is not content of the version, and validate must not report it."""
+    from repo_manager.triton.server import TritonServer
+
+    folder = tmp_path / "py"
+    folder.mkdir()
+    (folder / "helper_mod.py").write_text("VALUE = 3\n")
+    (folder / "model.py").write_text(
+        "import sys, os\nsys.path.insert(0, os.path.dirname(__file__))\nimport helper_mod\n"
+        "import numpy as np\nimport triton_python_backend_utils as pb\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb.InferenceResponse([pb.Tensor('Y', pb.get_input_tensor_by_name(r, 'X').as_numpy()"
+        " * helper_mod.VALUE)]) for r in requests]\n")
+    publish_model(settings, folder, "py", inputs=[cfg.TensorSpec.parse("X:FP32:2")],
+                  outputs=[cfg.TensorSpec.parse("Y:FP32:2")])
+    repo = LocalRepository(settings.repository)
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        load_version(client, repo, "py")
+        assert client.infer("py", {"X": np.ones((1, 2), np.float32)})["Y"].tolist() == [[3.0, 3.0]]
+    assert list(repo.version_dir("py", 1).rglob("__pycache__/*.pyc"))  # what the stub left
+    assert repo.validate() == []

@@ -27,14 +27,35 @@ def normalize_url(url: str) -> str:
 
 
 class TritonClient:
-    def __init__(self, url: str, *, timeout_s: float = 60.0, concurrency: int = 1) -> None:
+    """``grpc_url`` (``host:port``), when given, carries model control (load, unload): Triton's HTTP
+    frontend runs a load on one of its worker threads until the load completes, stalling the HTTP
+    requests whose connections that thread serves (measured on 2.51: some clients wait the whole load,
+    1.5-2 s for a small Python model); its gRPC frontend handles model control apart from inference."""
+
+    def __init__(self, url: str, *, timeout_s: float = 60.0, concurrency: int = 1,
+                 grpc_url: str | None = None) -> None:
         self.url = url if url.startswith("http") else f"http://{url}"
         self._client = httpclient.InferenceServerClient(
             normalize_url(url), connection_timeout=timeout_s, network_timeout=timeout_s,
             concurrency=concurrency)
+        self.grpc_url = grpc_url.removeprefix("grpc://") if grpc_url else None
+        self._grpc: Any = None
 
     def close(self) -> None:
         self._client.close()
+        if self._grpc is not None:
+            self._grpc.close()
+            self._grpc = None
+
+    def _control(self) -> Any:
+        """The client that loads and unloads: gRPC when its address is known, else HTTP."""
+        if self.grpc_url is None:
+            return self._client
+        if self._grpc is None:
+            import tritonclient.grpc as grpcclient  # noqa: PLC0415 - only when a gRPC address is given
+
+            self._grpc = grpcclient.InferenceServerClient(self.grpc_url)
+        return self._grpc
 
     def __enter__(self) -> TritonClient:
         return self
@@ -95,8 +116,11 @@ class TritonClient:
         config_json = cfg.config_to_json(config) if config is not None else None
         overrides = {f"file:{path}": data for path, data in (files or {}).items()} or None
         try:
-            self._client.load_model(name, config=config_json, files=overrides)
+            self._control().load_model(name, config=config_json, files=overrides)
         except InferenceServerException as exc:
+            if _unreachable(exc):
+                raise ServerError(f"Triton at {self.url} is not reachable (load {name}): {_first_line(exc)}",
+                                  url=self.url) from exc
             raise ModelLoadError(f"Triton at {self.url} failed to load {name}: {_first_line(exc)}",
                                  model=name, url=self.url) from exc
         except (ConnectionError, OSError) as exc:
@@ -104,7 +128,7 @@ class TritonClient:
                               url=self.url) from exc
 
     def unload(self, name: str, *, unload_dependents: bool = False) -> None:
-        self._call(f"unload of {name}", self._client.unload_model, name,
+        self._call(f"unload of {name}", self._control().unload_model, name,
                    unload_dependents=unload_dependents)
 
     def model_config(self, name: str, version: int | None = None) -> cfg.ModelConfig:
@@ -155,6 +179,11 @@ def build_inputs(inputs: Mapping[str, np.ndarray], module: Any = httpclient) -> 
             tensor.set_data_from_numpy(array)
         request.append(tensor)
     return request
+
+
+def _unreachable(exc: InferenceServerException) -> bool:
+    """A gRPC transport failure (the server is gone), as opposed to the server refusing the call."""
+    return str(exc.status() or "") in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 
 
 def _first_line(exc: InferenceServerException) -> str:

@@ -16,6 +16,8 @@ COMMANDS: dict[str, str] = {
     "sync": "store",
     "export": "store",
     "tune-batching": "tune",
+    "rollout": "rollout",
+    "status": "rollout",
     "promote": "promote",
     "history": "promote",
     "specs": "promote",

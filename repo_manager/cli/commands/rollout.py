@@ -1,0 +1,97 @@
+"""`trm rollout` and `trm status`: move servers to a version, and show what is serving where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.errors import TrmError
+from repo_manager.rollout import (
+    RolloutOptions,
+    describe_status,
+    parse_size,
+    plan_rollout,
+    run_rollout,
+    server_status,
+)
+
+
+@cli.command("rollout")
+@click.argument("name")
+@click.option("--version", type=int, help="The version to roll out.")
+@click.option("--to-previous", is_flag=True, help="Go back to the version before the newest one served.")
+@click.option("--url", "urls", multiple=True, required=True,
+              help="A Triton server in explicit model-control mode (repeatable; order = rollout order).")
+@click.option("--grpc-url", "grpc_urls", multiple=True,
+              help="Each server's gRPC address (host:8001), in --url order: loads and unloads go there, so "
+                   "HTTP clients never wait behind a load. Default: control over HTTP.")
+@repo_option
+@click.option("--from", "source", help="Sync the version from this store first (not available yet).")
+@click.option("--canary", type=int, default=0, show_default=True, help="Servers to roll out and soak first.")
+@click.option("--soak", "soak_s", type=float, default=0.0, show_default=True,
+              help="Seconds to watch each canary server (each server, without --canary) after it changed.")
+@click.option("--smoke", "smoke_file", type=click.Path(exists=True, dir_okay=False),
+              help='JSON {"cases": [{"inputs": {...}, "outputs": {...}}]}; default: generated inputs.')
+@click.option("--max-error-rate", type=float, default=0.0, show_default=True,
+              help="Largest share of failed requests tolerated during a soak.")
+@click.option("--max-p99-increase", type=float, default=0.5, show_default=True,
+              help="Largest p99 growth tolerated during a soak, as a fraction (0.5 = +50%).")
+@click.option("--keep-previous", is_flag=True, help="Leave the previous version loaded (for pinned clients).")
+@click.option("--side-by-side/--no-side-by-side", default=True, show_default=True,
+              help="--no-side-by-side: the model cannot be loaded twice; drain each server instead.")
+@click.option("--memory-budget", help="Bytes one server may hold for this model (e.g. 24GiB): old + new "
+              "over it selects the drain strategy. Default: settings rollout.memory_budget.")
+@click.option("--drain-cmd", help="Shell command that takes $TRM_SERVER_URL out of rotation (drain strategy).")
+@click.option("--restore-cmd", help="Shell command that brings $TRM_SERVER_URL back (drain strategy).")
+@click.option("--precheck/--no-precheck", default=True, show_default=True,
+              help="Load and smoke-check the version under a temporary name before touching the live model.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@json_option
+@pass_ctx
+def rollout_command(ctx: Context, name: str, version: int | None, to_previous: bool, urls: tuple[str, ...],
+                    grpc_urls: tuple[str, ...], repository: str | None, source: str | None, canary: int, soak_s: float,
+                    smoke_file: str | None, max_error_rate: float, max_p99_increase: float,
+                    keep_previous: bool, side_by_side: bool, memory_budget: str | None, drain_cmd: str | None,
+                    restore_cmd: str | None, precheck: bool, dry_run: bool) -> None:
+    """Move running Triton servers to version N of NAME: zero failed requests, automatic rollback.
+
+    Exit codes: 0 done, 10 rolled back (see "reason": load_failed, smoke_failed, threshold_breached),
+    6 a server became unreachable (the others are left consistent), 2 bad usage.
+    """
+    settings = ctx.settings.replace(repository=repository)
+    options = RolloutOptions(canary=canary, soak_s=soak_s, max_error_rate=max_error_rate,
+                             max_p99_increase=max_p99_increase, keep_previous=keep_previous,
+                             side_by_side=side_by_side, memory_budget=parse_size(memory_budget),
+                             drain_cmd=drain_cmd, restore_cmd=restore_cmd, precheck=precheck,
+                             smoke_file=Path(smoke_file) if smoke_file else None)
+    plan = plan_rollout(settings, name, version, list(urls), options, to_previous=to_previous, source=source,
+                        grpc_urls=list(grpc_urls), progress=ctx.progress)
+    if dry_run:
+        ctx.emit({"dry_run": True, "plan": plan.to_dict()}, plan.describe())
+        return
+    ctx.progress(plan.describe())
+    try:
+        result = run_rollout(settings, plan, progress=ctx.progress)
+    except TrmError as exc:
+        result = getattr(exc, "result", None)
+        if result is not None:
+            data = result.to_dict()
+            data["error"] = exc.to_dict()
+            ctx.emit(data, result.describe())
+            exc.reported = True
+        raise
+    ctx.emit(result.to_dict(), result.describe())
+
+
+@cli.command("status")
+@click.option("--url", "urls", multiple=True, help="Servers to ask (default: every server a rollout recorded).")
+@repo_option
+@json_option
+@pass_ctx
+def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) -> None:
+    """Each server's loaded models and versions against the repository's latest."""
+    settings = ctx.settings.replace(repository=repository)
+    statuses = server_status(settings.repository, list(urls))
+    ctx.emit({"servers": [s.to_dict() for s in statuses]}, describe_status(statuses))

@@ -1,0 +1,43 @@
+"""`trm rollout`: move running Triton servers to a new version with zero failed requests.
+
+``build_plan`` (plan.py) decides per server what happens and why; ``execute`` (execute.py) does it,
+step by step, rolling back on failure; ``checks`` holds the smoke check and the soak watch; ``record``
+keeps what is serving where. ``run_rollout`` ties them together for the CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from repo_manager.errors import UsageError
+from repo_manager.repository import LocalRepository
+from repo_manager.rollout.execute import Progress, RolloutResult, execute
+from repo_manager.rollout.plan import RolloutOptions, RolloutPlan, build_plan, parse_size, with_settings
+from repo_manager.rollout.record import ServerStatus, describe_status, server_status
+from repo_manager.settings import Settings
+
+__all__ = ["RolloutOptions", "RolloutPlan", "RolloutResult", "ServerStatus", "describe_status", "execute",
+           "parse_size", "plan_rollout", "run_rollout", "server_status"]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def plan_rollout(settings: Settings, model: str, version: int | None, urls: list[str],
+                 options: RolloutOptions, *, to_previous: bool = False, source: str | None = None,
+                 grpc_urls: list[str] | None = None, progress: Progress = _quiet) -> RolloutPlan:
+    """The plan for moving ``urls`` to ``version`` of ``model`` from the local repository."""
+    if source is not None:
+        raise UsageError("--from STORE is not available yet: the store/sync code has not landed in this "
+                         "build", hint="sync the version into the repository first, then use --repo")
+    repo = LocalRepository(settings.repository)
+    if not repo.root.is_dir():
+        raise UsageError(f"repository {repo.root} does not exist", hint="pass --repo DIR")
+    progress(f"planning {model} on {len(urls)} server(s)")
+    options = with_settings(options, model, settings.rollout)
+    return build_plan(repo, model, version, urls, options, to_previous=to_previous, grpc_urls=grpc_urls)
+
+
+def run_rollout(settings: Settings, plan: RolloutPlan, progress: Progress = _quiet) -> RolloutResult:
+    return execute(plan, LocalRepository(Path(plan.repository)), progress)

@@ -1,0 +1,186 @@
+"""What a rollout checks: the smoke check of a new version and the soak watch of a changed server.
+
+Smoke check: requests built from the config (``repo_manager.inputs``) whose answers must have every
+declared output with the declared type and shape, or, with ``--smoke FILE``, requests whose answers must
+equal the expected outputs in the file (same tolerances as publish verification). The same check runs
+twice: under a temporary model name before the live model is touched (``precheck``, through
+``publish.verify``), and with versioned requests to the new version once it is loaded beside the old.
+
+Soak: for ``--soak`` seconds after a server changed, trm sends a light stream of its own probe requests
+(through the shared load generator) and reads Triton's statistics for the model: the error rate is the
+share of failed requests among everything the server answered (all clients' traffic, not only the
+probes), the p99 is the probes' p99, compared with the probes' p99 measured just before the change.
+
+Smoke file (JSON)::
+
+    {"cases": [{"inputs": {"X": [[1, 2, 3, 4]]}, "outputs": {"Y": [[2, 4, 6, 8]]}}]}
+
+Data types come from the model's config; ``outputs`` may list only some outputs, or be left out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from repo_manager import config as cfg
+from repo_manager.errors import InputError, TrmError, VerificationError
+from repo_manager.inputs import verification_samples
+from repo_manager.loadgen import BackgroundLoad, StatsSnapshot, Workload
+from repo_manager.manifest import MANIFEST_NAME
+from repo_manager.publish.verify import Candidate, LoadedCandidates, compare
+from repo_manager.publish.verify import _check_against_config as check_against_config  # the check publish uses
+from repo_manager.repository import LocalRepository
+from repo_manager.triton.client import TritonClient
+
+# Below this, a p99 difference is timer noise on a busy host, not a regression.
+P99_SLACK_MS = 5.0
+
+
+@dataclass(frozen=True)
+class SmokeCase:
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray] | None = None
+
+
+def smoke_cases(config: cfg.ModelConfig, smoke_file: Path | None) -> list[SmokeCase]:
+    if smoke_file is None:
+        return [SmokeCase(sample) for sample in verification_samples(config)]
+    try:
+        data = json.loads(Path(smoke_file).read_text())
+        raw_cases = data["cases"]
+        if not isinstance(raw_cases, list) or not raw_cases:
+            raise TypeError("'cases' must be a non-empty list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"smoke file {smoke_file} is not usable: {exc}",
+                         hint='expected {"cases": [{"inputs": {...}, "outputs": {...}}]}') from exc
+    types = {t.name: t.data_type for t in list(config.input) + list(config.output)}
+    cases = []
+    for number, case in enumerate(raw_cases, 1):
+        arrays = {}
+        for kind in ("inputs", "outputs"):
+            arrays[kind] = {}
+            for name, value in (case.get(kind) or {}).items():
+                if name not in types:
+                    raise InputError(f"smoke file {smoke_file}, case {number}: {config.name} has no tensor "
+                                     f"{name!r}", hint=f"tensors: {', '.join(types)}")
+                dtype = np.object_ if types[name] == cfg.mc.TYPE_STRING else cfg.numpy_dtype(types[name])
+                arrays[kind][name] = np.asarray(value, dtype=dtype)
+        cases.append(SmokeCase(arrays["inputs"], arrays["outputs"] or None))
+    return cases
+
+
+def check_answer(config: cfg.ModelConfig, case: SmokeCase, answer: dict[str, np.ndarray]) -> None:
+    """VerificationError unless ``answer`` is what ``case`` expects (or what the config declares)."""
+    for out in config.output:
+        if out.name not in answer:
+            raise VerificationError(f"output {out.name} missing from Triton's answer")
+        if case.expected is not None and out.name in case.expected:
+            compare(out.name, answer[out.name], case.expected[out.name])
+        else:
+            check_against_config(config, out, answer[out.name], case.inputs)
+
+
+def smoke_live(client: TritonClient, model: str, version: int, config: cfg.ModelConfig,
+               cases: list[SmokeCase]) -> int:
+    """Versioned requests to the freshly loaded version; returns how many passed."""
+    for case in cases:
+        try:
+            answer = client.infer(model, case.inputs, version=version)
+        except TrmError as exc:
+            raise VerificationError(f"smoke request to {model} version {version} failed: {exc.message}",
+                                    model=model, version=version) from exc
+        check_answer(config, case, answer)
+    return len(cases)
+
+
+def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str, int]], entry: str,
+             cases: list[SmokeCase]) -> int:
+    """Load the target set under temporary names (``publish.verify``) and smoke-check it there.
+
+    An ensemble alone in ``names`` keeps its steps pinned to the real member versions, which must be
+    loaded already.
+
+    ModelLoadError when it does not load; VerificationError when it answers wrongly. Returns the number
+    of requests checked.
+    """
+    candidates = []
+    for name, version in names:
+        manifest = repo.manifest(name, version)
+        folder = repo.version_dir(name, version)
+        files = {f.path: folder / f.path for f in manifest.files}
+        # An ensemble has no files, but a load with file overrides needs at least one to create the
+        # version folder (without any, Triton looks for the temporary name in its repository and fails).
+        files = files or {MANIFEST_NAME: folder / MANIFEST_NAME}
+        candidates.append(Candidate(name, cfg.parse_config(manifest.config, f"manifest of {name}/{version}"),
+                                    files))
+    entry_config = next(c.config for c in candidates if c.name == entry)
+    with LoadedCandidates(client, candidates) as loaded:
+        for case in cases:
+            try:
+                answer = client.infer(loaded.names[entry], case.inputs)
+            except TrmError as exc:
+                raise VerificationError(f"smoke request to {entry} (pre-check) failed: {exc.message}") from exc
+            check_answer(entry_config, case, answer)
+    return len(cases)
+
+
+# ------------------------------------------------------------------------------------------ soak
+@dataclass(frozen=True)
+class Watch:
+    """What one server did during a watch window."""
+
+    seconds: float
+    requests: int
+    """Requests the server answered for the model (all clients), from Triton's statistics."""
+    failed: int
+    probes: int
+    probe_failures: int
+    p99_ms: float | None
+
+    @property
+    def error_rate(self) -> float:
+        total = self.requests + self.probe_failures
+        return (self.failed + self.probe_failures) / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 2), "requests": self.requests, "failed": self.failed,
+                "probes": self.probes, "probe_failures": self.probe_failures,
+                "error_rate": round(self.error_rate, 5),
+                "p99_ms": None if self.p99_ms is None else round(self.p99_ms, 3)}
+
+
+def watch(url: str, model: str, seconds: float, workload: Workload | None = None) -> Watch:
+    """Probe ``model`` on ``url`` for ``seconds`` and read Triton's counters around it."""
+    with TritonClient(url, timeout_s=10.0) as client:
+        before = StatsSnapshot.read(client, model)
+        started = time.monotonic()
+        with BackgroundLoad(url, model, clients=1, interval_s=0.02, workload=workload,
+                            timeout_s=10.0) as probes:
+            time.sleep(seconds)
+        after = StatsSnapshot.read(client, model)
+    records = probes.records
+    latencies = [r.latency_s * 1000 for r in records if r.ok]
+    p99 = float(np.percentile(latencies, 99)) if latencies else None
+    return Watch(seconds=time.monotonic() - started,
+                 requests=max(0, after.success - before.success) + max(0, after.fail - before.fail),
+                 failed=max(0, after.fail - before.fail), probes=len(records),
+                 probe_failures=sum(not r.ok for r in records), p99_ms=p99)
+
+
+def breach(baseline: Watch | None, soak: Watch, max_error_rate: float, max_p99_increase: float) -> str | None:
+    """Why the soak window breaks a threshold, or None when it does not."""
+    if soak.error_rate > max_error_rate:
+        return (f"error rate {soak.error_rate:.2%} over the limit {max_error_rate:.2%} "
+                f"({soak.failed + soak.probe_failures} failed)")
+    if baseline is not None and baseline.p99_ms is not None and soak.p99_ms is not None:
+        limit = baseline.p99_ms * (1 + max_p99_increase) + P99_SLACK_MS
+        if soak.p99_ms > limit:
+            return (f"p99 {soak.p99_ms:.1f} ms over the limit {limit:.1f} ms "
+                    f"(before: {baseline.p99_ms:.1f} ms, --max-p99-increase {max_p99_increase:g})")
+    return None

@@ -1,0 +1,473 @@
+"""Execute a ``RolloutPlan``: server by server (canary first), every step timed and logged.
+
+One server moves from its ``before`` version sets to its ``after`` sets by ``transition``:
+
+1. members (ensembles only), deepest first: load each member with the union of its old and new versions,
+   then load it once more with the same config ("settle", see below);
+2. the model: a plain model is loaded with old + new versions (unversioned requests reach the highest
+   loaded version, so the new one answers from here on), checked, then reloaded with only the new
+   version; an ensemble is reloaded once with the new config, whose steps pin the new member versions;
+3. members are reloaded with only their new versions.
+
+Rolling back is the same transition with ``before`` and ``after`` swapped. Triton keeps the old version
+serving while a reload runs and swaps only once the new instance is ready, so no request fails (measured
+by tests/test_rollout.py and bench/bench_rollout.py under load).
+
+Settle: loading an ensemble makes Triton re-read its members from the repository folder, and any member
+whose folder changed since its last load (a Python model writes ``__pycache__`` into its version folder
+when it first loads) is reloaded with the on-disk config.pbtxt, which knows nothing of the version set
+trm chose: old member versions would vanish under in-flight requests. A config-override load stamps the
+member with the current time, so a second, identical load right after the first (a config-only update
+for Triton when nothing else changed) makes the ensemble load leave the members alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from repo_manager import config as cfg
+from repo_manager.errors import (
+    ModelLoadError,
+    RolledBackError,
+    ServerError,
+    TrmError,
+    VerificationError,
+)
+from repo_manager.repository import LocalRepository
+from repo_manager.rollout import checks
+from repo_manager.rollout.plan import DRAIN, SKIP, SWITCH, RolloutPlan, ServerPlan, served_versions
+from repo_manager.rollout.record import append_record
+from repo_manager.serving import version_config
+from repo_manager.triton.client import TritonClient
+
+Progress = Callable[[str], None]
+Sets = dict[str, tuple[int, ...]]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    server: str
+    name: str
+    started_at: str
+    seconds: float
+    ok: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"server": self.server, "step": self.name, "started_at": self.started_at,
+                "seconds": round(self.seconds, 3), "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class ServerResult:
+    url: str
+    strategy: str
+    outcome: str
+    """done, skipped, rolled_back, failed (unreachable) or not_started."""
+    before: Sets
+    after: Sets
+    steps: tuple[StepRecord, ...] = ()
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    soak: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "strategy": self.strategy, "outcome": self.outcome,
+                "before": {k: list(v) for k, v in self.before.items()},
+                "after": {k: list(v) for k, v in self.after.items()}, "seconds": round(self.seconds, 3),
+                "requests": self.requests, "errors": self.errors, "soak": self.soak,
+                "steps": [s.to_dict() for s in self.steps]}
+
+
+@dataclass
+class RolloutResult:
+    plan: RolloutPlan
+    servers: list[ServerResult] = field(default_factory=list)
+    outcome: str = "done"
+    reason: str | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.plan.target.model, "version": self.plan.target.version,
+                "outcome": self.outcome, "reason": self.reason, "seconds": round(self.seconds, 3),
+                "servers": [s.to_dict() for s in self.servers]}
+
+    def describe(self) -> str:
+        lines = [f"rollout {self.plan.target.model} -> {self.plan.target.version}: {self.outcome}"
+                 + (f" ({self.reason})" if self.reason else "") + f" in {self.seconds:.1f} s"]
+        for server in self.servers:
+            lines.append(f"  {server.url} [{server.strategy}] {server.outcome}: "
+                         f"{_sets_text(server.before)} -> {_sets_text(server.after)}, "
+                         f"{server.requests} requests observed, {server.errors} errors, {server.seconds:.1f} s")
+            lines += [f"    {s.started_at[11:23]} {s.name:<34} {s.seconds:7.3f} s "
+                      f"{'ok' if s.ok else 'FAILED'} {s.detail}" for s in server.steps]
+        return "\n".join(lines)
+
+
+def _sets_text(sets: Sets) -> str:
+    return ", ".join(f"{m}:{'/'.join(map(str, v)) or '-'}" for m, v in sets.items())
+
+
+class StepLog:
+    """Times each step, logs it through ``progress`` as it ends, and keeps it for the summary."""
+
+    def __init__(self, url: str, progress: Progress) -> None:
+        self.url, self.progress = url, progress
+        self.steps: list[StepRecord] = []
+        self.after_step: Callable[[], None] | None = None
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[dict[str, str]]:
+        started = datetime.now(timezone.utc)
+        t0 = time.monotonic()
+        info: dict[str, str] = {}
+        try:
+            yield info
+        except BaseException as exc:
+            detail = exc.message if isinstance(exc, TrmError) else type(exc).__name__
+            self._add(name, started, time.monotonic() - t0, False, detail.splitlines()[0][:300])
+            raise
+        self._add(name, started, time.monotonic() - t0, True, info.get("detail", ""))
+
+    def _add(self, name: str, started: datetime, seconds: float, ok: bool, detail: str) -> None:
+        record = StepRecord(self.url, name, started.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), seconds, ok, detail)
+        self.steps.append(record)
+        if self.after_step is not None:
+            self.after_step()
+        self.progress(f"{record.started_at[11:23]} {self.url} {name}: {'ok' if ok else 'FAILED'} "
+                      f"({seconds:.2f} s){' ' + detail if detail else ''}")
+
+
+# ------------------------------------------------------------------------------------- transitions
+def load_set(client: TritonClient, repo: LocalRepository, name: str, versions: tuple[int, ...],
+             config_version: int) -> None:
+    """Load exactly ``versions`` of ``name`` with the config ``config_version`` was validated with."""
+    if not versions:
+        client.unload(name)
+        return
+    config = version_config(repo, name, config_version)
+    config.version_policy.specific.versions[:] = list(versions)
+    client.load(name, config)
+
+
+def transition(client: TritonClient, repo: LocalRepository, model: str, current: Sets, goal: Sets,
+               goal_versions: dict[str, int], log: StepLog, check: Callable[[], str] | None = None,
+               *, side_by_side: bool = True, before_switch: Callable[[], str] | None = None,
+               direct: bool = False) -> None:
+    """Move one server from ``current`` to ``goal`` version sets (see the module docstring).
+
+    ``goal_versions`` names, per model, the version whose config is used (the one that will answer);
+    ``before_switch`` runs once the members are in place, before ``model`` changes (an ensemble's
+    pre-check); ``check`` runs once the goal version of ``model`` is loaded, before the old versions go.
+    ``direct`` (the switch strategy) reloads ``model`` once with its goal versions, without the union.
+    """
+    members = [name for name in goal if name != model]
+    ensemble = bool(members)
+    unions = {name: tuple(sorted(set(current.get(name, ())) | set(goal[name]))) for name in goal}
+    if direct:
+        unions[model] = goal[model]
+    if not side_by_side:  # drain: the old copies go first, so that one copy at a time is loaded
+        for name in [model] + members[::-1]:
+            if current.get(name) and not set(goal[name]) >= set(current[name]):
+                with log.step(f"unload {name} {'/'.join(map(str, current[name]))}"):
+                    client.unload(name)
+        unions = dict(goal)
+        current = {}
+    changed = [m for m in members if unions[m] != current.get(m, ())]
+    for member in changed:
+        with log.step(f"load {member} {'/'.join(map(str, unions[member]))}"):
+            load_set(client, repo, member, unions[member], goal_versions[member])
+    first = goal[model] if ensemble else unions[model]
+    if ensemble and first != current.get(model, ()):
+        # Every member, changed or not, so that a folder touched since its last load cannot make the
+        # ensemble load reload it from disk (module docstring). A config-only update for Triton.
+        with log.step("settle members"):
+            for member in members:
+                if unions[member]:
+                    load_set(client, repo, member, unions[member], goal_versions[member])
+    if before_switch is not None:
+        with log.step("pre-check ensemble under a temporary name") as info:
+            info["detail"] = before_switch()
+    if first != current.get(model, ()):
+        with log.step(f"load {model} {'/'.join(map(str, first))}"):
+            load_set(client, repo, model, first, goal_versions[model])
+            if not client.is_model_ready(model, goal_versions[model]):
+                raise ModelLoadError(f"{model} version {goal_versions[model]} is not ready on {client.url}",
+                                     model=model, url=client.url)
+    if check is not None:
+        with log.step(f"smoke {model} {goal_versions[model]}") as info:
+            info["detail"] = check()
+    if not ensemble and unions[model] != goal[model]:
+        with log.step(f"drop {model} -> {'/'.join(map(str, goal[model])) or 'unloaded'}"):
+            load_set(client, repo, model, goal[model], goal_versions[model])
+    for member in members[::-1]:
+        if unions[member] != goal[member]:
+            with log.step(f"drop {member} -> {'/'.join(map(str, goal[member])) or 'unloaded'}"):
+                load_set(client, repo, member, goal[member], goal_versions[member])
+    if ensemble and not client.is_model_ready(model, goal_versions[model]):
+        raise ModelLoadError(f"ensemble {model} is not ready on {client.url} after its members changed",
+                             model=model, url=client.url)
+
+
+def _config_versions(sets: Sets, fallback: dict[str, int]) -> dict[str, int]:
+    """The version whose config each model uses: the highest in its set (the one that answers)."""
+    return {name: (max(versions) if versions else fallback[name]) for name, versions in sets.items()}
+
+
+# ---------------------------------------------------------------------------------------- servers
+class Executor:
+    def __init__(self, plan: RolloutPlan, repo: LocalRepository, progress: Progress = _quiet) -> None:
+        self.plan, self.repo, self.progress = plan, repo, progress
+        self.target = plan.target
+        self.goal_versions = dict(plan.target.members) | {plan.target.model: plan.target.version}
+        entry_config = cfg.parse_config(repo.manifest(self.target.model, self.target.version).config)
+        self.entry_config = entry_config
+        self.cases = checks.smoke_cases(entry_config, plan.options.smoke_file)
+
+    # -------------------------------------------------------------------------------- one server
+    def _smoke(self, client: TritonClient) -> str:
+        count = checks.smoke_live(client, self.target.model, self.target.version, self.entry_config,
+                                  self.cases)
+        return f"{count} versioned requests answered as expected"
+
+    def _precheck(self, client: TritonClient) -> str:
+        count = checks.precheck(client, self.repo, [(self.target.model, self.target.version)],
+                                self.target.model, self.cases)
+        return f"{count} requests answered as expected"
+
+    def move(self, server: ServerPlan, log: StepLog) -> None:
+        """Forward transition of one server; raises RolledBackError after rolling this server back."""
+        opts = self.plan.options
+        with TritonClient(server.url, grpc_url=server.grpc_url) as client:
+            # Triton cannot load an ensemble whose members exist only under temporary names (it looks
+            # for them in its repository), so an ensemble is pre-checked once its new members are
+            # loaded beside the old ones, under a temporary name pinned to those members.
+            if opts.precheck and not self.target.members:
+                try:
+                    with log.step("pre-check under a temporary name") as info:
+                        info["detail"] = self._precheck(client)
+                except ModelLoadError as exc:
+                    raise self._failed(server, "load_failed", exc, changed=False) from exc
+                except VerificationError as exc:
+                    self._require_reachable(client, server)
+                    raise self._failed(server, "smoke_failed", exc, changed=False) from exc
+            ensemble_check = (lambda: self._precheck(client)) if opts.precheck and self.target.members else None
+            if server.strategy == DRAIN:
+                self._run_command(opts.drain_cmd, server, log, "drain")
+            try:
+                transition(client, self.repo, self.target.model, server.before, server.after,
+                           self.goal_versions, log, check=lambda: self._smoke(client),
+                           side_by_side=server.strategy != DRAIN, before_switch=ensemble_check,
+                           direct=server.strategy == SWITCH)
+            except ModelLoadError as exc:
+                self._require_reachable(client, server)
+                self.roll_back(server, log, drained=True)
+                raise self._failed(server, "load_failed", exc, changed=True) from exc
+            except VerificationError as exc:
+                self._require_reachable(client, server)
+                self.roll_back(server, log, drained=True)
+                raise self._failed(server, "smoke_failed", exc, changed=True) from exc
+            finally:
+                if server.strategy == DRAIN:
+                    self._run_command(opts.restore_cmd, server, log, "restore")
+
+    def roll_back(self, server: ServerPlan, log: StepLog, *, drained: bool = False) -> None:
+        """Back to the server's ``before`` sets, from whatever it serves now.
+
+        A drain-strategy server that is back in rotation (a canary breach found later) is drained again
+        around its rollback, since the rollback also swaps one copy for the other.
+        """
+        drain = server.strategy == DRAIN and not drained
+        if drain:
+            self._run_command(self.plan.options.drain_cmd, server, log, "drain")
+        try:
+            with TritonClient(server.url, grpc_url=server.grpc_url) as client:
+                current = served_versions(client, list(server.before))
+                goal_versions = _config_versions(server.before, dict(self.goal_versions))
+                with log.step("roll back"):
+                    transition(client, self.repo, self.target.model, current, server.before, goal_versions,
+                               log, side_by_side=server.strategy != DRAIN, direct=server.strategy == SWITCH)
+        finally:
+            if drain:
+                self._run_command(self.plan.options.restore_cmd, server, log, "restore")
+
+    def _require_reachable(self, client: TritonClient, server: ServerPlan) -> None:
+        if not client.is_ready():
+            raise ServerError(f"Triton at {server.url} became unreachable during the rollout", url=server.url)
+
+    def _failed(self, server: ServerPlan, reason: str, exc: TrmError, *, changed: bool) -> RolledBackError:
+        where = "rolled back" if changed else "nothing was changed"
+        return RolledBackError(f"rollout of {self.target.model} {self.target.version} on {server.url}: "
+                               f"{exc.message.splitlines()[0]} ({where})", reason=reason, url=server.url,
+                               model=self.target.model, version=self.target.version)
+
+    def _run_command(self, command: str | None, server: ServerPlan, log: StepLog, what: str) -> None:
+        if not command:
+            return
+        env_note = {"TRM_SERVER_URL": server.url, "TRM_MODEL": self.target.model,
+                    "TRM_VERSION": str(self.target.version)}
+        with log.step(f"{what} command"):
+            done = subprocess.run(command, shell=True, env=os.environ | env_note, capture_output=True,
+                                  text=True, timeout=600)
+            if done.returncode != 0:
+                raise ServerError(f"{what} command for {server.url} exited with {done.returncode}: "
+                                  f"{(done.stderr or done.stdout).strip()[-300:]}", url=server.url)
+
+
+class Observer:
+    """At least how many requests Triton answered for the model on one server while it changed.
+
+    Triton's statistics are per version, vanish when a version is unloaded and restart from 0 when a
+    version is reloaded (a config change, or files touched since the load), so a before/after difference
+    undercounts. The counters are sampled after every step; each version contributes what it answered
+    between samples, a drop in a counter starting a new count. Requests answered between a version's last
+    sample and its unload or reload are missed, hence "at least".
+    """
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url, self.model = url, model
+        self.counted: dict[str, list[int]] = {}
+        """version -> [requests, failed] counted so far."""
+        self.last: dict[str, tuple[int, int]] = {}
+
+    def sample(self) -> None:
+        try:
+            with TritonClient(self.url, timeout_s=5.0) as client:
+                entries = client.statistics(self.model)
+        except TrmError:
+            return  # an unreachable server is reported by the step that needed it
+        first_sample = not self.last and not self.counted
+        for entry in entries:
+            stats = entry.get("inference_stats", {})
+            now = (int(stats.get("success", {}).get("count", 0)), int(stats.get("fail", {}).get("count", 0)))
+            version = str(entry.get("version"))
+            # a version seen for the first time after the start was loaded meanwhile: it counts from 0
+            before = self.last.get(version, now if first_sample else (0, 0))
+            if now[0] < before[0] or now[1] < before[1]:
+                before = (0, 0)  # reloaded: its counters restarted
+            counted = self.counted.setdefault(version, [0, 0])
+            counted[0] += (now[0] - before[0]) + (now[1] - before[1])
+            counted[1] += now[1] - before[1]
+            self.last[version] = now
+
+    def totals(self) -> tuple[int, int]:
+        """(requests, failed) counted since the first sample."""
+        return (sum(c[0] for c in self.counted.values()), sum(c[1] for c in self.counted.values()))
+
+
+def execute(plan: RolloutPlan, repo: LocalRepository, progress: Progress = _quiet) -> RolloutResult:
+    """Run ``plan``. Raises RolledBackError (every changed server rolled back) or ServerError (a server
+    became unreachable; the others are left consistent). Either carries the result as ``.result``."""
+    started = time.monotonic()
+    executor = Executor(plan, repo, progress)
+    result = RolloutResult(plan)
+    changed: list[tuple[ServerPlan, StepLog]] = []
+    try:
+        for server in plan.servers:
+            _one_server(executor, server, result, changed)
+    except RolledBackError as exc:
+        _roll_back_all(executor, changed, result, progress)
+        result.outcome, result.reason = "rolled_back", str(exc.facts.get("reason"))
+        _finish(result, started, repo)
+        exc.result = result  # type: ignore[attr-defined]
+        raise
+    except ServerError as exc:
+        failed = exc.facts.get("url", "a server")
+        result.outcome, result.reason = "failed", "server_unreachable"
+        on_new = [s.url for s, _ in changed]
+        error = ServerError(
+            f"{failed} failed during the rollout of {plan.target.model} {plan.target.version}: "
+            f"{exc.message.splitlines()[0]}. Already on version {plan.target.version}: "
+            f"{', '.join(on_new) or 'none'}; the other servers were not touched",
+            hint="rerun the same command once the server is back: servers already on the target are skipped",
+            url=failed, reason="server_unreachable")
+        _finish(result, started, repo)
+        error.result = result  # type: ignore[attr-defined]
+        raise error from exc
+    _finish(result, started, repo)
+    return result
+
+
+def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
+                changed: list[tuple[ServerPlan, StepLog]]) -> None:
+    plan, opts = executor.plan, executor.plan.options
+    log = StepLog(server.url, executor.progress)
+    t0 = time.monotonic()
+    if server.strategy == SKIP:
+        result.servers.append(ServerResult(server.url, SKIP, "skipped", server.before, server.before))
+        return
+    soak_here = opts.soak_s > 0 and (server.canary or opts.canary == 0)
+    observer = Observer(server.url, plan.target.model)
+    observer.sample()
+    log.after_step = observer.sample
+    baseline = soak = None
+    try:
+        if soak_here and server.before.get(plan.target.model):
+            with log.step("baseline probes") as info:
+                baseline = checks.watch(server.url, plan.target.model, min(max(1.0, opts.soak_s / 2), 5.0))
+                info["detail"] = f"p99 {baseline.p99_ms or 0:.1f} ms"
+        executor.move(server, log)
+    except RolledBackError:
+        result.servers.append(ServerResult(server.url, server.strategy, "rolled_back", server.before,
+                                           server.before, tuple(log.steps), seconds=time.monotonic() - t0))
+        raise
+    except ServerError as exc:
+        result.servers.append(ServerResult(server.url, server.strategy, "failed", server.before, {},
+                                           tuple(log.steps), seconds=time.monotonic() - t0))
+        exc.facts.setdefault("url", server.url)
+        raise
+    changed.append((server, log))
+    if soak_here:
+        with log.step(f"soak {opts.soak_s:g} s") as info:
+            soak = checks.watch(server.url, plan.target.model, opts.soak_s)
+            info["detail"] = (f"{soak.requests} requests, {soak.failed + soak.probe_failures} failed, "
+                              f"p99 {soak.p99_ms or 0:.1f} ms")
+    observer.sample()
+    requests, errors = observer.totals()
+    result.servers.append(ServerResult(
+        server.url, server.strategy, "done", server.before, server.after, tuple(log.steps),
+        requests, errors, time.monotonic() - t0,
+        soak.to_dict() if soak else None))
+    why = checks.breach(baseline, soak, opts.max_error_rate, opts.max_p99_increase) if soak else None
+    if why:
+        raise RolledBackError(f"rollout of {plan.target.model} {plan.target.version} stopped on {server.url}: "
+                              f"{why}; every changed server was rolled back", reason="threshold_breached",
+                              url=server.url, model=plan.target.model, version=plan.target.version)
+
+
+def _finish(result: RolloutResult, started: float, repo: LocalRepository) -> None:
+    result.seconds = time.monotonic() - started
+    done = {s.url for s in result.servers}
+    for server in result.plan.servers:
+        if server.url not in done:
+            result.servers.append(ServerResult(server.url, server.strategy, "not_started", server.before,
+                                               server.before))
+    for server_result in result.servers:
+        append_record(repo.root, result.plan, server_result, result.outcome)
+
+
+def _roll_back_all(executor: Executor, changed: list[tuple[ServerPlan, StepLog]], result: RolloutResult,
+                   progress: Progress) -> None:
+    """Roll every changed server back, newest first. A server that cannot be reached is marked failed."""
+    for server, log in reversed(changed):
+        outcome, after = "rolled_back", server.before
+        try:
+            executor.roll_back(server, log)
+        except TrmError as exc:
+            progress(f"could not roll back {server.url}: {exc.message.splitlines()[0]}")
+            outcome, after = "failed", {}
+        result.servers = [replace(r, outcome=outcome, after=after, steps=tuple(log.steps))
+                          if r.url == server.url else r for r in result.servers]
+    changed.clear()
