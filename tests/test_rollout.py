@@ -358,3 +358,35 @@ def test_changed_outputs_switch_in_one_reload_without_failed_requests(capsys, re
         assert switched(summary, "v1", "v2")
     finally:
         server.stop()
+
+
+def test_rollout_from_a_store_installs_the_version_and_its_members_first(capsys, tmp_path):
+    """--from STORE: the server's repository gets the version (an ensemble: with its pinned members) from
+    the store, then the rollout proceeds as usual, with zero failed requests."""
+    from repo_manager.push import push
+    from repo_manager.settings import Settings
+    from repo_manager.storage import open_store
+    from repo_manager.sync import sync_versions
+
+    publisher, node, store_dir = tmp_path / "publisher", tmp_path / "node", tmp_path / "store"
+    rm.ensemble(publisher, 1)
+    rm.ensemble(publisher, 2)
+    store = open_store(str(store_dir))
+    push(store, LocalRepository(publisher), [])
+    sync_versions(Settings(repository=node), store, {"pipe": 1})
+    assert LocalRepository(node).versions("pipe") == [1]
+    server = start(node, "pipe", 1)
+    try:
+        with BackgroundLoad(server.url, "pipe", clients=CLIENTS, workload=WORKLOAD, check=pipe_tag) as load:
+            load.wait_for(30)
+            result = rollout(capsys, node, "pipe", "--version", 2, "--from", store_dir, *at(server))
+            load.wait_for(load.count() + 30)
+        assert result.code == 0, result.err
+        summary = load.summary()
+        assert summary.failed == 0 and set(summary.label_counts) <= {"v1", "v2"}
+        assert summary.labels[-1] == "v2"
+        repo = LocalRepository(node)
+        assert repo.versions("pipe") == [1, 2]
+        assert all(repo.versions(m) == [1, 2] for m in repo.manifest("pipe", 2).members)
+    finally:
+        server.stop()

@@ -29,8 +29,14 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
                  grpc_urls: list[str] | None = None, progress: Progress = _quiet) -> RolloutPlan:
     """The plan for moving ``urls`` to ``version`` of ``model`` from the local repository."""
     if source is not None:
-        raise UsageError("--from STORE is not available yet: the store/sync code has not landed in this "
-                         "build", hint="sync the version into the repository first, then use --repo")
+        if version is None:
+            raise UsageError("--from STORE needs --version N")
+        from repo_manager.storage import open_store  # noqa: PLC0415
+        from repo_manager.sync import sync_versions  # noqa: PLC0415
+
+        progress(f"installing {model} version {version} from {source}")
+        result = sync_versions(settings, open_store(source, settings), {model: version})
+        progress(f"installed from {source}: {result.to_dict().get('bytes_downloaded', 0)} bytes downloaded")
     repo = LocalRepository(settings.repository)
     if not repo.root.is_dir():
         raise UsageError(f"repository {repo.root} does not exist", hint="pass --repo DIR")

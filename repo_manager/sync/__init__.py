@@ -17,7 +17,7 @@ from repo_manager.sync.executor import SyncProgress, SyncResult, execute
 from repo_manager.sync.plan import SyncPlan, build_plan
 from repo_manager.triton.client import TritonClient
 
-__all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "plan_sync", "sync"]
+__all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "plan_sync", "sync", "sync_versions"]
 
 
 def cache_dir_for(settings: Settings) -> Path:
@@ -51,6 +51,15 @@ def plan_sync(settings: Settings, store: Store, *, env: str | None, models: tupl
         wanted_models = list(models) or (list(store.get_env(env).models) if env else [])
         loaded = loaded_versions(settings.triton_url, wanted_models)
     return build_plan(store, repo, cache, env=env, models=models, prune=prune, loaded=loaded)
+
+
+def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
+                  progress: SyncProgress | None = None) -> SyncResult:
+    """Install exactly these versions (and the members they pin) from ``store`` into the repository."""
+    started = time.monotonic()
+    repo = LocalRepository(settings.repository)
+    plan = build_plan(store, repo, BlobCache(cache_dir_for(settings)), env=None, versions=versions)
+    return execute(plan, store, progress=progress, started=started)
 
 
 def sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (), prune: bool = False,

@@ -210,14 +210,25 @@ def prune_actions(repo: LocalRepository, wanted: dict[str, int], loaded: dict[st
 
 def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: str | None,
                models: tuple[str, ...] = (), prune: bool = False,
-               loaded: dict[str, list[int]] | None = None) -> SyncPlan:
-    wanted, reads = wanted_versions(store, env, models)
+               loaded: dict[str, list[int]] | None = None, versions: dict[str, int] | None = None) -> SyncPlan:
+    """``versions`` (model -> version) replaces the environment's pointer: what a rollout installs.
+    Ensemble members pinned by a wanted version are wanted too, at the pinned version."""
+    if versions is not None:
+        wanted, reads = {check_model_name(m): v for m, v in versions.items()}, 0
+    else:
+        wanted, reads = wanted_versions(store, env, models)
     actions: list[ModelAction] = []
     fetch: dict[str, BlobFetch] = {}
     reuse = 0
-    for model, version in sorted(wanted.items()):
+    queue = sorted(wanted.items())
+    while queue:
+        model, version = queue.pop(0)
         manifest, payload, cost = load_manifest(store, cache, model, version)
         reads += cost
+        for member, member_version in sorted(manifest.members.items()):
+            if member not in wanted:
+                wanted[member] = member_version
+                queue.append((member, member_version))
         state = local_state(repo, manifest, payload)
         actions.append(ModelAction(model, version, state, config_differs(repo, manifest), len(manifest.files),
                                    manifest.total_size, manifest))

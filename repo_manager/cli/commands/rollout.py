@@ -28,7 +28,8 @@ from repo_manager.rollout import (
               help="Each server's gRPC address (host:8001), in --url order: loads and unloads go there, so "
                    "HTTP clients never wait behind a load. Default: control over HTTP.")
 @repo_option
-@click.option("--from", "source", help="Sync the version from this store first (not available yet).")
+@click.option("--from", "source", help="Install the version (and the members it pins) from this store into "
+              "--repo first (s3://bucket/prefix or a folder), as `trm sync` does.")
 @click.option("--canary", type=int, default=0, show_default=True, help="Servers to roll out and soak first.")
 @click.option("--soak", "soak_s", type=float, default=0.0, show_default=True,
               help="Seconds to watch each canary server (each server, without --canary) after it changed.")
