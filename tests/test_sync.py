@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -265,3 +266,54 @@ def test_cache_collection_keeps_blobs_another_pod_still_links(capsys, tmp_path):
     assert pruned["pruned"] == ["m/1"] and pruned["gc_removed"] == 0  # pod2 still links version 1's blob
     assert (tmp_path / "pod2" / "m" / "1" / "old.bin").read_bytes() == b"old weights"
     assert _sync(capsys, store, tmp_path / "pod2", cache, "--prune").json()["gc_removed"] == 1
+
+
+# ------------------------------------------------------------------------------- engines and the node
+# An engine fingerprint no real GPU has (compute capability 1.0): this node cannot run it whether or not it
+# has a GPU, so the refusal is real on every machine the suite runs on.
+ALIEN_FINGERPRINT = {"compute_capability": "1.0", "gpu_name": "a GPU no node has", "tensorrt_llm_version": "0.12.0",
+                     "tensorrt_version": "10.3.0", "cuda_version": "12.0"}
+
+
+def _publish_engine(tmp_path, repo_root):
+    import llm_fixtures as fx
+
+    from repo_manager.llm.node import NodeFacts
+    from repo_manager.llm.publish import TrtllmOptions
+    from repo_manager.publish import publish_model
+    from repo_manager.settings import Settings
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    engine = fx.engine_dir(tmp_path / "engine", checkpoint, fingerprint=ALIEN_FINGERPRINT)
+    publish_model(Settings(repository=repo_root), checkpoint, "llm", fmt="tensorrt-llm",
+                  node=NodeFacts(probe="none (test)"), trtllm=TrtllmOptions(engine_dir=engine, gpu_memory_gib=24))
+
+
+def test_sync_refuses_an_engine_this_node_cannot_run_and_still_syncs_other_models(capsys, s3_location, tmp_path):
+    from repo_manager.llm.node import GpuFacts, NodeFacts
+    from repo_manager.settings import Settings
+    from repo_manager.sync import sync
+
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    _publish_engine(tmp_path, src)
+    make_version(src, "plain", {"model.py": b"# no engine"})
+    _push(capsys, src, s3_location)
+
+    result = _sync(capsys, s3_location, dst, cache)
+    assert result.code == 11, result.err
+    assert "llm_tensorrt_llm version 1 cannot run on this node" in result.err
+    assert "Traceback" not in result.err
+    assert not dst.exists() or not any(dst.rglob("trm-manifest.json"))  # refused before anything changed
+    assert json.loads(result.out)["error"]["kind"] == "compatibility"
+
+    # a model without an engine syncs on the same node
+    result = _sync(capsys, s3_location, dst, cache, "--model", "plain")
+    assert result.code == 0, result.err
+    assert LocalRepository(dst).versions("plain") == [1]
+
+    # a node that matches the fingerprint gets the whole layout
+    node = NodeFacts(gpus=(GpuFacts("a GPU no node has", 80 * 1024**3, "1.0"),), driver_version="999",
+                     driver_cuda_version="12.0", probe="recorded")
+    synced = sync(Settings(repository=dst, cache_dir=cache), open_store(s3_location), env="prod", node=node)
+    assert "llm_tensorrt_llm/1" in synced.installed
+    assert LocalRepository(dst).versions("llm_tensorrt_llm") == [1]
