@@ -144,3 +144,44 @@ def test_export_writes_a_plain_triton_layout_to_a_folder_and_to_s3(capsys, s3_lo
         target = open_store(f"s3://{BUCKET}/{prefix}")
         assert target._get_bytes("m/2/w/weights.bin")[0] == weights
         assert target._get_bytes("m/config.pbtxt")[0].decode() == (out / "m" / "config.pbtxt").read_text()
+
+
+def test_aws_credentials_never_appear_in_errors_even_with_verbose(s3_location, tmp_path):
+    """Provoke real failures (refused credentials, an endpoint that is down, credentials written into the
+    endpoint URL) with --verbose and --json, and look for the key and the secret in everything printed."""
+    import os
+    import socket
+
+    import seaweed as sw
+
+    src = tmp_path / "src"
+    make_version(src, "m", {"model.py": b"# v1"})
+    wrong_key, wrong_secret = "AKIAWRONGKEY7EXAMPLE", "wrongSecret/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
+    cases = [
+        ({"AWS_ACCESS_KEY_ID": wrong_key, "AWS_SECRET_ACCESS_KEY": wrong_secret},
+         ["push", s3_location, "--repo", src]),
+        ({"AWS_ACCESS_KEY_ID": wrong_key, "AWS_SECRET_ACCESS_KEY": wrong_secret},
+         ["sync", s3_location, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c"]),
+        ({"AWS_ACCESS_KEY_ID": wrong_key, "AWS_SECRET_ACCESS_KEY": wrong_secret},
+         ["export", s3_location, tmp_path / "out"]),
+        ({}, ["push", s3_location, "--repo", src, "--endpoint-url", dead]),
+        ({}, ["sync", s3_location, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c",
+              "--endpoint-url", dead]),
+        # credentials written into the endpoint URL (some tools accept http://KEY:SECRET@host)
+        ({}, ["sync", s3_location, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c",
+              "--endpoint-url", dead.replace("http://", f"http://{wrong_key}:{wrong_secret}@")]),
+        ({}, ["push", s3_location, "--repo", src, "--endpoint-url",
+              endpoint.replace("http://", f"http://{wrong_key}:{wrong_secret}@")]),
+    ]
+    secrets = [wrong_key, wrong_secret, sw.SECRET_KEY, "wrongSecret"]
+    for env, args in cases:
+        for flags in (["--verbose"], ["--json"]):
+            process = trm_process(*flags, *args, env=env)
+            out, err = process.communicate(timeout=120)
+            assert process.returncode not in (0, 1), f"{args}: {err}"
+            for secret in secrets:
+                assert secret not in out and secret not in err, f"{args} {flags} printed a credential:\n{err}"
