@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
-from repo_manager.errors import IntegrityError, NotFoundError
+from repo_manager.errors import InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import FileEntry, Manifest, check_model_name
 from repo_manager.settings import Settings
 from repo_manager.storage import Store, blob_key
@@ -62,7 +62,11 @@ class _FolderTarget:
 
     def write_file(self, store: Store, entry: FileEntry, key: str) -> None:
         target = self.root / key
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot write the export into {target.parent}: {exc.strerror}",
+                             hint="export to a writable folder") from exc
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             digest, size = hashlib.sha256(), 0

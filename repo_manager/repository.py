@@ -107,9 +107,13 @@ class LocalRepository:
     def stage(self, model: str) -> Path:
         """A fresh temporary folder for a new version of ``model``, on the repository's filesystem."""
         folder = self.model_dir(model)
-        folder.mkdir(parents=True, exist_ok=True)
         staging = folder / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
-        staging.mkdir()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            staging.mkdir()
+        except OSError as exc:
+            raise InputError(f"cannot write a version into {folder}: {exc.strerror}",
+                             hint="pass a writable folder to --repo") from exc
         return staging
 
     def discard(self, staging: Path) -> None:

@@ -185,3 +185,15 @@ def test_aws_credentials_never_appear_in_errors_even_with_verbose(s3_location, t
             assert process.returncode not in (0, 1), f"{args}: {err}"
             for secret in secrets:
                 assert secret not in out and secret not in err, f"{args} {flags} printed a credential:\n{err}"
+
+
+def test_export_to_a_destination_that_cannot_be_created_is_a_clear_input_error(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    assert run_cli(capsys, "push", store, "--repo", src).code == 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = run_cli(capsys, "export", store, blocker / "out")
+    assert result.code == 3, result.err
+    assert "internal error" not in result.err and str(blocker) in result.err
+    assert blocker.read_text() == "not a folder"

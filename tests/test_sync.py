@@ -317,3 +317,17 @@ def test_sync_refuses_an_engine_this_node_cannot_run_and_still_syncs_other_model
     synced = sync(Settings(repository=dst, cache_dir=cache), open_store(s3_location), env="prod", node=node)
     assert "llm_tensorrt_llm/1" in synced.installed
     assert LocalRepository(dst).versions("llm_tensorrt_llm") == [1]
+
+
+def test_a_cache_or_repository_that_cannot_be_created_is_a_clear_input_error(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    _push(capsys, src, store)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for extra in (["--repo", tmp_path / "dst", "--cache", blocker / "cache"],
+                  ["--repo", blocker / "repo", "--cache", tmp_path / "cache"]):
+        result = run_cli(capsys, "sync", store, "--env", "prod", *extra)
+        assert result.code == 3, result.err
+        assert "internal error" not in result.err and str(blocker) in result.err
+    assert not (tmp_path / "dst").exists()
