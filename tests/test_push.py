@@ -7,6 +7,7 @@ import time
 import numpy as np
 import onnx_models as om
 import onnxruntime as ort
+import pytest
 from helpers import run_cli
 from seaweed import BUCKET
 from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
@@ -197,3 +198,34 @@ def test_export_to_a_destination_that_cannot_be_created_is_a_clear_input_error(c
     assert result.code == 3, result.err
     assert "internal error" not in result.err and str(blocker) in result.err
     assert blocker.read_text() == "not a folder"
+
+
+def test_a_publish_killed_while_renumbering_never_loses_the_local_version(tmp_path, monkeypatch):
+    """The store already holds version 1 (another publisher), so the new local version 1 is renumbered.
+    A crash right at the commit of the new number cannot be produced on cue by a real kill: it is
+    simulated by making LocalRepository.commit raise (a named stand-in for SIGKILL at that instruction).
+    The version must still be on disk as a complete version, not only in a staging folder that
+    `trm validate --fix` deletes."""
+    from repo_manager.push import publish_to_store
+
+    store = open_store(str(tmp_path / "store"))
+    other = make_version(tmp_path / "other", "m", {"model.py": b"# the other publisher"})
+    assert publish_to_store(store, LocalRepository(tmp_path / "other"), "m", 1).versions[0].version == 1
+    mine = make_version(tmp_path / "repo", "m", {"model.py": b"# mine", "sub/w.bin": b"w" * 100})
+    repo = LocalRepository(tmp_path / "repo")
+
+    def crash(*_args, **_kwargs):
+        raise KeyboardInterrupt("simulated kill during the renumbering commit")
+
+    monkeypatch.setattr(LocalRepository, "commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        publish_to_store(store, repo, "m", 1)
+    monkeypatch.undo()
+    assert repo.versions("m") == [1] and repo.manifest("m", 1).files == mine.files
+    assert repo.validate() == [] or all("staging" in p.message for p in repo.validate())
+    repo.clean_staging("m")  # what `trm validate --fix` does: the version survives it
+    assert repo.versions("m") == [1] and repo.validate() == []
+    # and the publish, run again, takes the next number in the store and keeps one local copy
+    assert publish_to_store(store, repo, "m", 1).versions[0].version == 2
+    assert repo.versions("m") == [2] and repo.manifest("m", 2).files == mine.files != other.files
+    assert repo.validate() == []
