@@ -98,6 +98,21 @@ class LocalRepository:
                                 hint="`trm list` shows the models")
         return cfg.read_config(path)
 
+    def installed_config(self, manifest: Manifest) -> str:
+        """The config.pbtxt text this repository serves ``manifest`` with: the config it was validated
+        with, except that a TensorRT-LLM engine's ``gpt_model_path`` (the backend wants an absolute path,
+        recorded by the publisher on its own disk) names the version folder in this repository."""
+        text = manifest.config
+        if "gpt_model_path" not in text:
+            return text
+        from repo_manager.llm.layout import localize_gpt_model_path  # noqa: PLC0415 - LLM versions only
+
+        config = cfg.parse_config(text, f"config of {manifest.model}/{manifest.version}")
+        localized = localize_gpt_model_path(config, self.version_dir(manifest.model, manifest.version))
+        if localized == config:
+            return text  # published into this repository: keep the exact validated text
+        return cfg.config_to_text(localized)
+
     def next_version(self, model: str) -> int:
         """Highest version folder present (complete or not) + 1, so a number is never reused."""
         numbers = self._numeric_dirs(model)
@@ -157,7 +172,7 @@ class LocalRepository:
         versions = self.versions(model)
         if not versions:
             return False
-        wanted = read_manifest(self.version_dir(model, versions[-1])).config
+        wanted = self.installed_config(read_manifest(self.version_dir(model, versions[-1])))
         path = self.model_dir(model) / CONFIG_NAME
         if path.exists() and path.read_text() == wanted:
             return False
@@ -219,7 +234,7 @@ class LocalRepository:
         versions = self.versions(name)
         if versions and config_path.exists():
             try:
-                if read_manifest(model_dir / str(versions[-1])).config != config_path.read_text():
+                if self.installed_config(read_manifest(model_dir / str(versions[-1]))) != config_path.read_text():
                     problems.append(Problem(name, None, f"config.pbtxt differs from the config version "
                                                         f"{versions[-1]} was validated with"))
             except IntegrityError:

@@ -331,3 +331,22 @@ def test_a_cache_or_repository_that_cannot_be_created_is_a_clear_input_error(cap
         assert result.code == 3, result.err
         assert "internal error" not in result.err and str(blocker) in result.err
     assert not (tmp_path / "dst").exists()
+
+
+def test_synced_engine_config_points_at_the_engine_where_this_node_installed_it(capsys, tmp_path):
+    from repo_manager import config as cfg
+    from repo_manager.llm.node import GpuFacts, NodeFacts
+    from repo_manager.settings import Settings
+    from repo_manager.sync import sync
+
+    src, dst, store = tmp_path / "src", tmp_path / "node" / "repo", tmp_path / "store"
+    _publish_engine(tmp_path, src)
+    _push(capsys, src, store)
+    node = NodeFacts(gpus=(GpuFacts("a GPU no node has", 80 * 1024**3, "1.0"),), driver_version="999",
+                     driver_cuda_version="12.0", probe="recorded")
+    settings = Settings(repository=dst, cache_dir=tmp_path / "cache")
+    assert "llm_tensorrt_llm/1" in sync(settings, open_store(str(store)), env="prod", node=node).installed
+    config = cfg.read_config(dst / "llm_tensorrt_llm" / "config.pbtxt")
+    assert config.parameters["gpt_model_path"].string_value == str((dst / "llm_tensorrt_llm" / "1").resolve())
+    assert LocalRepository(dst).validate() == []
+    assert sync(settings, open_store(str(store)), env="prod", node=node).unchanged
