@@ -154,6 +154,14 @@ def test_two_syncs_on_one_node_share_the_cache_without_downloading_twice(capsys,
 
 
 @pytest.mark.parametrize("payload, what", [
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "members": ["x"], '
+     b'"files": [{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "members that are not a mapping"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "members": {"../x": 1}, '
+     b'"files": [{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "a member name leaving the repository"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "source": "x", '
+     b'"files": [{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "a source that is not a mapping"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": {"a": 1}}',
+     "files that are not a list"),
     (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
      b'[{"path": "../../outside.txt", "size": 3, "sha256": "%s"}]}', "path leaving the version folder"),
     (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
