@@ -46,6 +46,10 @@ class ExportResult:
 def chosen_versions(store: Store, env: str | None, models: tuple[str, ...]) -> dict[str, list[int]]:
     if env is not None:
         pointer = store.get_env(env).models
+        absent = sorted(set(models) - set(pointer))
+        if absent:
+            raise NotFoundError(f"environment {env} in {store.location} does not serve {', '.join(absent)}",
+                                env=env)
         return {m: [v] for m, v in pointer.items() if not models or m in models}
     found = {}
     for model in models or tuple(store.list_models()):
@@ -53,6 +57,9 @@ def chosen_versions(store: Store, env: str | None, models: tuple[str, ...]) -> d
         if not versions:
             raise NotFoundError(f"model {model} has no version in {store.location}", model=model)
         found[model] = versions
+    if not found:  # a mistyped store location must not look like a successful export
+        raise NotFoundError(f"nothing to export: {store.location} holds no model",
+                            hint="check the store location (and --endpoint-url)")
     return found
 
 

@@ -229,3 +229,16 @@ def test_a_publish_killed_while_renumbering_never_loses_the_local_version(tmp_pa
     assert publish_to_store(store, repo, "m", 1).versions[0].version == 2
     assert repo.versions("m") == [2] and repo.manifest("m", 2).files == mine.files != other.files
     assert repo.validate() == []
+
+
+def test_export_of_nothing_is_an_error_not_an_empty_success(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    assert run_cli(capsys, "push", store, "--repo", src, "--env", "prod").code == 0
+    mistyped = run_cli(capsys, "export", tmp_path / "no-such-store", tmp_path / "out")
+    assert mistyped.code == 4 and "nothing to export" in mistyped.err, mistyped.err
+    absent = run_cli(capsys, "export", store, tmp_path / "out", "--env", "prod", "--model", "other")
+    assert absent.code == 4 and "other" in absent.err, absent.err
+    assert not (tmp_path / "out").exists()
+    assert run_cli(capsys, "export", store, tmp_path / "out", "--env", "prod", "--model", "m").code == 0
+    assert (tmp_path / "out" / "m" / "1" / "model.py").read_bytes() == b"# v1"
