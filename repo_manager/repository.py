@@ -122,7 +122,8 @@ class LocalRepository:
     def stage(self, model: str) -> Path:
         """A fresh temporary folder for a new version of ``model``, on the repository's filesystem."""
         folder = self.model_dir(model)
-        staging = folder / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        # the owner's pid in the name: `validate --fix` leaves the folders of running writers alone
+        staging = folder / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             staging.mkdir()
@@ -187,7 +188,7 @@ class LocalRepository:
             if not folder.is_dir():
                 continue
             for child in folder.iterdir():
-                if child.name.startswith(STAGING_PREFIX):
+                if child.name.startswith(STAGING_PREFIX) and not _owner_running(child.name):
                     shutil.rmtree(child, ignore_errors=True)
                     removed.append(child)
             if removed and not any(folder.iterdir()):
@@ -272,6 +273,22 @@ class LocalRepository:
             elif sha256_file(path) != entry.sha256:
                 problems.append(Problem(model, version, f"file {entry.path} does not match its sha256"))
         return problems
+
+
+def _owner_running(name: str) -> bool:
+    """True when a staging folder's name carries the pid of a process that is still running here (a
+    publish or sync still writing it). Folders from other hosts sharing the repository, or named before
+    pids were recorded, count as leftovers."""
+    pid = name[len(STAGING_PREFIX):].split("-", 1)[0]
+    if not pid.isdigit() or len(pid) > 9:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _present_files(folder: Path) -> set[str]:
