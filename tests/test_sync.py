@@ -358,3 +358,18 @@ def test_synced_engine_config_points_at_the_engine_where_this_node_installed_it(
     assert config.parameters["gpt_model_path"].string_value == str((dst / "llm_tensorrt_llm" / "1").resolve())
     assert LocalRepository(dst).validate() == []
     assert sync(settings, open_store(str(store)), env="prod", node=node).unchanged
+
+
+def test_a_bad_environment_name_on_the_command_line_is_bad_input(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    for command in (["push", store, "--repo", src, "--env", "../prod"],
+                    ["sync", store, "--env", "../prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c"]):
+        result = run_cli(capsys, *command)
+        assert result.code == 3 and "environment name '../prod' is not allowed" in result.err, result.err
+    assert not (store / "envs").exists() and not (tmp_path / "dst").exists()
+    # the same name inside a store's pointer is hostile store content (exit 7)
+    open_store(str(store))._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "../x", "models": {}}',
+                                      if_absent=True)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c")
+    assert result.code == 7, result.err
