@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
-from repo_manager.errors import IntegrityError, NotFoundError
+from repo_manager.errors import InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import FileEntry, Manifest, check_model_name
 from repo_manager.settings import Settings
 from repo_manager.storage import Store, blob_key
@@ -46,6 +46,10 @@ class ExportResult:
 def chosen_versions(store: Store, env: str | None, models: tuple[str, ...]) -> dict[str, list[int]]:
     if env is not None:
         pointer = store.get_env(env).models
+        absent = sorted(set(models) - set(pointer))
+        if absent:
+            raise NotFoundError(f"environment {env} in {store.location} does not serve {', '.join(absent)}",
+                                env=env)
         return {m: [v] for m, v in pointer.items() if not models or m in models}
     found = {}
     for model in models or tuple(store.list_models()):
@@ -53,6 +57,9 @@ def chosen_versions(store: Store, env: str | None, models: tuple[str, ...]) -> d
         if not versions:
             raise NotFoundError(f"model {model} has no version in {store.location}", model=model)
         found[model] = versions
+    if not found:  # a mistyped store location must not look like a successful export
+        raise NotFoundError(f"nothing to export: {store.location} holds no model",
+                            hint="check the store location (and --endpoint-url)")
     return found
 
 
@@ -62,7 +69,11 @@ class _FolderTarget:
 
     def write_file(self, store: Store, entry: FileEntry, key: str) -> None:
         target = self.root / key
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot write the export into {target.parent}: {exc.strerror}",
+                             hint="export to a writable folder") from exc
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             digest, size = hashlib.sha256(), 0

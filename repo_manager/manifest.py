@@ -137,14 +137,22 @@ class Manifest:
         for path in paths:
             if path in folders:
                 raise IntegrityError(f"{origin}: {path!r} is both a file and a folder")
-        members = data.get("members") or {}
-        for member, member_version in members.items():
-            check_model_name(member)
-            check_version(member_version)
+        records = {key: data.get(key) or {} for key in ("members", "source", "environment", "verification")}
+        for key, value in records.items():
+            if not isinstance(value, dict):
+                raise IntegrityError(f"{origin} is malformed: {key} is not a mapping")
+        if data.get("tuning") is not None and not isinstance(data["tuning"], dict):
+            raise IntegrityError(f"{origin} is malformed: tuning is not a mapping")
+        try:
+            for member, member_version in records["members"].items():
+                check_model_name(member)
+                check_version(member_version)
+        except InputError as exc:
+            raise IntegrityError(f"{origin} names a bad ensemble member: {exc.message}") from exc
         return cls(model=model, version=version, files=files, config=config,
-                   source=data.get("source") or {}, environment=data.get("environment") or {},
-                   verification=data.get("verification") or {}, tuning=data.get("tuning"),
-                   members=dict(members), created_at=str(data.get("created_at", "")))
+                   source=records["source"], environment=records["environment"],
+                   verification=records["verification"], tuning=data.get("tuning"),
+                   members=dict(records["members"]), created_at=str(data.get("created_at", "")))
 
     @classmethod
     def from_json(cls, payload: bytes | str, origin: str = "manifest") -> Manifest:

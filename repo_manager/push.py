@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -188,18 +189,30 @@ def _is_member(repo: LocalRepository, model: str) -> bool:
 
 
 def _renumber_local(repo: LocalRepository, manifest: Manifest, number: int) -> Manifest:
-    """Move local ``model/<old>`` to ``model/<number>`` through a staging folder (Triton never sees a
-    version folder with a wrong manifest)."""
+    """Give local ``model/<old>`` the number ``number``: its files are hard-linked into a staging folder
+    that is committed as ``<number>`` (Triton never sees a version folder with a wrong manifest), and
+    only then is ``<old>`` renamed aside and deleted. A crash at any point leaves the version complete
+    under one number or both, never only in a staging folder (which `trm validate --fix` deletes)."""
     folder = repo.version_dir(manifest.model, manifest.version)
-    staging = folder.parent / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
-    os.rename(folder, staging)
-    renumbered = dataclasses.replace(manifest, version=number)
-    while True:
-        try:
-            repo.commit(staging, renumbered)
-            return renumbered
-        except ConflictError:  # a local publisher took it meanwhile
-            renumbered = dataclasses.replace(renumbered, version=repo.next_version(manifest.model))
+    staging = repo.stage(manifest.model)
+    try:
+        for entry in manifest.files:
+            (staging / entry.path).parent.mkdir(parents=True, exist_ok=True)
+            os.link(folder / entry.path, staging / entry.path)
+        renumbered = dataclasses.replace(manifest, version=number)
+        while True:
+            try:
+                repo.commit(staging, renumbered)
+                break
+            except ConflictError:  # a local publisher took it meanwhile
+                renumbered = dataclasses.replace(renumbered, version=repo.next_version(manifest.model))
+    except BaseException:
+        repo.discard(staging)
+        raise
+    aside = folder.parent / f"{STAGING_PREFIX}renumbered-{uuid.uuid4().hex}"
+    os.rename(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    return renumbered
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,21 @@ class LocalRepository:
                                 hint="`trm list` shows the models")
         return cfg.read_config(path)
 
+    def installed_config(self, manifest: Manifest) -> str:
+        """The config.pbtxt text this repository serves ``manifest`` with: the config it was validated
+        with, except that a TensorRT-LLM engine's ``gpt_model_path`` (the backend wants an absolute path,
+        recorded by the publisher on its own disk) names the version folder in this repository."""
+        text = manifest.config
+        if "gpt_model_path" not in text:
+            return text
+        from repo_manager.llm.layout import localize_gpt_model_path  # noqa: PLC0415 - LLM versions only
+
+        config = cfg.parse_config(text, f"config of {manifest.model}/{manifest.version}")
+        localized = localize_gpt_model_path(config, self.version_dir(manifest.model, manifest.version))
+        if localized == config:
+            return text  # published into this repository: keep the exact validated text
+        return cfg.config_to_text(localized)
+
     def next_version(self, model: str) -> int:
         """Highest version folder present (complete or not) + 1, so a number is never reused."""
         numbers = self._numeric_dirs(model)
@@ -107,9 +122,14 @@ class LocalRepository:
     def stage(self, model: str) -> Path:
         """A fresh temporary folder for a new version of ``model``, on the repository's filesystem."""
         folder = self.model_dir(model)
-        folder.mkdir(parents=True, exist_ok=True)
-        staging = folder / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
-        staging.mkdir()
+        # the owner's pid in the name: `validate --fix` leaves the folders of running writers alone
+        staging = folder / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            staging.mkdir()
+        except OSError as exc:
+            raise InputError(f"cannot write a version into {folder}: {exc.strerror}",
+                             hint="pass a writable folder to --repo") from exc
         return staging
 
     def discard(self, staging: Path) -> None:
@@ -153,7 +173,7 @@ class LocalRepository:
         versions = self.versions(model)
         if not versions:
             return False
-        wanted = read_manifest(self.version_dir(model, versions[-1])).config
+        wanted = self.installed_config(read_manifest(self.version_dir(model, versions[-1])))
         path = self.model_dir(model) / CONFIG_NAME
         if path.exists() and path.read_text() == wanted:
             return False
@@ -168,7 +188,7 @@ class LocalRepository:
             if not folder.is_dir():
                 continue
             for child in folder.iterdir():
-                if child.name.startswith(STAGING_PREFIX):
+                if child.name.startswith(STAGING_PREFIX) and not _owner_running(child.name):
                     shutil.rmtree(child, ignore_errors=True)
                     removed.append(child)
             if removed and not any(folder.iterdir()):
@@ -215,7 +235,7 @@ class LocalRepository:
         versions = self.versions(name)
         if versions and config_path.exists():
             try:
-                if read_manifest(model_dir / str(versions[-1])).config != config_path.read_text():
+                if self.installed_config(read_manifest(model_dir / str(versions[-1]))) != config_path.read_text():
                     problems.append(Problem(name, None, f"config.pbtxt differs from the config version "
                                                         f"{versions[-1]} was validated with"))
             except IntegrityError:
@@ -253,6 +273,22 @@ class LocalRepository:
             elif sha256_file(path) != entry.sha256:
                 problems.append(Problem(model, version, f"file {entry.path} does not match its sha256"))
         return problems
+
+
+def _owner_running(name: str) -> bool:
+    """True when a staging folder's name carries the pid of a process that is still running here (a
+    publish or sync still writing it). Folders from other hosts sharing the repository, or named before
+    pids were recorded, count as leftovers."""
+    pid = name[len(STAGING_PREFIX):].split("-", 1)[0]
+    if not pid.isdigit() or len(pid) > 9:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _present_files(folder: Path) -> set[str]:

@@ -22,7 +22,7 @@ from repo_manager.triton.server import Endpoints, TritonServer
 def version_config(repo: LocalRepository, model: str, version: int) -> cfg.ModelConfig:
     """The config a version was validated with, pinned to that version (for the load API)."""
     manifest = repo.manifest(model, version)
-    config = cfg.parse_config(manifest.config, f"manifest of {model}/{version}")
+    config = cfg.parse_config(repo.installed_config(manifest), f"manifest of {model}/{version}")
     config.version_policy.specific.versions[:] = [version]
     return config
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx_models as om
@@ -189,3 +190,26 @@ def test_a_light_command_does_not_import_the_heavy_stack(tmp_path):
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_validate_fix_never_removes_the_staging_folder_of_a_running_publish_or_sync(capsys, tmp_path):
+    """A real process holds a staging folder, as a publish or sync does while it writes a version."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from repo_manager.repository import LocalRepository\n"
+        f"staging = LocalRepository({str(tmp_path / 'repo')!r}).stage('m')\n"
+        "(staging / 'model.py').write_text('# being written')\n"
+        "print(staging, flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+    try:
+        staging = Path(holder.stdout.readline().strip())
+        assert staging.is_dir()
+        result = run_cli(capsys, "validate", tmp_path / "repo", "--fix", "--json")
+        assert result.code == 3 and "staging" in result.out, result.err  # reported, not removed
+        assert staging.is_dir() and (staging / "model.py").read_text() == "# being written", result.out
+    finally:
+        holder.kill()
+        holder.wait()
+    result = run_cli(capsys, "validate", tmp_path / "repo", "--fix", "--json")
+    assert not staging.exists(), result.out + result.err  # its owner is gone: a leftover, removed

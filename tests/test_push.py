@@ -7,6 +7,7 @@ import time
 import numpy as np
 import onnx_models as om
 import onnxruntime as ort
+import pytest
 from helpers import run_cli
 from seaweed import BUCKET
 from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
@@ -144,3 +145,100 @@ def test_export_writes_a_plain_triton_layout_to_a_folder_and_to_s3(capsys, s3_lo
         target = open_store(f"s3://{BUCKET}/{prefix}")
         assert target._get_bytes("m/2/w/weights.bin")[0] == weights
         assert target._get_bytes("m/config.pbtxt")[0].decode() == (out / "m" / "config.pbtxt").read_text()
+
+
+def test_aws_credentials_never_appear_in_errors_even_with_verbose(s3_location, tmp_path):
+    """Provoke real failures (refused credentials, an endpoint that is down, credentials written into the
+    endpoint URL) with --verbose and --json, and look for the key and the secret in everything printed."""
+    import os
+    import socket
+
+    import seaweed as sw
+
+    src = tmp_path / "src"
+    make_version(src, "m", {"model.py": b"# v1"})
+    wrong_key, wrong_secret = "AKIAWRONGKEY7EXAMPLE", "wrongSecret/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
+    cases = [
+        ({"AWS_ACCESS_KEY_ID": wrong_key, "AWS_SECRET_ACCESS_KEY": wrong_secret},
+         ["push", s3_location, "--repo", src]),
+        ({"AWS_ACCESS_KEY_ID": wrong_key, "AWS_SECRET_ACCESS_KEY": wrong_secret},
+         ["sync", s3_location, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c"]),
+        ({"AWS_ACCESS_KEY_ID": wrong_key, "AWS_SECRET_ACCESS_KEY": wrong_secret},
+         ["export", s3_location, tmp_path / "out"]),
+        ({}, ["push", s3_location, "--repo", src, "--endpoint-url", dead]),
+        ({}, ["sync", s3_location, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c",
+              "--endpoint-url", dead]),
+        # credentials written into the endpoint URL (some tools accept http://KEY:SECRET@host)
+        ({}, ["sync", s3_location, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c",
+              "--endpoint-url", dead.replace("http://", f"http://{wrong_key}:{wrong_secret}@")]),
+        ({}, ["push", s3_location, "--repo", src, "--endpoint-url",
+              endpoint.replace("http://", f"http://{wrong_key}:{wrong_secret}@")]),
+    ]
+    secrets = [wrong_key, wrong_secret, sw.SECRET_KEY, "wrongSecret"]
+    for env, args in cases:
+        for flags in (["--verbose"], ["--json"]):
+            process = trm_process(*flags, *args, env=env)
+            out, err = process.communicate(timeout=120)
+            assert process.returncode not in (0, 1), f"{args}: {err}"
+            for secret in secrets:
+                assert secret not in out and secret not in err, f"{args} {flags} printed a credential:\n{err}"
+
+
+def test_export_to_a_destination_that_cannot_be_created_is_a_clear_input_error(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    assert run_cli(capsys, "push", store, "--repo", src).code == 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = run_cli(capsys, "export", store, blocker / "out")
+    assert result.code == 3, result.err
+    assert "internal error" not in result.err and str(blocker) in result.err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_a_publish_killed_while_renumbering_never_loses_the_local_version(tmp_path, monkeypatch):
+    """The store already holds version 1 (another publisher), so the new local version 1 is renumbered.
+    A crash right at the commit of the new number cannot be produced on cue by a real kill: it is
+    simulated by making LocalRepository.commit raise (a named stand-in for SIGKILL at that instruction).
+    The version must still be on disk as a complete version, not only in a staging folder that
+    `trm validate --fix` deletes."""
+    from repo_manager.push import publish_to_store
+
+    store = open_store(str(tmp_path / "store"))
+    other = make_version(tmp_path / "other", "m", {"model.py": b"# the other publisher"})
+    assert publish_to_store(store, LocalRepository(tmp_path / "other"), "m", 1).versions[0].version == 1
+    mine = make_version(tmp_path / "repo", "m", {"model.py": b"# mine", "sub/w.bin": b"w" * 100})
+    repo = LocalRepository(tmp_path / "repo")
+
+    def crash(*_args, **_kwargs):
+        raise KeyboardInterrupt("simulated kill during the renumbering commit")
+
+    monkeypatch.setattr(LocalRepository, "commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        publish_to_store(store, repo, "m", 1)
+    monkeypatch.undo()
+    assert repo.versions("m") == [1] and repo.manifest("m", 1).files == mine.files
+    assert repo.validate() == [] or all("staging" in p.message for p in repo.validate())
+    repo.clean_staging("m")  # what `trm validate --fix` does: the version survives it
+    assert repo.versions("m") == [1] and repo.validate() == []
+    # and the publish, run again, takes the next number in the store and keeps one local copy
+    assert publish_to_store(store, repo, "m", 1).versions[0].version == 2
+    assert repo.versions("m") == [2] and repo.manifest("m", 2).files == mine.files != other.files
+    assert repo.validate() == []
+
+
+def test_export_of_nothing_is_an_error_not_an_empty_success(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    assert run_cli(capsys, "push", store, "--repo", src, "--env", "prod").code == 0
+    mistyped = run_cli(capsys, "export", tmp_path / "no-such-store", tmp_path / "out")
+    assert mistyped.code == 4 and "nothing to export" in mistyped.err, mistyped.err
+    absent = run_cli(capsys, "export", store, tmp_path / "out", "--env", "prod", "--model", "other")
+    assert absent.code == 4 and "other" in absent.err, absent.err
+    assert not (tmp_path / "out").exists()
+    assert run_cli(capsys, "export", store, tmp_path / "out", "--env", "prod", "--model", "m").code == 0
+    assert (tmp_path / "out" / "m" / "1" / "model.py").read_bytes() == b"# v1"

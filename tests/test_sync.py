@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -153,6 +154,14 @@ def test_two_syncs_on_one_node_share_the_cache_without_downloading_twice(capsys,
 
 
 @pytest.mark.parametrize("payload, what", [
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "members": ["x"], '
+     b'"files": [{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "members that are not a mapping"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "members": {"../x": 1}, '
+     b'"files": [{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "a member name leaving the repository"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "source": "x", '
+     b'"files": [{"path": "x.txt", "size": 3, "sha256": "%s"}]}', "a source that is not a mapping"),
+    (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": {"a": 1}}',
+     "files that are not a list"),
     (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
      b'[{"path": "../../outside.txt", "size": 3, "sha256": "%s"}]}', "path leaving the version folder"),
     (b'{"schema": "trm.manifest/1", "model": "m", "version": 1, "config": "name: \\"m\\"", "files": '
@@ -265,3 +274,102 @@ def test_cache_collection_keeps_blobs_another_pod_still_links(capsys, tmp_path):
     assert pruned["pruned"] == ["m/1"] and pruned["gc_removed"] == 0  # pod2 still links version 1's blob
     assert (tmp_path / "pod2" / "m" / "1" / "old.bin").read_bytes() == b"old weights"
     assert _sync(capsys, store, tmp_path / "pod2", cache, "--prune").json()["gc_removed"] == 1
+
+
+# ------------------------------------------------------------------------------- engines and the node
+# An engine fingerprint no real GPU has (compute capability 1.0): this node cannot run it whether or not it
+# has a GPU, so the refusal is real on every machine the suite runs on.
+ALIEN_FINGERPRINT = {"compute_capability": "1.0", "gpu_name": "a GPU no node has", "tensorrt_llm_version": "0.12.0",
+                     "tensorrt_version": "10.3.0", "cuda_version": "12.0"}
+
+
+def _publish_engine(tmp_path, repo_root):
+    import llm_fixtures as fx
+
+    from repo_manager.llm.node import NodeFacts
+    from repo_manager.llm.publish import TrtllmOptions
+    from repo_manager.publish import publish_model
+    from repo_manager.settings import Settings
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    engine = fx.engine_dir(tmp_path / "engine", checkpoint, fingerprint=ALIEN_FINGERPRINT)
+    publish_model(Settings(repository=repo_root), checkpoint, "llm", fmt="tensorrt-llm",
+                  node=NodeFacts(probe="none (test)"), trtllm=TrtllmOptions(engine_dir=engine, gpu_memory_gib=24))
+
+
+def test_sync_refuses_an_engine_this_node_cannot_run_and_still_syncs_other_models(capsys, s3_location, tmp_path):
+    from repo_manager.llm.node import GpuFacts, NodeFacts
+    from repo_manager.settings import Settings
+    from repo_manager.sync import sync
+
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    _publish_engine(tmp_path, src)
+    make_version(src, "plain", {"model.py": b"# no engine"})
+    _push(capsys, src, s3_location)
+
+    result = _sync(capsys, s3_location, dst, cache)
+    assert result.code == 11, result.err
+    assert "llm_tensorrt_llm version 1 cannot run on this node" in result.err
+    assert "Traceback" not in result.err
+    assert not dst.exists() or not any(dst.rglob("trm-manifest.json"))  # refused before anything changed
+    assert json.loads(result.out)["error"]["kind"] == "compatibility"
+
+    # a model without an engine syncs on the same node
+    result = _sync(capsys, s3_location, dst, cache, "--model", "plain")
+    assert result.code == 0, result.err
+    assert LocalRepository(dst).versions("plain") == [1]
+
+    # a node that matches the fingerprint gets the whole layout
+    node = NodeFacts(gpus=(GpuFacts("a GPU no node has", 80 * 1024**3, "1.0"),), driver_version="999",
+                     driver_cuda_version="12.0", probe="recorded")
+    synced = sync(Settings(repository=dst, cache_dir=cache), open_store(s3_location), env="prod", node=node)
+    assert "llm_tensorrt_llm/1" in synced.installed
+    assert LocalRepository(dst).versions("llm_tensorrt_llm") == [1]
+
+
+def test_a_cache_or_repository_that_cannot_be_created_is_a_clear_input_error(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    _push(capsys, src, store)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for extra in (["--repo", tmp_path / "dst", "--cache", blocker / "cache"],
+                  ["--repo", blocker / "repo", "--cache", tmp_path / "cache"]):
+        result = run_cli(capsys, "sync", store, "--env", "prod", *extra)
+        assert result.code == 3, result.err
+        assert "internal error" not in result.err and str(blocker) in result.err
+    assert not (tmp_path / "dst").exists()
+
+
+def test_synced_engine_config_points_at_the_engine_where_this_node_installed_it(capsys, tmp_path):
+    from repo_manager import config as cfg
+    from repo_manager.llm.node import GpuFacts, NodeFacts
+    from repo_manager.settings import Settings
+    from repo_manager.sync import sync
+
+    src, dst, store = tmp_path / "src", tmp_path / "node" / "repo", tmp_path / "store"
+    _publish_engine(tmp_path, src)
+    _push(capsys, src, store)
+    node = NodeFacts(gpus=(GpuFacts("a GPU no node has", 80 * 1024**3, "1.0"),), driver_version="999",
+                     driver_cuda_version="12.0", probe="recorded")
+    settings = Settings(repository=dst, cache_dir=tmp_path / "cache")
+    assert "llm_tensorrt_llm/1" in sync(settings, open_store(str(store)), env="prod", node=node).installed
+    config = cfg.read_config(dst / "llm_tensorrt_llm" / "config.pbtxt")
+    assert config.parameters["gpt_model_path"].string_value == str((dst / "llm_tensorrt_llm" / "1").resolve())
+    assert LocalRepository(dst).validate() == []
+    assert sync(settings, open_store(str(store)), env="prod", node=node).unchanged
+
+
+def test_a_bad_environment_name_on_the_command_line_is_bad_input(capsys, tmp_path):
+    src, store = tmp_path / "src", tmp_path / "store"
+    make_version(src, "m", {"model.py": b"# v1"})
+    for command in (["push", store, "--repo", src, "--env", "../prod"],
+                    ["sync", store, "--env", "../prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c"]):
+        result = run_cli(capsys, *command)
+        assert result.code == 3 and "environment name '../prod' is not allowed" in result.err, result.err
+    assert not (store / "envs").exists() and not (tmp_path / "dst").exists()
+    # the same name inside a store's pointer is hostile store content (exit 7)
+    open_store(str(store))._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "../x", "models": {}}',
+                                      if_absent=True)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c")
+    assert result.code == 7, result.err

@@ -88,11 +88,18 @@ def _same_version(subject: str, check: str, label: str, built: str | None, here:
     return Finding(subject, check, "ok", f"{label} {here}")
 
 
+def holds_engine(manifest: Manifest) -> bool:
+    """True for the versions ``check_engine_compatible`` judges (an engine, or an LLM-API model): only
+    these need the node's facts, so a caller probes the node only when one is involved."""
+    source = manifest.source if isinstance(manifest.source, dict) else {}
+    return source.get("kind") == "tensorrt-llm" and source.get("role") in ENGINE_ROLES
+
+
 def engine_findings(manifest: Manifest, node: NodeFacts) -> list[Finding]:
     """Every check of one version against the node; empty for versions that hold no engine."""
-    source = manifest.source or {}
-    if source.get("kind") != "tensorrt-llm" or source.get("role") not in ENGINE_ROLES:
+    if not holds_engine(manifest):
         return []
+    source = manifest.source
     subject = f"{manifest.model}/{manifest.version}"
     findings: list[Finding] = []
     world = int(source.get("world_size", 1))

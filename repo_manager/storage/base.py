@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError
+from repo_manager.errors import ConflictError, InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import Manifest, check_model_name, check_version, now_iso
 
 ENV_SCHEMA = "trm.env/1"
@@ -43,7 +43,7 @@ def check_digest(digest: str) -> str:
 
 def check_env_name(name: str) -> str:
     if not isinstance(name, str) or not _ENV_NAME.match(name) or ".." in name:
-        raise StoreError(f"environment name {name!r} is not allowed",
+        raise InputError(f"environment name {name!r} is not allowed",
                          hint="use letters, digits, '_', '-' and '.'")
     return name
 
@@ -94,7 +94,11 @@ class EnvPointer:
                 models[check_model_name(model)] = check_version(version)
             except Exception as exc:  # noqa: BLE001 - any bad entry makes the pointer hostile
                 raise IntegrityError(f"{origin}: bad entry {model!r}: {version!r}") from exc
-        return cls(check_env_name(str(data.get("env", ""))), models, str(data.get("updated_at", "")), etag)
+        try:
+            name = check_env_name(str(data.get("env", "")))
+        except InputError as exc:
+            raise IntegrityError(f"{origin}: {exc.message}") from exc
+        return cls(name, models, str(data.get("updated_at", "")), etag)
 
 
 class Store(ABC):

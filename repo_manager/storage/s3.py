@@ -31,9 +31,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError
+from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
 from repo_manager.manifest import sha256_file
 from repo_manager.storage.base import Store
 
@@ -49,6 +49,29 @@ def parse_s3_url(location: str) -> tuple[str, str]:
     if not bucket:
         raise StoreError(f"store location {location!r} has no bucket", hint="write s3://BUCKET[/PREFIX]")
     return bucket, prefix.strip("/")
+
+
+def check_endpoint_url(url: str | None, origin: str = "--endpoint-url") -> str | None:
+    """Refuse an endpoint URL that carries credentials (``http://KEY:SECRET@host``) or does not parse.
+
+    Every S3 error names the endpoint, so credentials inside it would be printed; the message never
+    repeats the URL itself, only where it came from.
+    """
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise UsageError(f"the S3 endpoint URL from {origin} is malformed",
+                         hint="write http(s)://HOST[:PORT]") from None if "@" in url else exc
+    if "@" in parts.netloc:
+        raise UsageError(f"the S3 endpoint URL from {origin} carries credentials (USER:PASSWORD@)",
+                         hint="give only http(s)://HOST[:PORT]; credentials come from AWS_ACCESS_KEY_ID/"
+                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or a role")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"the S3 endpoint URL from {origin} is not http(s)://HOST[:PORT]: {url}")
+    return url
 
 
 def make_client(endpoint_url: str | None = None, max_connections: int = 32) -> Any:
@@ -68,7 +91,9 @@ class S3Store(Store):
     def __init__(self, location: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
         self.bucket, self.prefix = parse_s3_url(location)
         self.location = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-        self.endpoint_url = endpoint_url
+        self.endpoint_url = check_endpoint_url(endpoint_url)
+        for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):  # boto3 and SignedReader read these
+            check_endpoint_url(os.environ.get(variable), f"${variable}")
         self._client = client
         self._reader: SignedReader | None = None
 

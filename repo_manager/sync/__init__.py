@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
@@ -16,6 +17,9 @@ from repo_manager.sync.cache import BlobCache
 from repo_manager.sync.executor import SyncProgress, SyncResult, execute
 from repo_manager.sync.plan import SyncPlan, build_plan
 from repo_manager.triton.client import TritonClient
+
+if TYPE_CHECKING:
+    from repo_manager.llm.node import NodeFacts
 
 __all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "plan_sync", "sync", "sync_versions"]
 
@@ -43,14 +47,16 @@ def loaded_versions(url: str, models: list[str]) -> dict[str, list[int]]:
 
 
 def plan_sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (),
-              prune: bool = False) -> SyncPlan:
+              prune: bool = False, node: NodeFacts | None = None) -> SyncPlan:
+    """The plan; CompatibilityError when a version to install holds an engine ``node`` (default: this
+    node) cannot run."""
     repo = LocalRepository(settings.repository)
     cache = BlobCache(cache_dir_for(settings))
     loaded = None
     if prune and settings.triton_url:
         wanted_models = list(models) or (list(store.get_env(env).models) if env else [])
         loaded = loaded_versions(settings.triton_url, wanted_models)
-    return build_plan(store, repo, cache, env=env, models=models, prune=prune, loaded=loaded)
+    return build_plan(store, repo, cache, env=env, models=models, prune=prune, loaded=loaded, node=node)
 
 
 def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
@@ -63,7 +69,8 @@ def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
 
 
 def sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (), prune: bool = False,
-         progress: SyncProgress | None = None, limit_bytes_per_s: float | None = None) -> SyncResult:
+         progress: SyncProgress | None = None, limit_bytes_per_s: float | None = None,
+         node: NodeFacts | None = None) -> SyncResult:
     started = time.monotonic()
-    plan = plan_sync(settings, store, env=env, models=models, prune=prune)
+    plan = plan_sync(settings, store, env=env, models=models, prune=prune, node=node)
     return execute(plan, store, progress=progress, limit_bytes_per_s=limit_bytes_per_s, started=started)

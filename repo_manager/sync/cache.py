@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from repo_manager.errors import IntegrityError, NotFoundError
+from repo_manager.errors import InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import CHUNK, Manifest
 from repo_manager.storage import Store
 from repo_manager.storage.base import check_digest
@@ -91,8 +91,12 @@ class BlobCache:
         self.blobs = self.root / "blobs" / "sha256"
         self.partial = self.root / "partial"
         self.locks = self.root / "locks"
-        for folder in (self.blobs, self.partial, self.locks):
-            folder.mkdir(parents=True, exist_ok=True)
+        try:
+            for folder in (self.blobs, self.partial, self.locks):
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot use {self.root} as the node cache: {exc.strerror}",
+                             hint="pass a writable folder to --cache") from exc
 
     def path(self, digest: str) -> Path:
         return self.blobs / check_digest(digest)

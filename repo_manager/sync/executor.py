@@ -174,8 +174,9 @@ def materialize(store: Store, cache: BlobCache, repo: LocalRepository, action: M
 
 def replace_config(repo: LocalRepository, action: ModelAction) -> None:
     """config.pbtxt becomes, atomically, exactly the text the version was validated with (parsed through
-    Triton's schema when the plan was built), so `trm validate` finds them equal."""
-    text = action.manifest.config
+    Triton's schema when the plan was built; an engine's path localized to this repository), so `trm
+    validate` finds them equal."""
+    text = repo.installed_config(action.manifest)
     cfg.parse_config(text, f"config of {action.model}/{action.version}")
     cfg.atomic_write_bytes(repo.model_dir(action.model) / CONFIG_NAME, text.encode())
 

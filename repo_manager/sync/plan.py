@@ -10,14 +10,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repo_manager import config as cfg
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, UsageError
+from repo_manager.errors import CompatibilityError, ConflictError, IntegrityError, NotFoundError, UsageError
 from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name
 from repo_manager.repository import CONFIG_NAME, LocalRepository
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
+
+if TYPE_CHECKING:
+    from repo_manager.llm.node import NodeFacts
 
 PRESENT, INSTALL, REPLACE = "present", "install", "replace"
 
@@ -186,7 +189,7 @@ def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None
 
 def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
     try:
-        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != manifest.config
+        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != repo.installed_config(manifest)
     except (OSError, UnicodeDecodeError):
         return True
 
@@ -208,10 +211,41 @@ def prune_actions(repo: LocalRepository, wanted: dict[str, int], loaded: dict[st
     return actions
 
 
+def check_engines(actions: list[ModelAction], node: NodeFacts | None) -> None:
+    """Refuse the whole plan (CompatibilityError, before anything changes) when a version it would
+    install holds an engine this node cannot run. The node is probed only when such a version is in the
+    plan, so a node without a GPU syncs models without engines as before."""
+    if all(a.action == PRESENT for a in actions):
+        return  # an unchanged environment (the common sync) does not pay for importing the LLM checks
+    from repo_manager.llm.doctor import check_engine_compatible, holds_engine  # noqa: PLC0415
+    from repo_manager.llm.node import probe_node  # noqa: PLC0415
+
+    engines = [a for a in actions if a.action != PRESENT and holds_engine(a.manifest)]
+    if not engines:
+        return
+    node = node if node is not None else probe_node()
+    for action in engines:
+        try:
+            check_engine_compatible(action.manifest, node)
+        except CompatibilityError as exc:
+            others = sorted(a.model for a in actions if a.model not in {e.model for e in engines})
+            raise CompatibilityError(exc.message, hint="`trm doctor` lists every check; "
+                                     + (f"sync the other models with --model ({', '.join(others)})" if others
+                                        else "serve this environment from a node with a matching GPU"),
+                                     **exc.facts) from exc
+        except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            # the engine facts come from the store: malformed ones are hostile content, not a bug
+            raise IntegrityError(f"the engine record in the manifest of {action.model}/{action.version} is "
+                                 f"malformed ({type(exc).__name__})", model=action.model,
+                                 version=action.version) from exc
+
+
 def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: str | None,
                models: tuple[str, ...] = (), prune: bool = False,
-               loaded: dict[str, list[int]] | None = None, versions: dict[str, int] | None = None) -> SyncPlan:
-    """``versions`` (model -> version) replaces the environment's pointer: what a rollout installs.
+               loaded: dict[str, list[int]] | None = None, node: NodeFacts | None = None,
+               versions: dict[str, int] | None = None) -> SyncPlan:
+    """``node``: the facts engines are checked against (default: this node, probed when needed).
+    ``versions`` (model -> version) replaces the environment's pointer: what a rollout installs.
     Ensemble members pinned by a wanted version are wanted too, at the pinned version."""
     if versions is not None:
         wanted, reads = {check_model_name(m): v for m, v in versions.items()}, 0
@@ -241,6 +275,7 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
                 reuse += entry.size
             else:
                 fetch[entry.sha256] = BlobFetch(entry.sha256, entry.size)
+    check_engines(actions, node)
     pruning = prune_actions(repo, wanted, loaded or {}) if prune else []
     return SyncPlan(store.location, env, repo.root, cache.root, tuple(actions), tuple(fetch.values()), reuse,
                     tuple(pruning), prune, reads)
