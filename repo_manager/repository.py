@@ -169,16 +169,26 @@ class LocalRepository:
         return target
 
     def repair_config(self, model: str) -> bool:
-        """Make config.pbtxt equal to the newest version's validated config. True if it changed."""
-        versions = self.versions(model)
-        if not versions:
-            return False
-        wanted = self.installed_config(read_manifest(self.version_dir(model, versions[-1])))
+        """Make config.pbtxt equal to the newest version's validated config. True if it changed.
+
+        Two publishers committing N and N+1 at once may each write "their" newest config; whoever wrote
+        looks again afterwards and rewrites when a newer version appeared meanwhile, so the last write to
+        land is always the newest version's config.
+        """
+        changed = False
         path = self.model_dir(model) / CONFIG_NAME
-        if path.exists() and path.read_text() == wanted:
-            return False
-        cfg.write_config(path, cfg.parse_config(wanted, f"manifest of {model}/{versions[-1]}"))
-        return True
+        for _ in range(10):
+            versions = self.versions(model)
+            if not versions:
+                return changed
+            wanted = self.installed_config(read_manifest(self.version_dir(model, versions[-1])))
+            if path.exists() and path.read_text() == wanted:
+                return changed
+            cfg.write_config(path, cfg.parse_config(wanted, f"manifest of {model}/{versions[-1]}"))
+            changed = True
+            if self.versions(model)[-1] == versions[-1]:
+                return changed
+        return changed
 
     def clean_staging(self, model: str | None = None) -> list[Path]:
         """Remove leftover staging folders (from a crash). Returns what was removed."""
