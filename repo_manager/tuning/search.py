@@ -18,8 +18,9 @@
    it is lower by more than the noise seen between repeats; otherwise the simplest wins (the current
    config, then smaller delay, no preferred sizes, fewer instances, smaller batch).
 
-Steps 1–2 for the current config, plain batching and the top structure always run; the rest only while
-the budget allows, and what was skipped is said in ``notes``.
+Steps 1–2 for the current config, plain batching and the top structure always run; then further
+structures until one meets every level, its delay search, the remaining structures, capacities and
+finalists, each only while the budget allows; what was skipped is said in ``notes``.
 """
 
 from __future__ import annotations
@@ -119,12 +120,19 @@ class Search:
         mandatory = [self.current, plain] + kept[:1]
         for candidate in mandatory:
             self.evaluate(candidate)
-        for candidate in kept[1:]:
+        # until a structure meets every level, measure the next; then search its delay (the step that
+        # most often moves capacity) before spending the budget on the remaining structures
+        rest = list(kept[1:])
+        while rest and not any(self._evaluation(c).eligible for c in kept) and self.prober.can_afford(self._cost()):
+            self.evaluate(rest.pop(0))
+        self._delay_search(kept)
+        for candidate in rest:
+            if self._evaluation(candidate).levels["headroom"] is not None:
+                continue
             if self.prober.can_afford(self._cost()):
                 self.evaluate(candidate)
             else:
                 pruned.append(Pruned(candidate, "not measured: time budget"))
-        self._delay_search(kept)
         self._capacities()
         chosen, noise, evidence = self._finalists()
         evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
@@ -180,26 +188,30 @@ class Search:
         eligible.sort(key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances, self.slo_ms))
         best = 0.0
         for candidate in eligible:
-            capacity = self.rates["headroom"]
             if self.profile.capacity_bound(candidate.max_batch_size, candidate.instances) < best:
-                self.capacity[candidate.key] = capacity
+                self.capacity[candidate.key] = self.rates["headroom"]
                 self.capacity_notes[candidate.key] = "ladder skipped: capacity bound below the best measured"
                 continue
-            rate = capacity * STEP
-            for _ in range(8):
-                if not self.prober.can_afford(self.prober.point_cost_s(rate) + 1.5):
-                    self.capacity_notes[candidate.key] = "ladder stopped: time budget"
-                    break
-                point = self.prober.point(candidate, "capacity", round(rate, 1))
-                if not point.meets_slo:
-                    if point.measurement is not None and not point.measurement.valid:
-                        self.capacity_notes[candidate.key] = (f"client limit at {rate:.0f}/s: capacity is at "
-                                                              f"least {capacity:.0f}/s")
-                    break
-                capacity = round(rate, 1)
-                rate *= STEP
-            self.capacity[candidate.key] = capacity
-            best = max(best, capacity)
+            best = max(best, self.climb(candidate))
+
+    def climb(self, candidate: Candidate, max_steps: int = 8) -> float:
+        """Capacity of an eligible candidate: the ladder above peak x headroom until the SLO breaks."""
+        capacity = self.rates["headroom"]
+        rate = capacity * STEP
+        for _ in range(max_steps):
+            if not self.prober.can_afford(self.prober.point_cost_s(rate) + 1.5):
+                self.capacity_notes[candidate.key] = "ladder stopped: time budget"
+                break
+            point = self.prober.point(candidate, "capacity", round(rate, 1))
+            if not point.meets_slo:
+                if point.measurement is not None and not point.measurement.valid:
+                    self.capacity_notes[candidate.key] = (f"client limit at {rate:.0f}/s: capacity is at "
+                                                          f"least {capacity:.0f}/s")
+                break
+            capacity = round(rate, 1)
+            rate *= STEP
+        self.capacity[candidate.key] = capacity
+        return capacity
 
     def _finalists(self) -> tuple[Candidate | None, float, dict[str, str]]:
         if not self.capacity:
