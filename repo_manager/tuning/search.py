@@ -19,8 +19,9 @@
    it is lower by more than the noise seen between repeats; otherwise the simplest wins (the current
    config, then smaller delay, no preferred sizes, fewer instances, smaller batch).
 
-Steps 1–2 for the current config, plain batching and the top structure always run; then further
-structures until one meets every level, its delay search, the capacities of what met every level, the
+Steps 1–2 for the current config, plain batching and the top structure always run; then the structure
+predicted to carry the most, and more until one meets every level; the delay search on the eligible
+structure predicted to carry the most, the capacities of what met every level, the
 remaining structures (each climbing when it meets every level) and the finalists, each only while the
 budget allows; what was skipped is said in ``notes``.
 """
@@ -125,13 +126,18 @@ class Search:
             self.evaluate(candidate)
         # until a structure meets every level, measure the next; then search its delay (the step that
         # most often moves capacity) before spending the budget on the remaining structures
+        # the top structure is the simplest sufficient one; the one predicted to carry the most is
+        # measured next, and more until one meets every level; then the best one's delay is searched
         rest = list(kept[1:])
+        if rest and self.prober.can_afford(self._cost()):
+            self.evaluate(rest.pop(0))
         while rest and not any(self._evaluation(c).eligible for c in kept) and self.prober.can_afford(self._cost()):
             self.evaluate(rest.pop(0))
-        self._delay_search(kept)
+        self._delay_search(sorted(kept, key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances,
+                                                                                  self.slo_ms)))
         # capacity decides the choice, so the eligible ones climb before the remaining structures run
         self._capacities()
-        for candidate in self.deferred + rest:
+        for candidate in rest + self.deferred:
             if self._evaluation(candidate).levels["headroom"] is not None:
                 continue
             if self.prober.can_afford(self._cost()):
