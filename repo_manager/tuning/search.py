@@ -173,6 +173,8 @@ class Search:
         for _ in range(2):  # the room itself, then halfway: finer steps cost more than they change
             if not self.prober.can_afford(low_cost + self._cost(2)):
                 self.notes.append("delay search cut short: time budget")
+                if lo <= 0:
+                    return
                 break
             candidate = self._add(base.with_delay(int(trial * 1000)))
             point = self.prober.point(candidate, "low", self.rates["low"])
