@@ -9,6 +9,9 @@ of the last window is more than 1.5 times the first one's (and not trivially sma
 still growing or the machine was disturbed; the point is measured again with twice the requests, and
 if it is still unstable it passes only if every window's p99 is within the SLO. A point the client
 could not drive (invalid) is retried once; if it stays invalid it is reported as such and never passes.
+A near miss (p99 within three times the SLO) is measured once more and the level is met if the retry
+meets it: on a shared machine one disturbed measurement should not condemn a config; the finalists'
+interleaved re-measure (``search``) catches a config that only passed by luck.
 """
 
 from __future__ import annotations
@@ -136,7 +139,17 @@ class Prober:
             note = "unstable, measured again with twice the requests"
             result = self._measure(replace(spec, requests=spec.requests * 2, seed=spec.seed + 2000))
             stable = self._stable(result)
-        point = Point(candidate.key, level, rate, self._passes(result, stable), stable, result,
+        passed = self._passes(result, stable)
+        if not passed and result.valid and not result.saturated and result.p99_ms <= 3 * self.slo_ms:
+            # a near miss on a shared machine may be a disturbance of the machine, not the config: one
+            # more measurement decides (finalists are measured again, interleaved, before any choice)
+            retry = self._measure(replace(spec, seed=spec.seed + 3000))
+            if self._passes(retry, self._stable(retry)):
+                note = (note + "; " if note else "") + f"missed at p99 {result.p99_ms:.1f} ms, met on a retry"
+                result, stable, passed = retry, self._stable(retry), True
+            else:
+                note = (note + "; " if note else "") + f"missed twice (p99 {result.p99_ms:.1f}, {retry.p99_ms:.1f} ms)"
+        point = Point(candidate.key, level, rate, passed, stable, result,
                       (note + "; " if note else "") + (result.invalid_reason or ""))
         self.points.append(point)
         verdict = "meets" if point.meets_slo else "misses"

@@ -8,8 +8,9 @@
    the shortest to measure), then peak, then low; the first failed level ends it.
 3. **Queue delay.** For the best structure that passed every level with no delay, the delay is searched
    against the low-traffic SLO by bisection between 0 and the room the zero-delay p99 leaves (keeping
-   10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay becomes a
-   candidate (and, when the profile says a smaller batch is already cheap, one with it preferred).
+   10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
+   third of it become candidates (and, when the profile says a smaller batch is already cheap, the
+   largest delay with that size preferred, measured after the capacities below).
 4. **Capacity.** Candidates that met every level climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
@@ -18,8 +19,11 @@
    it is lower by more than the noise seen between repeats; otherwise the simplest wins (the current
    config, then smaller delay, no preferred sizes, fewer instances, smaller batch).
 
-Steps 1–2 for the current config, plain batching and the top structure always run; the rest only while
-the budget allows, and what was skipped is said in ``notes``.
+Steps 1–2 for the current config, plain batching and the top structure always run; then the structure
+predicted to carry the most, and more until one meets every level; the delay search on the eligible
+structure predicted to carry the most, the capacities of what met every level, the
+remaining structures (each climbing when it meets every level) and the finalists, each only while the
+budget allows; what was skipped is said in ``notes``.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class Search:
         self.notes: list[str] = []
         self.capacity: dict[str, float] = {}
         self.capacity_notes: dict[str, str] = {}
+        self.deferred: list[Candidate] = []
 
     # ------------------------------------------------------------------------------------ helpers
     def _add(self, candidate: Candidate) -> Candidate:
@@ -119,13 +124,27 @@ class Search:
         mandatory = [self.current, plain] + kept[:1]
         for candidate in mandatory:
             self.evaluate(candidate)
-        for candidate in kept[1:]:
+        # until a structure meets every level, measure the next; then search its delay (the step that
+        # most often moves capacity) before spending the budget on the remaining structures
+        # the top structure is the simplest sufficient one; the one predicted to carry the most is
+        # measured next, and more until one meets every level; then the best one's delay is searched
+        rest = list(kept[1:])
+        if rest and self.prober.can_afford(self._cost()):
+            self.evaluate(rest.pop(0))
+        while rest and not any(self._evaluation(c).eligible for c in kept) and self.prober.can_afford(self._cost()):
+            self.evaluate(rest.pop(0))
+        self._delay_search(sorted(kept, key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances,
+                                                                                  self.slo_ms)))
+        # capacity decides the choice, so the eligible ones climb before the remaining structures run
+        self._capacities()
+        for candidate in rest + self.deferred:
+            if self._evaluation(candidate).levels["headroom"] is not None:
+                continue
             if self.prober.can_afford(self._cost()):
-                self.evaluate(candidate)
+                self.evaluate(self._add(candidate))
+                self._capacities()
             else:
                 pruned.append(Pruned(candidate, "not measured: time budget"))
-        self._delay_search(kept)
-        self._capacities()
         chosen, noise, evidence = self._finalists()
         evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
         pruned = [p for p in pruned if p.candidate.key not in self.candidates]  # measured after all
@@ -151,9 +170,11 @@ class Search:
         low_cost = self.prober.point_cost_s(self.rates["low"]) + 1.5
         lo, hi = 0.0, room_ms
         trial = hi
-        for _ in range(3):
+        for _ in range(2):  # the room itself, then halfway: finer steps cost more than they change
             if not self.prober.can_afford(low_cost + self._cost(2)):
                 self.notes.append("delay search cut short: time budget")
+                if lo <= 0:
+                    return
                 break
             candidate = self._add(base.with_delay(int(trial * 1000)))
             point = self.prober.point(candidate, "low", self.rates["low"])
@@ -168,38 +189,48 @@ class Search:
             self.notes.append(f"delay search: every delay tried broke the low-traffic SLO margin for {base.label}")
             return
         found = base.with_delay(int(lo * 1000))
-        if self.prober.can_afford(self._cost(2)):
-            self.evaluate(self._add(found))
+        # the largest delay the low-traffic SLO allows is not always the one that carries the most: with
+        # several instances a shorter wait already fills batches and leaves more room under load, so a
+        # third of it is measured too (first: at peak it is the likelier of the two to pass)
+        for candidate in (base.with_delay(int(lo * 1000 / 3)), found):
+            if candidate.delay_us > 0 and self.prober.can_afford(self._cost()):
+                self.evaluate(self._add(candidate))
         useful = [b for b in preferred_sizes(self.profile, base.max_batch_size) if b < base.max_batch_size]
-        if useful and self.prober.can_afford(self._cost()):
-            self.evaluate(self._add(Candidate(base.max_batch_size, base.instances, True, found.delay_us,
-                                              (useful[-1],), "search")))
+        if useful:  # measured with the remaining structures, after the capacities
+            self.deferred.append(Candidate(base.max_batch_size, base.instances, True, found.delay_us,
+                                           (useful[-1],), "search"))
 
     def _capacities(self) -> None:
-        eligible = [c for c in self.candidates.values() if self._evaluation(c).eligible]
+        """Climb every eligible candidate that has no capacity yet, best predicted first."""
+        eligible = [c for c in self.candidates.values()
+                    if c.key not in self.capacity and self._evaluation(c).eligible]
         eligible.sort(key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances, self.slo_ms))
-        best = 0.0
+        best = max(self.capacity.values(), default=0.0)
         for candidate in eligible:
-            capacity = self.rates["headroom"]
             if self.profile.capacity_bound(candidate.max_batch_size, candidate.instances) < best:
-                self.capacity[candidate.key] = capacity
+                self.capacity[candidate.key] = self.rates["headroom"]
                 self.capacity_notes[candidate.key] = "ladder skipped: capacity bound below the best measured"
                 continue
-            rate = capacity * STEP
-            for _ in range(8):
-                if not self.prober.can_afford(self.prober.point_cost_s(rate) + 1.5):
-                    self.capacity_notes[candidate.key] = "ladder stopped: time budget"
-                    break
-                point = self.prober.point(candidate, "capacity", round(rate, 1))
-                if not point.meets_slo:
-                    if point.measurement is not None and not point.measurement.valid:
-                        self.capacity_notes[candidate.key] = (f"client limit at {rate:.0f}/s: capacity is at "
-                                                              f"least {capacity:.0f}/s")
-                    break
-                capacity = round(rate, 1)
-                rate *= STEP
-            self.capacity[candidate.key] = capacity
-            best = max(best, capacity)
+            best = max(best, self.climb(candidate))
+
+    def climb(self, candidate: Candidate, max_steps: int = 8) -> float:
+        """Capacity of an eligible candidate: the ladder above peak x headroom until the SLO breaks."""
+        capacity = self.rates["headroom"]
+        rate = capacity * STEP
+        for _ in range(max_steps):
+            if not self.prober.can_afford(self.prober.point_cost_s(rate) + 1.5):
+                self.capacity_notes[candidate.key] = "ladder stopped: time budget"
+                break
+            point = self.prober.point(candidate, "capacity", round(rate, 1))
+            if not point.meets_slo:
+                if point.measurement is not None and not point.measurement.valid:
+                    self.capacity_notes[candidate.key] = (f"client limit at {rate:.0f}/s: capacity is at "
+                                                          f"least {capacity:.0f}/s")
+                break
+            capacity = round(rate, 1)
+            rate *= STEP
+        self.capacity[candidate.key] = capacity
+        return capacity
 
     def _finalists(self) -> tuple[Candidate | None, float, dict[str, str]]:
         if not self.capacity:
