@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,12 @@ from typing import Any
 from repo_manager import config as cfg
 from repo_manager.errors import InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import FileEntry, Manifest, check_model_name
+from repo_manager.progress import Progress, quiet
 from repo_manager.settings import Settings
 from repo_manager.storage import Store, blob_key
 from repo_manager.storage.folder import FolderStore
 from repo_manager.storage.s3 import S3Store, parse_s3_url
 from repo_manager.sync.plan import check_manifest_config
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ class _S3Target:
 
 
 def export(store: Store, dest: str, settings: Settings, *, env: str | None = None, models: tuple[str, ...] = (),
-           progress: Progress = lambda _: None) -> ExportResult:
+           progress: Progress = quiet) -> ExportResult:
     if dest.startswith("s3://"):
         parse_s3_url(dest)
         target: Any = _S3Target(dest, settings)

@@ -18,22 +18,19 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from repo_manager.errors import ConflictError, NotFoundError, UsageError
 from repo_manager.manifest import Manifest, check_model_name
+from repo_manager.progress import Progress, quiet
 from repo_manager.repository import STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store, check_env_name
 
 UPLOAD_WORKERS = 8
-Progress = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -135,7 +132,7 @@ def _different(store: Store, model: str, version: int) -> ConflictError:
 
 
 def push(store: Store, repo: LocalRepository, selections: list[tuple[str, int | None]], *,
-         env: str | None = None, progress: Progress = _quiet) -> PushResult:
+         env: str | None = None, progress: Progress = quiet) -> PushResult:
     started = time.monotonic()
     if env is not None:
         check_env_name(env)

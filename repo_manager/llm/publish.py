@@ -43,7 +43,8 @@ from repo_manager.llm.node import NodeFacts, probe_node
 from repo_manager.llm.plan import GIB, MemoryPlan, PlanRequest, plan_memory, require_fit
 from repo_manager.llm.shape import ModelShape, load_shape
 from repo_manager.manifest import check_model_name, scan_files
-from repo_manager.publish.core import Progress, Staged, _quiet, copy_into
+from repo_manager.progress import Progress, quiet
+from repo_manager.publish.core import Staged, copy_into
 from repo_manager.repository import LocalRepository
 
 MODELS_DIR = Path(__file__).parent / "triton_models"
@@ -124,7 +125,7 @@ def _stage_python(repo: LocalRepository, name: str, model_file: str, config, tok
 
 
 def prepare_tensorrt_llm(source: str | Path, name: str, options: TrtllmOptions, *, node: NodeFacts | None = None,
-                         progress: Progress = _quiet) -> Callable[[LocalRepository, str], list[Staged]]:
+                         progress: Progress = quiet) -> Callable[[LocalRepository, str], list[Staged]]:
     """Check everything that can be checked before building; return the build for ``run_publish``."""
     source = Path(source)
     check_model_name(name)

@@ -21,13 +21,13 @@ replaced) and, by default, only the ``checksums`` gate, so it works when the ser
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from repo_manager.errors import ConflictError, GateError, InputError, NotFoundError, StoreError, UsageError
 from repo_manager.manifest import Manifest, check_model_name
+from repo_manager.progress import Progress, quiet
 from repo_manager.promote import gates as g
 from repo_manager.promote import history
 from repo_manager.promote.envs import GATES, env_store, gate_settings, model_spec, parse_gates
@@ -36,12 +36,9 @@ from repo_manager.storage import EnvPointer, Store, blob_key, check_env_name, op
 from repo_manager.sync.cache import BlobCache
 from repo_manager.triton.connect import triton_client
 
-Progress = Callable[[str], None]
 SWAP_RETRIES = 5
 
 
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -330,7 +327,7 @@ def swap(target: Store, plan: PromotionPlan) -> EnvPointer:
 
 
 def execute_promotion(settings: Settings, request: PromotionRequest, plan: PromotionPlan, stores: Stores, *,
-                      progress: Progress = _quiet, environ: dict[str, str] | None = None) -> PromotionResult:
+                      progress: Progress = quiet, environ: dict[str, str] | None = None) -> PromotionResult:
     with tempfile.TemporaryDirectory(prefix="trm-promote-") as scratch:
         cache = BlobCache(scratch)
         results, fetched = run_gates(settings, request, plan, stores, cache, progress)
@@ -369,7 +366,7 @@ def _blocked(plan: PromotionPlan, results: list[g.GateResult]) -> None:
 
 
 def promote(settings: Settings, request: PromotionRequest, *, dry_run: bool = False,
-            progress: Progress = _quiet) -> PromotionResult | PromotionPlan:
+            progress: Progress = quiet) -> PromotionResult | PromotionPlan:
     """Plan and (unless ``dry_run``) execute one promotion or rollback."""
     stores = open_stores(settings, request)
     plan = plan_promotion(settings, request, stores)

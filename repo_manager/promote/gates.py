@@ -24,7 +24,7 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,13 +37,12 @@ from repo_manager.errors import IntegrityError, NotFoundError, UsageError, Verif
 from repo_manager.inputs import generate_inputs, verification_samples
 from repo_manager.loadgen import LoadSpec, Measurement, Target, Workload, measure
 from repo_manager.manifest import Manifest
+from repo_manager.progress import Progress
 from repo_manager.publish.verify import Candidate, LoadedCandidates, compare, verify
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
 from repo_manager.sync.plan import check_manifest_config
 from repo_manager.triton.client import TritonClient
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 from repo_manager import config as cfg
 from repo_manager.errors import InputError
 from repo_manager.manifest import check_model_name
-from repo_manager.publish.core import Progress, PublishResult, _quiet, detect_format, run_publish
+from repo_manager.progress import Progress, quiet
+from repo_manager.publish.core import PublishResult, detect_format, run_publish
 from repo_manager.settings import Settings
 
 __all__ = ["publish_model", "PublishResult"]
@@ -17,7 +18,7 @@ __all__ = ["publish_model", "PublishResult"]
 def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str | None = None,
                   options: cfg.ConfigOptions | None = None, inputs: list[cfg.TensorSpec] | None = None,
                   outputs: list[cfg.TensorSpec] | None = None, verify_model: bool = True,
-                  progress: Progress = _quiet, **format_options) -> PublishResult:
+                  progress: Progress = quiet, **format_options) -> PublishResult:
     """Publish ``source`` as the next version of ``name`` in ``settings.repository``.
 
     ``fmt="tensorrt-llm"`` takes ``trtllm=TrtllmOptions(...)`` (``repo_manager.llm.publish``); its versions are

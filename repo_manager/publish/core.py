@@ -35,16 +35,11 @@ from repo_manager.manifest import (
     scan_files,
     sha256_file,
 )
+from repo_manager.progress import Progress, quiet
 from repo_manager.publish.verify import Candidate, Check, Reference, verify
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.triton.connect import triton_client
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,7 @@ def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str,
 
 
 def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository, str], list[Staged]],
-                *, verify_model: bool = True, progress: Progress = _quiet,
+                *, verify_model: bool = True, progress: Progress = quiet,
                 skipped_verification: dict[str, Any] | None = None) -> PublishResult:
     """Build staged models with ``build``, verify them together, commit each (members first).
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from repo_manager.errors import UsageError
+from repo_manager.progress import Progress, quiet
 from repo_manager.repository import LocalRepository
-from repo_manager.rollout.execute import Progress, RolloutResult, execute
+from repo_manager.rollout.execute import RolloutResult, execute
 from repo_manager.rollout.plan import RolloutOptions, RolloutPlan, build_plan, parse_size, with_settings
 from repo_manager.rollout.record import ServerStatus, describe_status, server_status
 from repo_manager.settings import Settings
@@ -20,13 +21,11 @@ __all__ = ["RolloutOptions", "RolloutPlan", "RolloutResult", "ServerStatus", "de
            "parse_size", "plan_rollout", "run_rollout", "server_status"]
 
 
-def _quiet(_: str) -> None:
-    pass
 
 
 def plan_rollout(settings: Settings, model: str, version: int | None, urls: list[str],
                  options: RolloutOptions, *, to_previous: bool = False, source: str | None = None,
-                 grpc_urls: list[str] | None = None, progress: Progress = _quiet) -> RolloutPlan:
+                 grpc_urls: list[str] | None = None, progress: Progress = quiet) -> RolloutPlan:
     """The plan for moving ``urls`` to ``version`` of ``model`` from the local repository."""
     if source is not None:
         if version is None:
@@ -45,5 +44,5 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
     return build_plan(repo, model, version, urls, options, to_previous=to_previous, grpc_urls=grpc_urls)
 
 
-def run_rollout(settings: Settings, plan: RolloutPlan, progress: Progress = _quiet) -> RolloutResult:
+def run_rollout(settings: Settings, plan: RolloutPlan, progress: Progress = quiet) -> RolloutResult:
     return execute(plan, LocalRepository(Path(plan.repository)), progress)

@@ -40,6 +40,7 @@ from repo_manager.errors import (
     TrmError,
     VerificationError,
 )
+from repo_manager.progress import Progress, quiet
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout import checks
 from repo_manager.rollout.plan import DRAIN, SKIP, SWITCH, RolloutPlan, ServerPlan, served_versions
@@ -47,12 +48,9 @@ from repo_manager.rollout.record import append_record
 from repo_manager.serving import version_config
 from repo_manager.triton.client import TritonClient
 
-Progress = Callable[[str], None]
 Sets = dict[str, tuple[int, ...]]
 
 
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -228,7 +226,7 @@ def _config_versions(sets: Sets, fallback: dict[str, int]) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------------- servers
 class Executor:
-    def __init__(self, plan: RolloutPlan, repo: LocalRepository, progress: Progress = _quiet) -> None:
+    def __init__(self, plan: RolloutPlan, repo: LocalRepository, progress: Progress = quiet) -> None:
         self.plan, self.repo, self.progress = plan, repo, progress
         self.target = plan.target
         self.goal_versions = dict(plan.target.members) | {plan.target.model: plan.target.version}
@@ -367,7 +365,7 @@ class Observer:
         return (sum(c[0] for c in self.counted.values()), sum(c[1] for c in self.counted.values()))
 
 
-def execute(plan: RolloutPlan, repo: LocalRepository, progress: Progress = _quiet) -> RolloutResult:
+def execute(plan: RolloutPlan, repo: LocalRepository, progress: Progress = quiet) -> RolloutResult:
     """Run ``plan``. Raises RolledBackError (every changed server rolled back) or ServerError (a server
     became unreachable; the others are left consistent). Either carries the result as ``.result``."""
     started = time.monotonic()
