@@ -326,8 +326,8 @@ def test_bad_usage_and_unreachable_servers_change_nothing(capsys, repo_root):
     rm.tagged(repo_root, "m", 1)
     [port] = free_ports(1)
     nowhere = f"http://127.0.0.1:{port}"
-    store = rollout(capsys, repo_root, "m", "--version", 1, "--url", nowhere, "--from", "s3://bucket/x")
-    assert store.code == 2 and "not available yet" in store.err
+    store = rollout(capsys, repo_root, "m", "--to-previous", "--url", nowhere, "--from", str(repo_root / "s"))
+    assert store.code == 2 and "--from STORE needs --version N" in store.err
     both = rollout(capsys, repo_root, "m", "--version", 1, "--to-previous", "--url", nowhere)
     assert both.code == 2 and "either --version N or --to-previous" in both.err
     down = rollout(capsys, repo_root, "m", "--version", 1, "--url", nowhere)
