@@ -5,7 +5,7 @@ per_item_ms * batch`` per execution) is published with the seed's failure as its
 batching with a large queue delay and large preferred batch sizes. Then, on one embedded tritonserver:
 
 1. **no dynamic batching** and **the seed's config** are measured at low, peak and peak × headroom;
-2. an **exhaustive grid** (max batch × instances × queue delay) is measured the way trm measures a
+2. an **exhaustive grid** (max batch × instances × queue delay × preferred sizes) is measured as trm measures a
    candidate (levels hardest first, stopping at the first missed level, which only shortens the grid's
    time; capacity by the same ladder for every config that meets every level), and its best is the
    highest capacity;
@@ -14,7 +14,7 @@ batching with a large queue delay and large preferred batch sizes. Then, on one 
 
 Prints one table (markdown) and writes ``bench/results/bench_tuning.json``. Run from the repository root:
 
-    PYTHONPATH=$PWD python bench/bench_tuning.py            # about 5 minutes on 2 cores
+    PYTHONPATH=$PWD python bench/bench_tuning.py            # about 10 minutes on 2 cores
 
 Why these numbers: on a 2-core machine the client, tritonserver and the Python stubs share the CPUs, and
 one Python client drives about 1,000 requests/s. The model's cost (6 ms + 0.75 ms per item, a sleep) puts
@@ -101,8 +101,10 @@ def run(args: argparse.Namespace) -> dict:
         grid = []
         for batch in (8, 16, 32):
             for instances in (1, 2):
-                for delay in args.grid_delays_us:
-                    candidate = Candidate(batch, instances, True, delay, (), "grid")
+                for delay, preferred in [(d, p) for d in args.grid_delays_us for p in args.grid_preferred]:
+                    # the same space trm searches: preferred batch sizes too (none, or the max batch)
+                    candidate = Candidate(batch, instances, True, delay, () if preferred == "none" else (batch,),
+                                          "grid")
                     search.candidates[candidate.key] = candidate
                     met = search.evaluate(candidate)
                     capacity = search.climb(candidate) if met else None
@@ -153,6 +155,8 @@ def main() -> None:
     parser.add_argument("--per-item-ms", type=float, default=0.75)
     parser.add_argument("--seed-delay-us", type=int, default=40_000)
     parser.add_argument("--grid-delays-us", type=int, nargs="+", default=[0, 5_000, 20_000])
+    parser.add_argument("--grid-preferred", nargs="+", choices=["none", "max"], default=["none", "max"],
+                        help="preferred_batch_size in the grid: none, and/or [max batch]")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bench_tuning.json")
     args = parser.parse_args()
     started = time.monotonic()
