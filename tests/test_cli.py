@@ -213,3 +213,19 @@ def test_validate_fix_never_removes_the_staging_folder_of_a_running_publish_or_s
         holder.wait()
     result = run_cli(capsys, "validate", tmp_path / "repo", "--fix", "--json")
     assert not staging.exists(), result.out + result.err  # its owner is gone: a leftover, removed
+
+
+def test_a_non_positive_sync_rate_limit_is_a_usage_error(capsys, tmp_path):
+    result = run_cli(capsys, "sync", str(tmp_path / "store"), "--env", "staging", "--repo", tmp_path / "repo",
+                     "--limit-rate", "0")
+    assert result.code == 2 and "limit-rate" in result.err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_non_numeric_latency_gate_setting_is_a_config_error():
+    from repo_manager.errors import ConfigError
+    from repo_manager.promote.envs import gate_settings
+    from repo_manager.settings import Settings
+
+    with pytest.raises(ConfigError, match="must be numbers"):
+        gate_settings(Settings(gates={"latency": {"rate": "fast"}}))

@@ -104,7 +104,10 @@ def gate_settings(settings: Settings) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{settings.source}: unknown gates.latency setting(s) {', '.join(unknown)}",
                           hint=f"known: {', '.join(LATENCY_DEFAULTS)}")
-    latency.update({k: (str(v) if k == "arrivals" else float(v)) for k, v in configured.items()})
+    try:
+        latency.update({k: (str(v) if k == "arrivals" else float(v)) for k, v in configured.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{settings.source}: gates.latency values must be numbers ({exc})") from exc
     return {"default": settings.gates.get("default", "auto"), "latency": latency}
 
 

@@ -110,7 +110,8 @@ class RichProgress(SyncProgress):
               "the server at --url has loaded) and cache blobs nothing links to.")
 @url_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
-@click.option("--limit-rate", type=float, help="Download at most this many MB/s (leave bandwidth to serving).")
+@click.option("--limit-rate", type=click.FloatRange(min=0, min_open=True),
+              help="Download at most this many MB/s (leave bandwidth to serving).")
 @endpoint_option
 @json_option
 @pass_ctx
