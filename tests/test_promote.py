@@ -36,8 +36,8 @@ FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_
                 "min_p99_delta_ms": 50, "max_capacity_drop_pct": 75, "arrivals": "constant", "max_lag_ms": 50}
 
 
-def heavy(path: Path, width: int = 1024, layers: int = 60) -> Path:
-    """Same inputs and outputs as ``om.linear`` (X[batch,4] -> Y[batch,3]) but ~125 MFLOP per row: a
+def heavy(path: Path, width: int = 1024, layers: int = 200) -> Path:
+    """Same inputs and outputs as ``om.linear`` (X[batch,4] -> Y[batch,3]) but ~400 MFLOP per row: a
     version that really is slower. One shared weight keeps the file at 4 MB."""
     rng = np.random.default_rng(1)
     nodes = [helper.make_node("MatMul", ["X", "W_IN"], ["H0"])]
