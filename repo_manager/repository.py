@@ -184,7 +184,9 @@ class LocalRepository:
             wanted = self.installed_config(read_manifest(self.version_dir(model, versions[-1])))
             if path.exists() and path.read_text() == wanted:
                 return changed
-            cfg.write_config(path, cfg.parse_config(wanted, f"manifest of {model}/{versions[-1]}"))
+            # the exact validated text (an adopted version keeps its author's), checked through the schema
+            cfg.parse_config(wanted, f"manifest of {model}/{versions[-1]}")
+            cfg.atomic_write_bytes(path, wanted.encode())
             changed = True
             if self.versions(model)[-1] == versions[-1]:
                 return changed

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "promote": "promote",
     "history": "promote",
     "specs": "promote",
+    "adopt": "adopt",
     "plan": "llm",
     "doctor": "llm",
 }

@@ -1,0 +1,388 @@
+"""Read an existing Triton model repository and decide, without writing anything, what adoption would do.
+
+A team's hand-made repository becomes trm versions only where nothing is ambiguous. Each model folder is
+read the way Triton reads it (config.pbtxt through the ModelConfig schema, version folders, the backend's
+default model file) and each version gets one verdict:
+
+- ``adopt``: a manifest will be written for it (in place) or it will be copied as a trm version (``--into``);
+- ``present``: it already carries a manifest that matches its files (adopting twice changes nothing);
+- ``refused``: with the reason, the file and, for a config, the line.
+
+Anything that Triton would ignore or that trm does not carry (stray files, non-version folders) is a note.
+The plan is a value: ``--dry-run`` prints it, ``execute`` carries out exactly this plan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from repo_manager import config as cfg
+from repo_manager.errors import InputError, IntegrityError
+from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name, read_manifest, sha256_file
+from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
+
+# Triton's platform names -> the backend that runs them.
+PLATFORM_BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+    "pytorch_libtorch": "pytorch",
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+    "ensemble": "ensemble",
+}
+# The file (or folder) Triton looks for in a version folder when the config names none.
+DEFAULT_MODEL_FILES = {
+    "onnxruntime": "model.onnx",
+    "python": "model.py",
+    "tensorrt": "model.plan",
+    "pytorch": "model.pt",
+    "tensorflow_graphdef": "model.graphdef",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "openvino": "model.xml",
+}
+# What the embedded server (CPU tritonserver from nvidia-pytriton) can load and answer.
+RUNNABLE_BACKENDS = {"onnxruntime", "python"}
+_TEMPLATE = re.compile(r"\$\{[^}]*\}|\{\{[^}]*\}\}")
+_VERSION = re.compile(r"^[1-9][0-9]{0,17}$")
+_SKIPPED_FOLDERS = {"lost+found", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    version: int
+    action: str
+    """``adopt``, ``present`` or ``refused``."""
+    reason: str = ""
+    files: int = 0
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"version": self.version, "action": self.action, "files": self.files,
+                                "bytes": self.bytes}
+        if self.reason:
+            data["reason"] = self.reason
+        return data
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    folder: Path
+    backend: str = ""
+    config_text: str = ""
+    versions: tuple[VersionPlan, ...] = ()
+    refused: str = ""
+    """Why the whole model is refused (its config, its name); empty when it is not."""
+    notes: tuple[str, ...] = ()
+    members: dict[int, dict[str, int]] = field(default_factory=dict)
+    """For an ensemble: version -> {member: member version it pins}."""
+
+    @property
+    def runnable(self) -> bool:
+        return self.backend in RUNNABLE_BACKENDS
+
+    def to_adopt(self) -> list[VersionPlan]:
+        return [] if self.refused else [v for v in self.versions if v.action == "adopt"]
+
+    def problems(self) -> list[str]:
+        if self.refused:
+            return [f"{self.name}: {self.refused}"]
+        return [f"{self.name}/{v.version}: {v.reason}" for v in self.versions if v.action == "refused"]
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": self.name, "backend": self.backend,
+                                "versions": [v.to_dict() for v in self.versions], "notes": list(self.notes)}
+        if self.refused:
+            data["refused"] = self.refused
+        if self.members:
+            data["members"] = {str(k): v for k, v in self.members.items()}
+        return data
+
+
+@dataclass(frozen=True)
+class AdoptPlan:
+    source: Path
+    target: Path | None
+    """None: adopt in place (only manifests are added)."""
+    models: tuple[ModelPlan, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def in_place(self) -> bool:
+        return self.target is None
+
+    def problems(self) -> list[str]:
+        return [p for m in self.models for p in m.problems()]
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {"adopt": 0, "present": 0, "refused": 0}
+        for model in self.models:
+            for version in model.versions:
+                counts["refused" if model.refused else version.action] += 1
+        return {"source": str(self.source), "target": str(self.target) if self.target else None,
+                "in_place": self.in_place, "models": [m.to_dict() for m in self.models],
+                "counts": counts, "problems": self.problems(), "notes": list(self.notes)}
+
+
+# ------------------------------------------------------------------------------------------ planning
+
+def plan_adoption(source: str | Path, target: str | Path | None = None) -> AdoptPlan:
+    """Read ``source`` (a Triton model repository) and decide what adopting it would do. Writes nothing."""
+    root = Path(source)
+    if not root.is_dir():
+        raise InputError(f"{root} is not a folder", hint="pass the model repository Triton is started with")
+    target_path = Path(target) if target is not None else None
+    if target_path is not None:
+        _check_target(root, target_path)
+    notes: list[str] = []
+    folders: list[Path] = []
+    for child in sorted(root.iterdir()):
+        if child.name.startswith(".") or child.name in _SKIPPED_FOLDERS:
+            if child.name in _SKIPPED_FOLDERS:
+                notes.append(f"{child.name}: not a model folder, skipped")
+            continue
+        if child.is_symlink():
+            notes.append(f"{child.name}: a symbolic link, not adopted (a model must be a real folder)")
+        elif child.is_dir():
+            folders.append(child)
+        else:
+            notes.append(f"{child.name}: a file at the repository root, ignored by Triton")
+    plans = {folder.name: _plan_model(folder, target_path) for folder in folders}
+    lowered: dict[str, str] = {}
+    for name in sorted(plans):
+        other = lowered.setdefault(name.lower(), name)
+        if other != name:
+            for clash in (name, other):
+                plans[clash] = _refuse(plans[clash], f"models {other!r} and {name!r} differ only in case: "
+                                                     "they collide on a case-insensitive filesystem")
+    for name, plan in plans.items():
+        if plan.backend == "ensemble" and not plan.refused:
+            plans[name] = _plan_ensemble(plan, plans, target_path)
+    # members before ensembles, so that execution commits what an ensemble pins first
+    ordered = sorted(plans.values(), key=lambda m: (m.backend == "ensemble", m.name))
+    return AdoptPlan(source=root, target=target_path, models=tuple(ordered), notes=tuple(notes))
+
+
+def _check_target(root: Path, target: Path) -> None:
+    resolved_root, resolved_target = root.resolve(), target.resolve()
+    if resolved_target == resolved_root or resolved_target.is_relative_to(resolved_root) \
+            or resolved_root.is_relative_to(resolved_target):
+        raise InputError(f"--into {target} overlaps the repository {root}",
+                         hint="adopt in place (no --into) or name a separate folder")
+    if target.exists() and not target.is_dir():
+        raise InputError(f"--into {target} is not a folder")
+
+
+def _refuse(plan: ModelPlan, reason: str) -> ModelPlan:
+    return ModelPlan(plan.name, plan.folder, plan.backend, plan.config_text, plan.versions,
+                     plan.refused or reason, plan.notes, plan.members)
+
+
+def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
+    name = folder.name
+    try:
+        check_model_name(name)
+    except InputError as exc:
+        return ModelPlan(name, folder, refused=exc.message)
+    config_path = folder / CONFIG_NAME
+    if not config_path.is_file() or config_path.is_symlink():
+        return ModelPlan(name, folder, refused=f"{config_path}: no config.pbtxt (Triton's auto-complete "
+                                               "configs are not adopted: write one)")
+    try:
+        text = config_path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return ModelPlan(name, folder, refused=f"{config_path}: cannot be read ({exc})")
+    config, problem = _parse(config_path, text)
+    if config is None:
+        return ModelPlan(name, folder, refused=problem)
+    backend = backend_of(config)
+    if config.name and config.name != name:
+        return ModelPlan(name, folder, backend, text,
+                         refused=f"{config_path}: names the model {config.name!r}, its folder is {name!r} "
+                                 "(Triton refuses to load it)")
+    if not backend:
+        return ModelPlan(name, folder, backend, text, refused=f"{config_path}: names no backend or platform")
+    notes: list[str] = []
+    labels = {out.label_filename for out in config.output if out.label_filename}
+    versions: list[VersionPlan] = []
+    for child in sorted(folder.iterdir()):
+        if child.name == CONFIG_NAME or child.name.startswith(STAGING_PREFIX):
+            continue
+        if child.name in labels:
+            notes.append(f"{child.name}: label file at model level; trm versions carry version folders only, "
+                         "so push/sync will not carry it")
+        elif child.is_dir() and not child.is_symlink() and _VERSION.match(child.name):
+            versions.append(_plan_version(name, int(child.name), child, config, backend, target))
+        elif child.is_dir() and not child.is_symlink() and (child.name[:1].isdigit() or child.name[:1] in " +-"):
+            number = _loose_number(child.name)
+            versions.append(VersionPlan(number, "refused", f"version folder {child.name!r} is not a canonical "
+                                        "version number" + (f" (rename it to {number})" if number else
+                                                            " (trm versions start at 1)")))
+        else:
+            notes.append(f"{child.name}: ignored by Triton (not config.pbtxt or a version folder)")
+    if not versions:
+        notes.append("no version folder: nothing to adopt")
+    return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes))
+
+
+def _loose_number(name: str) -> int:
+    digits = re.match(r"\s*[+-]?(\d+)", name)
+    return int(digits.group(1)) if digits else 0
+
+
+def _parse(path: Path, text: str) -> tuple[cfg.ModelConfig | None, str]:
+    for number, line in enumerate(text.splitlines(), 1):
+        found = _TEMPLATE.search(line)
+        if found and not line.lstrip().startswith("#"):
+            return None, f"{path}:{number}: template placeholder {found.group(0)} was never filled in"
+    config = cfg.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        line = exc.GetLine() if hasattr(exc, "GetLine") else None
+        message = str(exc).split(" : ", 1)[-1]
+        where = f"{path}:{line}" if line else str(path)
+        return None, f"{where}: not a valid Triton model config ({message})"
+    return config, ""
+
+
+def backend_of(config: cfg.ModelConfig) -> str:
+    return config.backend or PLATFORM_BACKENDS.get(config.platform, config.platform)
+
+
+def model_file(config: cfg.ModelConfig) -> str | None:
+    if config.default_model_filename:
+        return config.default_model_filename
+    if config.platform in DEFAULT_MODEL_FILES:
+        return DEFAULT_MODEL_FILES[config.platform]
+    return DEFAULT_MODEL_FILES.get(backend_of(config))
+
+
+def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, backend: str,
+                  target: Path | None) -> VersionPlan:
+    try:
+        files = _files(folder)
+    except InputError as exc:
+        return VersionPlan(version, "refused", exc.message)
+    size = sum(s for s in files.values())
+    expected = model_file(config)
+    if backend != "ensemble" and expected and not (folder / expected).exists():
+        return VersionPlan(version, "refused", f"{folder}: no model file {expected} (what Triton loads for "
+                                               f"backend {backend})", len(files), size)
+    if backend != "ensemble" and not files:
+        return VersionPlan(version, "refused", f"{folder}: empty version folder", 0, 0)
+    manifest_path = folder / MANIFEST_NAME
+    if manifest_path.exists():
+        try:
+            manifest = read_manifest(folder)
+        except IntegrityError as exc:
+            return VersionPlan(version, "refused", f"{manifest_path}: {exc.message}", len(files), size)
+        if manifest.model != model or manifest.version != version or not _matches(manifest, folder, files):
+            return VersionPlan(version, "refused", f"{manifest_path} does not match the files beside it "
+                                                   "(`trm validate` shows how)", len(files), size)
+        if target is None:
+            return VersionPlan(version, "present", "", len(files), size)
+    if target is not None:
+        existing = LocalRepository(target).version_dir(model, version)
+        if existing.exists():
+            try:
+                theirs = read_manifest(existing)
+            except (IntegrityError, OSError):
+                theirs = None
+            if theirs is not None and _matches(theirs, folder, files):
+                return VersionPlan(version, "present", "", len(files), size)
+            return VersionPlan(version, "refused", f"{existing} already holds a different version {version} "
+                                                   f"of {model}", len(files), size)
+    return VersionPlan(version, "adopt", "", len(files), size)
+
+
+def _files(folder: Path) -> dict[str, int]:
+    """relative path -> size of every regular file, refusing links and special files; the manifest and
+    Python's __pycache__ (what a Python backend writes beside model.py) are not content."""
+    found: dict[str, int] = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in [*dirnames, *sorted(filenames)]:
+            path = Path(dirpath) / name
+            info = path.lstat()
+            rel = path.relative_to(folder).as_posix()
+            if stat.S_ISLNK(info.st_mode):
+                raise InputError(f"{path} is a symbolic link; a version must hold real files")
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                raise InputError(f"{path} is not a regular file")
+            if any(ord(c) < 32 for c in rel):
+                raise InputError(f"{path!r}: a file name with a control character")
+            if rel != MANIFEST_NAME:
+                found[rel] = info.st_size
+    return found
+
+
+def _matches(manifest: Manifest, folder: Path, files: dict[str, int]) -> bool:
+    listed = {f.path: f for f in manifest.files}
+    if set(listed) != set(files):
+        return False
+    return all(files[p] == f.size and sha256_file(folder / p) == f.sha256 for p, f in listed.items())
+
+
+# ----------------------------------------------------------------------------------------- ensembles
+
+def _plan_ensemble(plan: ModelPlan, plans: dict[str, ModelPlan], target: Path | None) -> ModelPlan:
+    """Members exist, their tensors are wired consistently, and each version pins the members it finds."""
+    config = cfg.parse_config(plan.config_text, str(plan.folder / CONFIG_NAME))
+    produced = {t.name for t in config.input}
+    member_configs: dict[str, cfg.ModelConfig] = {}
+    member_versions: dict[str, list[int]] = {}
+    for step in config.ensemble_scheduling.step:
+        member = step.model_name
+        if member in member_configs:
+            continue
+        if member in plans and plans[member].config_text and not plans[member].refused:
+            member_configs[member] = cfg.parse_config(plans[member].config_text)
+            member_versions[member] = sorted(v.version for v in plans[member].versions
+                                             if v.action in ("adopt", "present"))
+        elif target is not None and (target / member / CONFIG_NAME).is_file():
+            repo = LocalRepository(target)
+            member_configs[member] = repo.config(member)
+            member_versions[member] = repo.versions(member)
+        else:
+            why = plans[member].refused if member in plans and plans[member].refused else "not in the repository"
+            return _refuse(plan, f"ensemble step model {member!r} cannot be adopted: {why}")
+    for step in config.ensemble_scheduling.step:
+        member = member_configs[step.model_name]
+        inputs = {t.name for t in member.input}
+        outputs = {t.name for t in member.output}
+        for key, value in step.input_map.items():
+            if key not in inputs:
+                return _refuse(plan, f"step {step.model_name}: {key!r} is not an input of {step.model_name}")
+            if value not in produced:
+                return _refuse(plan, f"step {step.model_name}: tensor {value!r} is neither an ensemble input "
+                                     "nor an earlier step's output")
+        for key, value in step.output_map.items():
+            if key not in outputs:
+                return _refuse(plan, f"step {step.model_name}: {key!r} is not an output of {step.model_name}")
+            produced.add(value)
+    for out in config.output:
+        if out.name not in produced:
+            return _refuse(plan, f"ensemble output {out.name!r} is produced by no step")
+    pins: dict[str, int] = {}
+    for step in config.ensemble_scheduling.step:
+        available = member_versions[step.model_name]
+        wanted = step.model_version if step.model_version > 0 else (available[-1] if available else 0)
+        if wanted not in available:
+            asked = step.model_version if step.model_version > 0 else "latest"
+            return _refuse(plan, f"step {step.model_name}: version {asked} is not an adoptable version of it")
+        pins[step.model_name] = wanted
+    notes = plan.notes
+    if not all(plans[m].runnable for m in pins if m in plans):
+        notes = (*notes, "a member's backend cannot run on the embedded server: the ensemble is adopted unverified")
+    return ModelPlan(plan.name, plan.folder, plan.backend, plan.config_text, plan.versions, "", notes,
+                     {v.version: dict(pins) for v in plan.versions})

@@ -1,0 +1,240 @@
+"""`trm adopt`: hand-made Triton repositories (several backends, an ensemble, broken configs, odd folders)
+become trm versions without a byte of what they hold being changed; verified on the real tritonserver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from helpers import run_cli
+from onnx_models import linear
+from store_helpers import finish, tree_digest, trm_process
+
+from repo_manager.manifest import MANIFEST_NAME, read_manifest, sha256_file
+
+DOUBLER = (
+    "import numpy as np\nimport triton_python_backend_utils as pb\n"
+    "class TritonPythonModel:\n"
+    "    def execute(self, requests):\n"
+    "        return [pb.InferenceResponse([pb.Tensor('Y', (pb.get_input_tensor_by_name(r, 'X').as_numpy() * 2)"
+    ".astype(np.float32))]) for r in requests]\n")
+
+ONNX_CONFIG = """# written by hand, the way Triton's docs lay it out
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 3 ] }} ]
+instance_group [ {{ kind: KIND_GPU, count: 1 }} ]
+dynamic_batching {{ }}
+"""
+
+
+def _write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def good_models(root: Path) -> Path:
+    """Models Triton serves as they are: ONNX (versions 1 and 3), Python, TensorRT, PyTorch, an ensemble."""
+    _write(root / "text_onnx" / "config.pbtxt", ONNX_CONFIG.format(name="text_onnx"))
+    linear(root / "text_onnx" / "1" / "model.onnx", seed=1)
+    linear(root / "text_onnx" / "3" / "model.onnx", seed=3)
+    _write(root / "doubler" / "config.pbtxt", 'backend: "python"\nmax_batch_size: 8\n'
+           'input [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+           'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
+    _write(root / "doubler" / "1" / "model.py", DOUBLER)
+    _write(root / "trt_model" / "config.pbtxt", 'name: "trt_model"\nplatform: "tensorrt_plan"\nmax_batch_size: 4\n'
+           'input [ { name: "x", data_type: TYPE_FP16, dims: [ 8 ] } ]\n'
+           'output [ { name: "y", data_type: TYPE_FP16, dims: [ 8 ] } ]\n')
+    _write(root / "trt_model" / "1" / "model.plan", os.urandom(4096))
+    _write(root / "torch_model" / "config.pbtxt", 'backend: "pytorch"\nmax_batch_size: 4\n'
+           'input [ { name: "INPUT__0", data_type: TYPE_FP32, dims: [ 2 ] } ]\n'
+           'output [ { name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 2 ] } ]\n')
+    _write(root / "torch_model" / "1" / "model.pt", os.urandom(2048))
+    _write(root / "pipeline" / "config.pbtxt", """name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 3 ] } ]
+ensemble_scheduling { step [
+  { model_name: "text_onnx" model_version: -1
+    input_map { key: "X" value: "INPUT" } output_map { key: "Y" value: "mid" } },
+  { model_name: "doubler" model_version: 1 input_map { key: "X" value: "mid" } output_map { key: "Y" value: "OUTPUT" } }
+] }
+""")
+    (root / "pipeline" / "1").mkdir()
+    return root
+
+
+def hand_made(root: Path) -> Path:
+    """The good models plus what real repositories also hold: broken and templated configs, a misnamed
+    model, a version folder without its model file, odd version folders, stray files, lost+found."""
+    good_models(root)
+    _write(root / "broken_cfg" / "config.pbtxt", 'name: "broken_cfg"\nbackend: "python"\nmax_batch_size: eight\n')
+    _write(root / "broken_cfg" / "1" / "model.py", DOUBLER)
+    _write(root / "templ" / "config.pbtxt", 'name: "templ"\nbackend: "onnxruntime"\n'
+           'default_model_filename: "${MODEL_FILE}"\n')
+    linear(root / "templ" / "1" / "model.onnx")
+    _write(root / "misnamed" / "config.pbtxt", ONNX_CONFIG.format(name="other_name"))
+    linear(root / "misnamed" / "1" / "model.onnx")
+    _write(root / "nofile" / "config.pbtxt", ONNX_CONFIG.format(name="nofile"))
+    _write(root / "nofile" / "1" / "README.txt", "the model was never copied here\n")
+    _write(root / "odd" / "config.pbtxt", ONNX_CONFIG.format(name="odd"))
+    linear(root / "odd" / "2" / "model.onnx", seed=2)
+    linear(root / "odd" / "01" / "model.onnx", seed=4)
+    linear(root / "odd" / "v5" / "model.onnx", seed=5)
+    _write(root / "odd" / "notes.md", "how we built this\n")
+    (root / "lost+found").mkdir()
+    return root
+
+
+def _adopt(capsys, *args):
+    return run_cli(capsys, "adopt", *args, "--json")
+
+
+def test_dry_run_lists_every_refusal_with_file_and_line_and_writes_nothing(capsys, tmp_path):
+    repo = hand_made(tmp_path / "repo")
+    before = tree_digest(repo)
+    result = _adopt(capsys, repo, "--dry-run")
+    assert result.code == 3
+    plan = result.json()
+    problems = "\n".join(plan["problems"])
+    assert f"{repo / 'broken_cfg' / 'config.pbtxt'}:3:" in problems  # the line of `max_batch_size: eight`
+    assert f"{repo / 'templ' / 'config.pbtxt'}:3: template placeholder ${{MODEL_FILE}}" in problems
+    assert "names the model 'other_name'" in problems
+    assert "nofile/1:" in problems and "no model file model.onnx" in problems
+    assert "'01' is not a canonical version number" in problems
+    models = {m["model"]: m for m in plan["models"]}
+    assert [v["action"] for v in models["text_onnx"]["versions"]] == ["adopt", "adopt"]
+    assert models["trt_model"]["backend"] == "tensorrt" and models["pipeline"]["backend"] == "ensemble"
+    assert models["pipeline"]["members"] == {"1": {"text_onnx": 3, "doubler": 1}}
+    assert any("v5: ignored by Triton" in n for n in models["odd"]["notes"])
+    assert any("notes.md: ignored by Triton" in n for n in models["odd"]["notes"])
+    assert any(n.startswith("lost+found") for n in plan["notes"])
+    assert tree_digest(repo) == before
+    # without --dry-run, a refusal still writes nothing
+    assert _adopt(capsys, repo, "--no-verify").code == 3
+    assert tree_digest(repo) == before and not list(repo.rglob(MANIFEST_NAME))
+
+
+def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_path, triton):
+    repo = hand_made(tmp_path / "repo")
+    before = tree_digest(repo)
+    result = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
+    assert result.code == 0, result.err
+    adopted = {(a["model"], a["version"]): a for a in result.json()["adopted"]}
+    assert set(adopted) == {("text_onnx", 1), ("text_onnx", 3), ("doubler", 1), ("trt_model", 1),
+                            ("torch_model", 1), ("pipeline", 1), ("odd", 2)}
+    after = tree_digest(repo)
+    assert {k: v for k, v in after.items() if not k.endswith(MANIFEST_NAME)} == before  # nothing else touched
+    assert len(after) - len(before) == len(adopted)
+    onnx_manifest = read_manifest(repo / "text_onnx" / "3")
+    assert onnx_manifest.verification["passed"] and onnx_manifest.verification["reference"] == "onnxruntime"
+    assert onnx_manifest.source["kind"] == "adopted"
+    assert onnx_manifest.config == (repo / "text_onnx" / "config.pbtxt").read_text()  # the author's text
+    assert {f.path: f.sha256 for f in onnx_manifest.files} == {
+        "model.onnx": sha256_file(repo / "text_onnx" / "3" / "model.onnx")}
+    trt = read_manifest(repo / "trt_model" / "1").verification
+    assert trt["passed"] is False and "tensorrt cannot run" in trt["reason"]
+    pipeline = read_manifest(repo / "pipeline" / "1")
+    assert pipeline.members == {"text_onnx": 3, "doubler": 1} and pipeline.verification["passed"]
+    assert read_manifest(repo / "doubler" / "1").verification["passed"]
+    (repo / "lost+found").rmdir()  # `trm list` on the adopted repository, leftovers aside
+    listed = {m["model"]: m["versions"] for m in run_cli(capsys, "list", "--repo", repo, "--json").json()["models"]}
+    assert listed["text_onnx"] == [1, 3] and listed["pipeline"] == [1]
+
+    # adopting twice changes nothing
+    manifests = {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)}
+    again = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
+    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 7
+    assert {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)} == manifests
+
+
+def test_a_model_that_does_not_answer_is_refused_and_nothing_is_written(capsys, tmp_path, triton):
+    repo = good_models(tmp_path / "repo")
+    _write(repo / "doubler" / "1" / "model.py", DOUBLER.replace("* 2)", "* 2)[:, :2]"))  # answers [batch, 2]
+    before = tree_digest(repo)
+    result = _adopt(capsys, repo, "--url", triton.url)
+    assert result.code == 5 and "doubler/1" in result.err
+    assert tree_digest(repo) == before
+
+
+def test_adopt_into_a_target_then_push_and_sync(capsys, tmp_path, triton):
+    source = good_models(tmp_path / "team-repo")
+    before = tree_digest(source)
+    target = tmp_path / "trm-repo"
+    result = _adopt(capsys, source, "--into", target, "--url", triton.url)
+    assert result.code == 0, result.err
+    assert tree_digest(source) == before and not list(source.rglob(MANIFEST_NAME))
+    assert run_cli(capsys, "validate", target, "--json").json()["ok"]
+    assert (target / "text_onnx" / "config.pbtxt").read_text() == (source / "text_onnx" / "config.pbtxt").read_text()
+    # into the same target again: identical versions are left alone
+    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 6
+    # a different version 1 already in the target is refused by name
+    linear(source / "text_onnx" / "1" / "model.onnx", seed=99)
+    clash = _adopt(capsys, source, "--into", target, "--dry-run")
+    assert clash.code == 3 and "already holds a different version 1 of text_onnx" in "\n".join(clash.json()["problems"])
+    # what was adopted moves through a store like anything trm published
+    store = tmp_path / "store"
+    assert run_cli(capsys, "push", store, "--repo", target, "--env", "prod").code == 0
+    node = tmp_path / "node"
+    synced = run_cli(capsys, "sync", store, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache")
+    assert synced.code == 0, synced.err
+    onnx_file = Path("text_onnx") / "3" / "model.onnx"
+    assert sha256_file(node / onnx_file) == sha256_file(target / onnx_file)
+    assert run_cli(capsys, "validate", node, "--json").json()["ok"]
+
+
+def test_hostile_layouts_are_refused(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    _write(repo / "linked" / "config.pbtxt", ONNX_CONFIG.format(name="linked"))
+    (repo / "linked" / "1").mkdir(parents=True)
+    outside = linear(tmp_path / "elsewhere" / "model.onnx")
+    (repo / "linked" / "1" / "model.onnx").symlink_to(outside)
+    _write(repo / "Base" / "config.pbtxt", 'backend: "python"\n')
+    _write(repo / "Base" / "1" / "model.py", DOUBLER)
+    _write(repo / "base" / "config.pbtxt", 'backend: "python"\n')
+    _write(repo / "base" / "1" / "model.py", DOUBLER)
+    _write(repo / "tampered" / "config.pbtxt", 'backend: "python"\n')
+    _write(repo / "tampered" / "1" / "model.py", DOUBLER)
+    assert _adopt(capsys, repo, "--skip-broken", "--no-verify", "--dry-run").code == 0
+    (repo / "tampered" / "1" / MANIFEST_NAME).write_text(json.dumps({"schema": "trm.manifest/1", "model": "x"}))
+    problems = "\n".join(_adopt(capsys, repo, "--dry-run").json()["problems"])
+    assert "model.onnx is a symbolic link" in problems
+    assert "'base' and 'Base'" in problems or "'Base' and 'base'" in problems
+    assert "tampered/1" in problems
+    assert _adopt(capsys, tmp_path / "missing", "--dry-run").code == 3
+    assert _adopt(capsys, repo, "--into", repo / "inside", "--dry-run").code == 3
+
+
+def test_sigkill_during_adoption_never_leaves_a_partial_manifest(tmp_path):
+    repo = tmp_path / "repo"
+    for model in range(6):
+        _write(repo / f"m{model}" / "config.pbtxt", 'backend: "python"\n')
+        for version in range(1, 9):
+            _write(repo / f"m{model}" / str(version) / "model.py", DOUBLER + f"# {model}.{version}\n" + "#" * 200_000)
+    before = tree_digest(repo)
+    for delay in (0.4, 0.7, 1.0, 1.3):
+        process = trm_process("adopt", repo, "--no-verify", "--json")
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        for path in repo.rglob(MANIFEST_NAME):
+            manifest = read_manifest(path.parent)  # complete and parseable, never half written
+            assert {f.path for f in manifest.files} == {"model.py"}
+        assert {k: v for k, v in tree_digest(repo).items() if not k.endswith(MANIFEST_NAME)
+                and "/.trm-tmp-" not in f"/{k}"} == before
+    code, data, err = finish(trm_process("adopt", repo, "--no-verify", "--json"))
+    assert code == 0, err
+    assert len(data["adopted"]) + data["already_adopted"] == 48
+    assert run_cli_validate(repo)
+
+
+def run_cli_validate(repo: Path) -> bool:
+    code, data, _ = finish(trm_process("validate", repo, "--json"))
+    return code == 0 and data["ok"]
