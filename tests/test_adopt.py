@@ -9,11 +9,18 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 from helpers import run_cli
 from onnx_models import linear
 from store_helpers import finish, tree_digest, trm_process
 
+from repo_manager.loadgen import BackgroundLoad, Workload
 from repo_manager.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from repo_manager.repository import LocalRepository
+from repo_manager.rollout.plan import served_versions
+from repo_manager.serving import load_version
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
 
 DOUBLER = (
     "import numpy as np\nimport triton_python_backend_utils as pb\n"
@@ -238,3 +245,28 @@ def test_sigkill_during_adoption_never_leaves_a_partial_manifest(tmp_path):
 def run_cli_validate(repo: Path) -> bool:
     code, data, _ = finish(trm_process("validate", repo, "--json"))
     return code == 0 and data["ok"]
+
+
+def test_adopted_versions_roll_out_with_zero_failed_requests(capsys, tmp_path):
+    """What a team adopted moves like anything trm published: `trm rollout` from version 1 to 2 under load."""
+    repo = tmp_path / "repo"
+    _write(repo / "lin" / "config.pbtxt", ONNX_CONFIG.format(name="lin").replace("KIND_GPU", "KIND_CPU"))
+    linear(repo / "lin" / "1" / "model.onnx", seed=1)
+    linear(repo / "lin" / "2" / "model.onnx", seed=2)
+    assert _adopt(capsys, repo, "--no-verify").code == 0
+    server = TritonServer(repo).start()
+    try:
+        with TritonClient(server.url) as client:
+            load_version(client, LocalRepository(repo), "lin", 1)
+        workload = Workload(({"X": np.ones((1, 4), np.float32)},))
+        with BackgroundLoad(server.url, "lin", clients=2, workload=workload) as load:
+            load.wait_for(20)
+            result = run_cli(capsys, "--json", "-q", "rollout", "lin", "--version", 2, "--url", server.url,
+                             "--grpc-url", server.endpoints.grpc, "--repo", repo)
+            load.wait_for(load.count() + 20)
+        assert result.code == 0, result.err
+        assert load.summary().failed == 0
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["lin"]) == {"lin": (2,)}
+    finally:
+        server.stop()
