@@ -343,6 +343,10 @@ def test_agent_sidecar_command_parses_with_trm(tmp_path: Path) -> None:
         assert command == "agent"
         values = {str(value) for value in params.values()}
         assert {one(objects, "ConfigMap")["data"][key] for key in ("TRM_STORE", "TRM_ENV")} <= values
+        # a drained pod must be out of the endpoints before the agent waits for in-flight requests
+        probe = trm_containers(objects)["agent"]["readinessProbe"]
+        if "drain_grace" in params:
+            assert params["drain_grace"] >= probe["periodSeconds"] * probe["failureThreshold"]
 
 
 def agent_args(objects: list[dict[str, Any]]) -> dict[str, str]:
@@ -443,6 +447,12 @@ def test_settings_file_in_the_config_map_loads_and_declares_the_canary_wave(tmp_
     settings = load_settings(config, env={})
     assert settings.environments["production"]["requires"] == "production-canary"
     assert "production-canary" in settings.environments
+    try:  # trm's own reading of the requirement, where this branch has it (i12-agent's promote waves)
+        from repo_manager.promote.waves import requirement
+    except ImportError:
+        return
+    assert requirement(settings, "production").env == "production-canary"
+    assert requirement(settings, "production-canary") is None
 
 
 def test_hpa_scales_the_production_deployment_on_queue_depth_with_a_floor_of_two() -> None:
