@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from repo_manager import paths
 from repo_manager.errors import InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import CHUNK, Manifest
 from repo_manager.storage import Store
@@ -93,7 +94,7 @@ class BlobCache:
         self.locks = self.root / "locks"
         try:
             for folder in (self.blobs, self.partial, self.locks):
-                folder.mkdir(parents=True, exist_ok=True)
+                paths.make_dirs(self.root, folder)  # never into a link planted inside the cache
         except OSError as exc:
             raise InputError(f"cannot use {self.root} as the node cache: {exc.strerror}",
                              hint="pass a writable folder to --cache") from exc
@@ -121,7 +122,8 @@ class BlobCache:
     def save_manifest(self, store_id: str, manifest: Manifest) -> None:
         from repo_manager.config import atomic_write_bytes  # noqa: PLC0415
 
-        atomic_write_bytes(self._manifest_path(store_id, manifest.model, manifest.version), manifest.to_json())
+        target = self._manifest_path(store_id, manifest.model, manifest.version)
+        atomic_write_bytes(paths.check_within(self.root, target), manifest.to_json())
 
     # ---------------------------------------------------------------------------------- fetching
     @contextmanager

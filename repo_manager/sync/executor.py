@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
+from repo_manager import paths
 from repo_manager.errors import ConflictError, NotFoundError
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
@@ -178,7 +179,7 @@ def replace_config(repo: LocalRepository, action: ModelAction) -> None:
     validate` finds them equal."""
     text = repo.installed_config(action.manifest)
     cfg.parse_config(text, f"config of {action.model}/{action.version}")
-    cfg.atomic_write_bytes(repo.model_dir(action.model) / CONFIG_NAME, text.encode())
+    cfg.atomic_write_bytes(paths.check_within(repo.root, repo.model_dir(action.model) / CONFIG_NAME), text.encode())
 
 
 def prune_version(repo: LocalRepository, model: str, version: int) -> bool:
