@@ -335,3 +335,39 @@ def test_sync_against_a_missing_bucket_names_the_bucket(capsys, s3_env, tmp_path
     promote = run_cli(capsys, "promote", "m", "--version", "1", "--to", "prod", "--store", location,
                       "--gates", "checksums", "--create-env")
     assert promote.code == 4 and "bucket" in promote.err and "gate" not in promote.err, promote.err
+
+
+def test_server_urls_with_credentials_are_refused_by_rollout_and_status(capsys, tmp_path):
+    for args in (["rollout", "m", "--version", "1", "--url", f"http://{KEY}:{SECRET}@127.0.0.1:9"],
+                 ["rollout", "m", "--version", "1", "--url", "http://127.0.0.1:9", "--grpc-url",
+                  f"{KEY}:{SECRET}@127.0.0.1:10"],
+                 ["status", "--url", f"http://{KEY}:{SECRET}@127.0.0.1:9"]):
+        result = run_cli(capsys, "--json", *args, "--repo", tmp_path / "repo")
+        assert result.code == 2, (args, result.err)
+        assert KEY not in result.out + result.err and "hardSecret" not in result.out + result.err
+
+
+def test_a_link_planted_in_the_cache_is_never_written_through(capsys, tmp_path):
+    """A partial download folder and a lock file that are symbolic links: the download goes elsewhere in the
+    cache, never through them."""
+    import hashlib
+
+    big = b"x" * (40 * 1024 * 1024)  # above the ranged threshold: the partial-folder path
+    store = _store_with(tmp_path, files={"w.bin": big})
+    elsewhere = _elsewhere(tmp_path)
+    digest = hashlib.sha256(big).hexdigest()
+    cache = tmp_path / "cache"
+    (cache / "partial").mkdir(parents=True)
+    (cache / "locks").mkdir()
+    (cache / "partial" / f"{digest}.planted").mkdir()
+    (cache / "partial" / f"{digest}.planted" / "done").mkdir()
+    (cache / "partial" / f"{digest}.planted" / "data").symlink_to(elsewhere / "stolen")
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo", "--cache", cache)
+    assert result.code == 0, result.err
+    assert (tmp_path / "repo" / "base" / "1" / "w.bin").read_bytes() == big
+    (cache / "locks" / digest).unlink(missing_ok=True)
+    (cache / "locks" / digest).symlink_to(elsewhere / "lock")
+    (cache / "blobs" / "sha256" / digest).unlink()
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo2", "--cache", cache)
+    assert result.code == 3 and "symbolic link" in result.err, result.err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]

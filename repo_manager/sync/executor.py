@@ -184,18 +184,18 @@ def replace_config(repo: LocalRepository, action: ModelAction) -> None:
 
 def prune_version(repo: LocalRepository, model: str, version: int) -> bool:
     """Remove ``<repo>/<model>/<version>``: renamed out of Triton's sight first, then deleted. Only a
-    real folder inside the repository is touched, never a symlink or what it points to. True if removed."""
-    root = repo.root.resolve()
-    model_dir = repo.model_dir(model)
+    real folder reached through real folders of the repository is touched (paths.py), never a symlink or
+    what it points to. True if removed."""
     folder = repo.version_dir(model, version)
-    if model_dir.is_symlink() or folder.is_symlink() or not folder.is_dir():
+    try:
+        paths.check_within(repo.root, folder)
+    except paths.UnsafePathError:
         return False
-    if folder.resolve().parent != (root / model) or not folder.resolve().is_relative_to(root):
+    if not folder.is_dir():
         return False
-    aside = model_dir / f"{STAGING_PREFIX}prune-{uuid.uuid4().hex}"
+    aside = repo.model_dir(model) / f"{STAGING_PREFIX}prune-{uuid.uuid4().hex}"
     os.rename(folder, aside)
-    shutil.rmtree(aside, ignore_errors=True)
-    return True
+    return paths.remove_tree(repo.root, aside)
 
 
 def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = None,
