@@ -110,7 +110,8 @@ class LocalRepository:
             try:
                 check_model_name(p.name)
             except InputError:
-                notes.append(f"{p.name}: not a model folder (name not allowed), skipped")
+                if not _has_config(p):  # a model with a bad name is a problem validate reports, not a note
+                    notes.append(f"{p.name}: not a model folder, skipped")
                 continue
             try:
                 if (p / CONFIG_NAME).exists() or self.versions(p.name):
@@ -311,7 +312,8 @@ class LocalRepository:
             try:
                 check_model_name(p.name)
             except InputError:
-                continue
+                if not _has_config(p):
+                    continue
             names.add(p.name)
         return names
 
@@ -389,6 +391,13 @@ class LocalRepository:
             elif sha256_file(path) != entry.sha256:
                 problems.append(Problem(model, version, f"file {entry.path} does not match its sha256"))
         return problems
+
+
+def _has_config(folder: Path) -> bool:
+    try:
+        return (folder / CONFIG_NAME).is_file()
+    except OSError:
+        return False
 
 
 def _owner_running(name: str) -> bool:

@@ -371,3 +371,12 @@ def test_a_link_planted_in_the_cache_is_never_written_through(capsys, tmp_path):
     result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo2", "--cache", cache)
     assert result.code == 3 and "symbolic link" in result.err, result.err
     assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+def test_a_model_folder_with_a_bad_name_is_still_a_problem(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    make_version(repo, "m", {"model.py": b"# v1"})
+    (repo / "bad name").mkdir()
+    (repo / "bad name" / "config.pbtxt").write_text(python_config("m"))
+    result = run_cli(capsys, "validate", repo, "--json")
+    assert result.code == 3 and any("bad name" in p for p in result.json()["problems"])
