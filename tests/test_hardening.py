@@ -380,3 +380,19 @@ def test_a_model_folder_with_a_bad_name_is_still_a_problem(capsys, tmp_path):
     (repo / "bad name" / "config.pbtxt").write_text(python_config("m"))
     result = run_cli(capsys, "validate", repo, "--json")
     assert result.code == 3 and any("bad name" in p for p in result.json()["problems"])
+
+
+def test_export_to_s3_leaves_an_identical_version_alone_and_refuses_a_different_one(capsys, s3_location, tmp_path):
+    store = _store_with(tmp_path)
+    assert run_cli(capsys, "export", store, s3_location).code == 0
+    again = run_cli(capsys, "export", store, s3_location, "--json")
+    assert again.code == 0 and again.json()["files"] == 0, again.err
+    open_store(s3_location)._put_bytes("base/1/model.py", b"# someone else's version 1")
+    clash = run_cli(capsys, "export", store, s3_location)
+    assert clash.code == 3 and "different version 1" in clash.err, clash.err
+
+
+def test_a_mistyped_environment_in_sync_names_the_close_ones(capsys, tmp_path):
+    store = _store_with(tmp_path, env="production")
+    result = run_cli(capsys, "sync", store, "--env", "prodution", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 4 and "did you mean production" in result.err, result.err
