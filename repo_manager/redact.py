@@ -27,6 +27,16 @@ def redact(text: str) -> str:
     return _USERINFO.sub(rf"\1{REDACTED}@", text)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``redact(text)``, made safe for a terminal: control characters (an escape sequence from hostile store
+    content) and lone surrogates (a JSON ``\\ud800`` that cannot be encoded) are shown as escapes."""
+    text = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), redact(text))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def redact_data(data: Any) -> Any:
     """``redact`` applied to every string inside a JSON-like document (keys included)."""
     if isinstance(data, str):

@@ -396,3 +396,20 @@ def test_a_mistyped_environment_in_sync_names_the_close_ones(capsys, tmp_path):
     store = _store_with(tmp_path, env="production")
     result = run_cli(capsys, "sync", store, "--env", "prodution", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
     assert result.code == 4 and "did you mean production" in result.err, result.err
+
+
+def test_text_from_hostile_content_is_printed_safely(capsys, tmp_path):
+    """A lone surrogate (a valid JSON escape Python cannot encode) and a terminal escape in a manifest's
+    config reach validate's report: printed as escapes, never an internal error."""
+    import json
+
+    repo = tmp_path / "repo"
+    make_version(repo, "m", {"x.txt": b"abc"})
+    path = repo / "m" / "1" / "trm-manifest.json"
+    data = json.loads(path.read_bytes())
+    data["config"] = "\ud800\x1b[2J name"
+    path.chmod(0o644)
+    path.write_text(json.dumps(data))
+    result = run_cli(capsys, "validate", repo)
+    assert result.code == 3, result.err
+    assert "\\ud800" in result.out and "\x1b" not in result.out

@@ -25,16 +25,20 @@ TARGETS = {"store", "repo", "cache", "dest", "outside"}
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
+# text with what hurts most: lone surrogates (valid JSON escapes Python cannot encode), terminal escapes,
+# separators and dots
+nasty = st.lists(st.sampled_from(["a", "\ud800", "\x1b[2J", "\n", "/", ".", "\\", "é", "\x00", " "]),
+                 max_size=6).map("".join)
 scalars = (st.none() | st.booleans() | st.integers(min_value=-2 ** 70, max_value=2 ** 70)
-           | st.floats(allow_nan=False) | st.text(max_size=20))
+           | st.floats(allow_nan=False) | st.text(max_size=20) | nasty)
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
 paths = st.sampled_from(["x.txt", "a/b.bin", "../up", "/abs", "a\nb", "a\\b", "./x", "a//b", "trm-manifest.json",
-                         "é.txt", "x" * 300, "a/", "", "\x00"]) | st.text(max_size=12)
+                         "é.txt", "x" * 300, "a/", "", "\x00"]) | st.text(max_size=12) | nasty
 sizes = st.sampled_from([3, 0, -1, 2 ** 50, 2 ** 63, 3.0, True]) | st.integers()
 digests = st.sampled_from([DIGEST, "0" * 64, DIGEST.upper(), "zz"]) | st.text(max_size=4)
 configs = st.sampled_from([python_config("m"), python_config("other"), "not { a config", 'name: "m"\n' * 3,
-                           "input [" * 200, ""]) | st.text(max_size=40)
+                           "input [" * 200, ""]) | st.text(max_size=40) | nasty
 files = st.lists(st.fixed_dictionaries({"path": paths | json_values, "size": sizes | json_values,
                                         "sha256": digests | json_values}), max_size=3)
 
@@ -46,7 +50,7 @@ def _maybe(strategy, good):
 
 manifests = st.fixed_dictionaries({
     "schema": _maybe(json_values, "trm.manifest/1"),
-    "model": _maybe(json_values | st.sampled_from(["M", "../m", "m/x", "m\n"]), "m"),
+    "model": _maybe(json_values | nasty | st.sampled_from(["M", "../m", "m/x", "m\n"]), "m"),
     "version": _maybe(json_values | st.sampled_from([0, 2, 2 ** 64, "1"]), 1),
     "files": _maybe(files | json_values, [{"path": "x.txt", "size": 3, "sha256": DIGEST}]),
     "config": _maybe(configs | json_values, python_config("m")),
