@@ -196,12 +196,15 @@ def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None
     return PRESENT
 
 
-def check_target(repo: LocalRepository, model: str, version: int, wanted: dict[str, int]) -> None:
+def check_target(repo: LocalRepository, model: str, version: int, wanted: dict[str, int],
+                 local: dict[str, list[str]]) -> None:
     """Before anything is fetched: the version folder and config.pbtxt are reached through real folders of
-    the repository (paths.py), and no other model of the repository or of the plan differs only in case."""
+    the repository (paths.py), and no other model of the repository (``local``: casefolded name -> folder
+    names) or of the plan differs only in case."""
     paths.check_within(repo.root, repo.version_dir(model, version) / MANIFEST_NAME)
     paths.check_within(repo.root, repo.model_dir(model) / CONFIG_NAME)
-    repo.check_no_case_twin(model)
+    if any(name != model for name in local.get(model.casefold(), [])):
+        repo.check_no_case_twin(model)  # raises, naming them
     twins = sorted(m for m in wanted if m != model and m.casefold() == model.casefold())
     if twins:
         raise InputError(f"the store asks for models {model} and {', '.join(twins)}, which differ only in case",
@@ -277,9 +280,13 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
     fetch: dict[str, BlobFetch] = {}
     reuse = 0
     queue = sorted(wanted.items())
+    local: dict[str, list[str]] = {}
+    if repo.root.is_dir():  # one listing for the whole plan (an unchanged sync stays a few stats)
+        for entry in repo.root.iterdir():
+            local.setdefault(entry.name.casefold(), []).append(entry.name)
     while queue:
         model, version = queue.pop(0)
-        check_target(repo, model, version, wanted)
+        check_target(repo, model, version, wanted, local)
         manifest, payload, cost = load_manifest(store, cache, model, version)
         reads += cost
         for member, member_version in sorted(manifest.members.items()):
