@@ -195,6 +195,8 @@ def export(store: Store, dest: str, settings: Settings, *, env: str | None = Non
             manifest = store.get_manifest(model, version)
             check_manifest_config(manifest)
             missing = files_to_write(target, manifest, dest)
+            if isinstance(target, _FolderTarget):
+                paths.check_free_space(target.root, sum(f.size for f in missing), f"export of {model}/{version}")
             for entry in missing:
                 target.write_file(store, entry, f"{model}/{version}/{entry.path}")
                 files += 1

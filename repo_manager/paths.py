@@ -145,3 +145,19 @@ def remove_tree(root: Path, folder: Path) -> bool:
         return True
     shutil.rmtree(folder, ignore_errors=True)  # rmtree itself never follows links inside the tree
     return True
+
+
+def check_free_space(folder: Path, needed: int, what: str) -> None:
+    """Refuse (exit 3) before writing ``needed`` bytes into ``folder`` when its filesystem has less free:
+    a manifest's sizes are checked against the disk before any byte is downloaded or allocated."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return  # cannot tell: the write itself reports a full disk
+    if needed > free:
+        raise InputError(f"{what} needs {needed} bytes in {folder}, but its filesystem has {free} free",
+                         hint="free some space (`trm sync --prune` removes unused blobs) or use another folder",
+                         path=str(folder))

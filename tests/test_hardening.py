@@ -413,3 +413,17 @@ def test_text_from_hostile_content_is_printed_safely(capsys, tmp_path):
     result = run_cli(capsys, "validate", repo)
     assert result.code == 3, result.err
     assert "\\ud800" in result.out and "\x1b" not in result.out
+
+
+def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_downloading(capsys, tmp_path):
+    import json
+
+    store = _store_with(tmp_path)
+    manifest = open_store(store).get_manifest("base", 1).to_dict()
+    manifest["files"][0]["size"] = 4 * 1024 ** 4  # within S3's limit, beyond this test disk
+    _put_raw(store, "models/base/versions/1.json", json.dumps(manifest).encode())
+    for args in (["sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"],
+                 ["export", store, tmp_path / "out"]):
+        result = run_cli(capsys, *args)
+        assert result.code == 3 and "free" in result.err, result.err
+    assert not list((tmp_path / "c" / "partial").iterdir())

@@ -205,6 +205,7 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     cache = BlobCache(plan.cache)
     repo = LocalRepository(plan.repository)
     limit = RateLimit(limit_bytes_per_s)
+    paths.check_free_space(cache.root, plan.fetch_bytes, "this sync")
     progress.start(plan.fetch_bytes, len(plan.fetch))
     downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
     installed, configs = [], []
