@@ -76,8 +76,11 @@ def check_store_path(path: object, origin: str = "a manifest") -> str:
 def check_within(root: Path, path: Path) -> Path:
     """``path`` if every existing component strictly below ``root`` is a real folder (the last one may be
     a file or missing); UnsafePathError otherwise. ``path`` must be ``root`` joined with relative parts."""
-    relative = Path(os.path.relpath(path, root)) if path.is_absolute() != root.is_absolute() \
-        else path.relative_to(root)
+    try:
+        relative = Path(os.path.relpath(path, root)) if path.is_absolute() != root.is_absolute() \
+            else path.relative_to(root)
+    except ValueError:
+        relative = Path("..")
     if relative.is_absolute() or ".." in relative.parts:
         raise UnsafePathError(f"{path} is outside {root}")
     current = root
