@@ -293,7 +293,10 @@ class LocalRepository:
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if model_dir.name not in checked:
                 continue  # lost+found and the like: a note from scan(), not a problem
-            problems.extend(self._validate_model(model_dir))
+            try:
+                problems.extend(self._validate_model(model_dir))
+            except OSError as exc:  # e.g. a folder of another user's, mode 0700
+                problems.append(Problem(model_dir.name, None, f"cannot be read ({exc.strerror})"))
         folded: dict[str, list[str]] = {}
         for name in models:
             folded.setdefault(name.casefold(), []).append(name)
@@ -304,7 +307,7 @@ class LocalRepository:
         return problems
 
     def _unservable(self, models: list[str]) -> set[str]:
-        """Folders with a valid model name that hold no model (reported: an empty or broken model)."""
+        """Folders that hold no model but look like one (a valid name, or a config.pbtxt): reported."""
         names = set()
         for p in self.root.iterdir():
             if p.name.startswith(".") or p.name in models or not p.is_dir():
