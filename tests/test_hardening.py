@@ -427,3 +427,17 @@ def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_download
         result = run_cli(capsys, *args)
         assert result.code == 3 and "free" in result.err, result.err
     assert not list((tmp_path / "c" / "partial").iterdir())
+
+
+def test_publishing_never_writes_through_a_symlinked_model_folder(tmp_path):
+    """Every version trm writes (publish, tune --write, sync) is staged by LocalRepository.stage: the rule
+    holds there too."""
+    from repo_manager.paths import UnsafePathError
+
+    elsewhere = _elsewhere(tmp_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "base").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        make_version(repo, "base", {"model.py": b"# v1"})
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
