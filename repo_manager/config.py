@@ -19,6 +19,7 @@ import numpy as np
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from repo_manager import paths
 from repo_manager.errors import ConfigError, InputError
 
 ModelConfig = mc.ModelConfig
@@ -108,16 +109,12 @@ def config_digest(config: ModelConfig) -> str:
     return hashlib.sha256(config_to_text(config).encode()).hexdigest()
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a unique temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; a Triton running as another user must read it
+        os.fchmod(fd, paths.file_mode())  # mkstemp makes 0600; a Triton running as another user must read it
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

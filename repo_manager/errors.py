@@ -73,6 +73,18 @@ class NotFoundError(TrmError):
     kind = "not_found"
 
 
+class StoreNotFoundError(NotFoundError):
+    """The store itself does not exist (a folder store's folder, an S3 bucket): not an object inside it."""
+
+    kind = "store_not_found"
+
+
+class VersionExistsError(InputError):
+    """The target already holds a *different* version under the same number; it is never replaced."""
+
+    kind = "version_exists"
+
+
 class VerificationError(TrmError):
     """The model loaded but its answers differ from the reference, or it did not load at all."""
 

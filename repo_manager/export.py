@@ -13,16 +13,16 @@ Triton polling the destination can still see a partly exported model: export to 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
-from repo_manager.errors import InputError, IntegrityError, NotFoundError
-from repo_manager.manifest import FileEntry, Manifest, check_model_name
+from repo_manager import paths
+from repo_manager.errors import InputError, IntegrityError, NotFoundError, VersionExistsError
+from repo_manager.manifest import FileEntry, Manifest, check_model_name, sha256_file
 from repo_manager.progress import Progress, quiet
+from repo_manager.repository import version_of
 from repo_manager.settings import Settings
 from repo_manager.storage import Store, blob_key
 from repo_manager.storage.folder import FolderStore
@@ -65,36 +65,85 @@ class _FolderTarget:
     def __init__(self, root: str) -> None:
         self.root = Path(root)
 
+    def existing(self, prefix: str) -> dict[str, int] | None:
+        """Files under ``prefix`` (relative path -> size), None when the folder does not exist."""
+        folder = paths.check_within(self.root, self.root / prefix)
+        if not folder.exists():
+            return None
+        if folder.is_symlink() or not folder.is_dir():
+            raise paths.UnsafePathError(f"{folder} is not a real folder", path=str(folder))
+        found = {}
+        for path in folder.rglob("*"):
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                found[path.relative_to(folder).as_posix()] = -1  # never equal to what the store holds
+            elif path.is_file():
+                found[path.relative_to(folder).as_posix()] = path.stat().st_size
+        return found
+
+    def digest(self, key: str) -> str:
+        return sha256_file(self.root / key)
+
+    def newest_present(self, model: str) -> int:
+        folder = self.root / model
+        if not folder.is_dir() or folder.is_symlink():
+            return 0
+        return max((version_of(p.name) or 0 for p in folder.iterdir()), default=0)
+
     def write_file(self, store: Store, entry: FileEntry, key: str) -> None:
         target = self.root / key
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(f"cannot write the export into {target.parent}: {exc.strerror}",
-                             hint="export to a writable folder") from exc
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            digest, size = hashlib.sha256(), 0
-            with os.fdopen(fd, "wb") as handle:
-                for chunk in store.read_blob(entry.sha256, 0, entry.size):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    handle.write(chunk)
+        digest, size = hashlib.sha256(), 0
+
+        def chunks():
+            nonlocal size
+            for chunk in store.read_blob(entry.sha256, 0, entry.size):
+                digest.update(chunk)
+                size += len(chunk)
+                yield chunk
             if size != entry.size or digest.hexdigest() != entry.sha256:
                 raise IntegrityError(f"blob of {key} in {store.location} does not match its manifest",
                                      hint="push the version again")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+        try:
+            paths.write_new_file(self.root, target, chunks())
+        except paths.UnsafePathError:
             raise
+        except InputError as exc:
+            raise InputError(f"cannot write the export into {target.parent}: {exc.message}",
+                             hint="export to a writable folder") from exc
+        except OSError as exc:
+            raise InputError(f"cannot write the export into {target.parent}: {exc.strerror}",
+                             hint="export to a writable folder") from exc
 
     def write_config(self, key: str, text: str) -> None:
-        cfg.write_config(self.root / key, cfg.parse_config(text))
+        paths.write_new_file(self.root, self.root / key, [cfg.config_to_text(cfg.parse_config(text)).encode()])
 
 
 class _S3Target:
     def __init__(self, dest: str, settings: Settings) -> None:
         self.store = S3Store(dest, endpoint_url=settings.s3_endpoint_url)
+
+    def existing(self, prefix: str) -> dict[str, int] | None:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        full = self.store._key(prefix.rstrip("/") + "/")
+        found: dict[str, int] = {}
+        try:
+            pages = self.store.client.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket,
+                                                                                Prefix=full)
+            for page in pages:
+                found.update({o["Key"][len(full):]: int(o["Size"]) for o in page.get("Contents", [])})
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise self.store._error(exc, prefix, "listing") from exc
+        return found or None
+
+    def digest(self, key: str) -> str:
+        digest = hashlib.sha256()
+        for chunk in self.store._read_range(key, 0, self.store._size(key)):
+            digest.update(chunk)
+        return digest.hexdigest()
+
+    def newest_present(self, model: str) -> int:
+        names = self.store._list_names(f"{model}/")
+        return max((version_of(n.rstrip("/")) or 0 for n in names if n.endswith("/")), default=0)
 
     def write_file(self, store: Store, entry: FileEntry, key: str) -> None:
         target = self.store
@@ -112,6 +161,26 @@ class _S3Target:
         self.store._put_bytes(key, cfg.config_to_text(config).encode())
 
 
+def files_to_write(target: Any, manifest: Manifest, dest: str) -> list[FileEntry]:
+    """The files of ``manifest`` the destination lacks. A version already there is left alone when it is
+    this one, complete or partly written by an interrupted export (every file present has this version's
+    size and sha256, and nothing else is there); any other content under that number is never replaced."""
+    prefix = f"{manifest.model}/{manifest.version}"
+    present = target.existing(prefix)
+    if not present:
+        return list(manifest.files)
+    wanted = {f.path: f for f in manifest.files}
+    different = sorted(p for p, size in present.items() if p not in wanted or wanted[p].size != size)
+    if not different:
+        different = sorted(p for p in present if target.digest(f"{prefix}/{p}") != wanted[p].sha256)
+    if different:
+        raise VersionExistsError(f"{dest.rstrip('/')}/{prefix} holds a different version {manifest.version} of "
+                                 f"{manifest.model} ({different[0]} differs); it is never replaced",
+                                 hint="export into an empty destination, or move that version away",
+                                 model=manifest.model, version=manifest.version)
+    return [f for f in manifest.files if f.path not in present]
+
+
 def export(store: Store, dest: str, settings: Settings, *, env: str | None = None, models: tuple[str, ...] = (),
            progress: Progress = quiet) -> ExportResult:
     if dest.startswith("s3://"):
@@ -125,13 +194,17 @@ def export(store: Store, dest: str, settings: Settings, *, env: str | None = Non
         for version in numbers:
             manifest = store.get_manifest(model, version)
             check_manifest_config(manifest)
-            for entry in manifest.files:
+            missing = files_to_write(target, manifest, dest)
+            if isinstance(target, _FolderTarget):
+                paths.check_free_space(target.root, sum(f.size for f in missing), f"export of {model}/{version}")
+            for entry in missing:
                 target.write_file(store, entry, f"{model}/{version}/{entry.path}")
                 files += 1
                 size += entry.size
             versions += 1
             newest = manifest
-            progress(f"exported {model}/{version}")
-        if newest is not None:
+            progress(f"exported {model}/{version}" if missing else f"{model}/{version} is already there")
+        # config.pbtxt follows the newest version in the destination, which may be newer than this export's
+        if newest is not None and newest.version >= target.newest_present(model):
             target.write_config(f"{model}/config.pbtxt", newest.config)
     return ExportResult(dest, versions, files, size)

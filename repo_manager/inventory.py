@@ -47,6 +47,7 @@ def validate_repository(root: str | Path, *, fix: bool = False) -> dict[str, Any
             except Exception as exc:  # noqa: BLE001 - reported by validate below
                 fixed.append(f"could not repair {model}: {exc}")
     problems = repo.validate()
-    models = repo.models()
+    models, notes = repo.scan()
     return {"repository": str(root), "ok": not problems, "problems": [str(p) for p in problems],
-            "fixed": fixed, "models": len(models), "versions": sum(len(repo.versions(m)) for m in models)}
+            "fixed": fixed, "notes": notes, "models": len(models),
+            "versions": sum(len(repo.versions(m)) for m in models)}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import posixpath
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -20,7 +19,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from repo_manager import documents
 from repo_manager.errors import InputError, IntegrityError
+from repo_manager.paths import check_store_path
 
 MANIFEST_NAME = "trm-manifest.json"
 SCHEMA = "trm.manifest/1"
@@ -37,21 +38,22 @@ def check_model_name(name: str) -> str:
     return name
 
 
+MAX_VERSION = 2 ** 63 - 1
+"""Triton reads version folders as int64 (std::stoll)."""
+
+
 def check_version(version: object) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise InputError(f"version {version!r} is not a positive integer")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise InputError(f"version {version!r} is not a positive integer (at most {MAX_VERSION})")
     return version
 
 
-def check_relative_path(path: str) -> str:
-    """A file path inside a version folder: relative, POSIX, no '..', no empty or hidden-trick parts."""
-    if not isinstance(path, str) or not path or "\\" in path or "\x00" in path:
+def check_relative_path(path: object) -> str:
+    """A file path inside a version folder: relative, POSIX, portable names (see ``paths.check_store_path``)."""
+    check_store_path(path)
+    if path == MANIFEST_NAME:
         raise IntegrityError(f"file path {path!r} is not allowed in a manifest")
-    if path.startswith("/") or posixpath.normpath(path) != path or path.split("/")[0] == "..":
-        raise IntegrityError(f"file path {path!r} leaves the version folder")
-    if any(part in ("", ".", "..") for part in path.split("/")) or path == MANIFEST_NAME:
-        raise IntegrityError(f"file path {path!r} is not allowed in a manifest")
-    return path
+    return path  # type: ignore[return-value]
 
 
 def sha256_file(path: Path) -> str:
@@ -80,7 +82,8 @@ class FileEntry:
 
     def check(self) -> FileEntry:
         check_relative_path(self.path)
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or \
+                not 0 <= self.size <= documents.MAX_FILE_BYTES:
             raise IntegrityError(f"file {self.path!r} has an invalid size {self.size!r}")
         if not isinstance(self.sha256, str) or not _HEX64.match(self.sha256):
             raise IntegrityError(f"file {self.path!r} has an invalid sha256 {self.sha256!r}")
@@ -123,12 +126,16 @@ class Manifest:
         try:
             model = check_model_name(data["model"])
             version = check_version(data["version"])
-            files = tuple(FileEntry(str(f["path"]), f["size"], f["sha256"]).check() for f in data["files"])
+            if not isinstance(data["files"], list) or len(data["files"]) > documents.MAX_FILES:
+                raise TypeError(f"files is not a list of at most {documents.MAX_FILES} entries")
+            files = tuple(FileEntry(f["path"], f["size"], f["sha256"]).check() for f in data["files"])
             config = data["config"]
             if not isinstance(config, str):
                 raise TypeError("config")
+        except IntegrityError as exc:
+            raise IntegrityError(f"{origin}: {exc.message}", hint=exc.hint) from exc
         except (KeyError, TypeError, InputError) as exc:
-            raise IntegrityError(f"{origin} is malformed: {exc}") from exc
+            raise IntegrityError(f"{origin} is malformed: {getattr(exc, 'message', exc)!s:.200}") from exc
         paths = [f.path for f in files]
         if len(set(paths)) != len(paths):
             raise IntegrityError(f"{origin} lists a file twice")
@@ -143,6 +150,8 @@ class Manifest:
                 raise IntegrityError(f"{origin} is malformed: {key} is not a mapping")
         if data.get("tuning") is not None and not isinstance(data["tuning"], dict):
             raise IntegrityError(f"{origin} is malformed: tuning is not a mapping")
+        if len(records["members"]) > 1000:
+            raise IntegrityError(f"{origin} names more ensemble members than any ensemble has")
         try:
             for member, member_version in records["members"].items():
                 check_model_name(member)
@@ -156,11 +165,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, payload: bytes | str, origin: str = "manifest") -> Manifest:
-        try:
-            data = json.loads(payload)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise IntegrityError(f"{origin} is not valid JSON") from exc
-        return cls.from_dict(data, origin)
+        return cls.from_dict(documents.parse(payload, origin), origin)
 
 
 def now_iso() -> str:
@@ -177,6 +182,10 @@ def scan_files(folder: Path) -> tuple[FileEntry, ...]:
         rel = path.relative_to(folder).as_posix()
         if path.is_symlink():
             raise InputError(f"{path} is a symbolic link; a version must hold real files")
+        try:
+            check_store_path(rel, "a version")
+        except IntegrityError as exc:  # here it is the user's source, not store content
+            raise InputError(exc.message, hint="rename the file: names must be printable") from exc
         if path.is_dir() or rel == MANIFEST_NAME:
             continue
         entries.append(FileEntry(rel, path.stat().st_size, sha256_file(path)))
@@ -185,4 +194,5 @@ def scan_files(folder: Path) -> tuple[FileEntry, ...]:
 
 def read_manifest(version_dir: Path) -> Manifest:
     path = version_dir / MANIFEST_NAME
+    documents.check_size(path.stat().st_size, str(path))
     return Manifest.from_json(path.read_bytes(), str(path))

@@ -17,15 +17,18 @@ newest version's manifest; ``commit()`` replaces it atomically right after the r
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from repo_manager import config as cfg
+from repo_manager import paths
 from repo_manager.errors import ConflictError, InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import (
     MANIFEST_NAME,
+    MAX_VERSION,
     Manifest,
     check_model_name,
     read_manifest,
@@ -34,6 +37,40 @@ from repo_manager.manifest import (
 
 STAGING_PREFIX = ".trm-tmp-"
 CONFIG_NAME = "config.pbtxt"
+_CANONICAL_VERSION = re.compile(r"^[1-9][0-9]{0,18}$")
+# what Triton's std::stoll reads as a number: leading whitespace, a sign, then a digit (anything may follow)
+_TRITON_NUMBER = re.compile(r"^[ \t\n\v\f\r]*[+-]?([0-9]+)")
+
+
+def version_of(name: str) -> int | None:
+    """The version a folder name stands for: canonical decimal names only ('1', '12'), never '01', '1.0',
+    ' 1' or non-ASCII digits."""
+    if _CANONICAL_VERSION.match(name) and int(name) <= MAX_VERSION:
+        return int(name)
+    return None
+
+
+def non_canonical_version(name: str) -> str | None:
+    """Why a folder name that is not a trm version would still be mistaken for one, or None.
+
+    Triton (model_lifecycle.cc, VersionsToLoad) skips names with a leading zero and reads the others with
+    std::stoll, which accepts leading spaces, a sign and trailing characters: ' 1', '+1' and '1.0' are all
+    version 1 to Triton, beside a real '1'."""
+    if version_of(name) is not None:
+        return None
+    if len(name) > 1 and name.startswith("0") and name.isdigit():
+        return "has a leading zero: Triton ignores it, trm does not count it as a version"
+    match = _TRITON_NUMBER.match(name)
+    if name == "0":
+        return "version 0: Triton would load it, trm versions start at 1"
+    if match:
+        number = int(match.group(1))
+        if number > MAX_VERSION:
+            return "is a number too large for Triton (int64)"
+        return f"is not a canonical version number, but Triton would load it as version {number}"
+    if name.isdigit():  # non-ASCII digits
+        return "is made of non-ASCII digits: not a version"
+    return None
 
 
 @dataclass(frozen=True)
@@ -59,17 +96,55 @@ class LocalRepository:
         return self.model_dir(model) / str(version)
 
     def models(self) -> list[str]:
+        return self.scan()[0]
+
+    def scan(self) -> tuple[list[str], list[str]]:
+        """(models, notes): every folder holding a model, and a note for each folder skipped (a name Triton
+        and trm cannot serve such as ``lost+found``, a folder that cannot be read)."""
+        if not self.root.is_dir():
+            return [], []
+        models, notes = [], []
+        for p in sorted(self.root.iterdir()):
+            if p.name.startswith(".") or not p.is_dir():
+                continue
+            try:
+                check_model_name(p.name)
+            except InputError:
+                if not _has_config(p):  # a model with a bad name is a problem validate reports, not a note
+                    notes.append(f"{p.name}: not a model folder, skipped")
+                continue
+            try:
+                if (p / CONFIG_NAME).exists() or self.versions(p.name):
+                    models.append(p.name)
+            except OSError as exc:
+                notes.append(f"{p.name}: cannot be read ({exc.strerror}), skipped")
+        return models, notes
+
+    def case_twins(self, model: str) -> list[str]:
+        """Other model folders whose names differ from ``model`` only in case: they collide on a
+        case-insensitive filesystem or bucket, and Triton would serve two models for one name there."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and not p.name.startswith(".")
-                      and ((p / CONFIG_NAME).exists() or self.versions(p.name)))
+        folded = check_model_name(model).casefold()
+        try:
+            return sorted(p.name for p in self.root.iterdir()
+                          if p.name != model and p.name.casefold() == folded and p.is_dir())
+        except OSError:
+            return []
+
+    def check_no_case_twin(self, model: str) -> None:
+        twins = self.case_twins(model)
+        if twins:
+            raise InputError(f"model {model} differs only in case from {', '.join(twins)} in {self.root}",
+                             hint="model names must differ in more than case (they collide on "
+                                  "case-insensitive filesystems and buckets); choose another name",
+                             model=model)
 
     def _numeric_dirs(self, model: str) -> list[int]:
         folder = self.model_dir(model)
         if not folder.is_dir():
             return []
-        return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+        return sorted(v for v in (version_of(p.name) for p in folder.iterdir() if p.is_dir()) if v is not None)
 
     def versions(self, model: str) -> list[int]:
         """Complete versions only: those whose manifest exists."""
@@ -122,10 +197,11 @@ class LocalRepository:
     def stage(self, model: str) -> Path:
         """A fresh temporary folder for a new version of ``model``, on the repository's filesystem."""
         folder = self.model_dir(model)
+        self.check_no_case_twin(model)
         # the owner's pid in the name: `validate --fix` leaves the folders of running writers alone
         staging = folder / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            paths.make_dirs(self.root, folder)
             staging.mkdir()
         except OSError as exc:
             raise InputError(f"cannot write a version into {folder}: {exc.strerror}",
@@ -151,6 +227,7 @@ class LocalRepository:
         model = manifest.model
         if staging.parent != self.model_dir(model):
             raise InputError(f"{staging} is not a staging folder of model {model}")
+        paths.check_within(self.root, self.version_dir(model, manifest.version))
         cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json())
         _fsync_dir(staging)
         target = self.version_dir(model, manifest.version)
@@ -176,7 +253,7 @@ class LocalRepository:
         land is always the newest version's config.
         """
         changed = False
-        path = self.model_dir(model) / CONFIG_NAME
+        path = paths.check_within(self.root, self.model_dir(model) / CONFIG_NAME)
         for _ in range(10):
             versions = self.versions(model)
             if not versions:
@@ -197,11 +274,11 @@ class LocalRepository:
         removed = []
         for name in [model] if model else [p.name for p in self.root.iterdir() if p.is_dir()]:
             folder = self.root / name
-            if not folder.is_dir():
-                continue
+            if folder.is_symlink() or not folder.is_dir():
+                continue  # never delete through a link: what it points to is not this repository's
             for child in folder.iterdir():
                 if child.name.startswith(STAGING_PREFIX) and not _owner_running(child.name):
-                    shutil.rmtree(child, ignore_errors=True)
+                    paths.remove_tree(self.root, child)
                     removed.append(child)
             if removed and not any(folder.iterdir()):
                 folder.rmdir()  # a first publish that never committed: leave no empty model folder
@@ -213,9 +290,37 @@ class LocalRepository:
         problems: list[Problem] = []
         if not self.root.is_dir():
             return [Problem(str(self.root), None, "repository folder does not exist")]
+        models, _ = self.scan()
+        checked = set(models) | self._unservable(models)
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            problems.extend(self._validate_model(model_dir))
+            if model_dir.name not in checked:
+                continue  # lost+found and the like: a note from scan(), not a problem
+            try:
+                problems.extend(self._validate_model(model_dir))
+            except OSError as exc:  # e.g. a folder of another user's, mode 0700
+                problems.append(Problem(model_dir.name, None, f"cannot be read ({exc.strerror})"))
+        folded: dict[str, list[str]] = {}
+        for name in models:
+            folded.setdefault(name.casefold(), []).append(name)
+        for names in folded.values():
+            if len(names) > 1:
+                problems.append(Problem(names[0], None, f"models {', '.join(names)} differ only in case: they "
+                                                        "collide on a case-insensitive filesystem or bucket"))
         return problems
+
+    def _unservable(self, models: list[str]) -> set[str]:
+        """Folders that hold no model but look like one (a valid name, or a config.pbtxt): reported."""
+        names = set()
+        for p in self.root.iterdir():
+            if p.name.startswith(".") or p.name in models or not p.is_dir():
+                continue
+            try:
+                check_model_name(p.name)
+            except InputError:
+                if not _has_config(p):
+                    continue
+            names.add(p.name)
+        return names
 
     def _validate_model(self, model_dir: Path) -> list[Problem]:
         name = model_dir.name
@@ -225,6 +330,9 @@ class LocalRepository:
         except InputError as exc:
             return [Problem(name, None, exc.message)]
         config_path = model_dir / CONFIG_NAME
+        if model_dir.is_symlink() and not model_dir.resolve().is_relative_to(self.root.resolve()):
+            problems.append(Problem(name, None, f"the model folder is a symbolic link out of the repository "
+                                                f"(to {os.readlink(model_dir)}); trm never writes through it"))
         if not config_path.exists():
             if self.versions(name):
                 problems.append(Problem(name, None, "config.pbtxt is missing (interrupted publish; "
@@ -242,8 +350,11 @@ class LocalRepository:
             if child.name.startswith(STAGING_PREFIX):
                 problems.append(Problem(name, None, f"leftover staging folder {child.name} (interrupted "
                                                     "publish; `trm validate --fix` removes it)"))
-            elif child.is_dir() and child.name.isdigit():
+            elif child.is_dir() and version_of(child.name) is not None:
                 problems.extend(self._validate_version(name, int(child.name), child))
+            elif child.is_dir() and non_canonical_version(child.name):
+                problems.append(Problem(name, None, f"folder {child.name!r} {non_canonical_version(child.name)}"
+                                                    "; rename or remove it"))
         versions = self.versions(name)
         if versions and config_path.exists():
             try:
@@ -285,6 +396,13 @@ class LocalRepository:
             elif sha256_file(path) != entry.sha256:
                 problems.append(Problem(model, version, f"file {entry.path} does not match its sha256"))
         return problems
+
+
+def _has_config(folder: Path) -> bool:
+    try:
+        return (folder / CONFIG_NAME).is_file()
+    except OSError:
+        return False
 
 
 def _owner_running(name: str) -> bool:

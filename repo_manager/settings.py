@@ -18,10 +18,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
-from repo_manager.errors import ConfigError
+from repo_manager.errors import ConfigError, UsageError
+from repo_manager.redact import check_no_userinfo
 
 DEFAULT_CONFIG = Path("configs/trm.yaml")
 
@@ -57,6 +59,19 @@ class Settings:
     the drain strategy) and ``single_copy_models`` (models never loaded twice on one server)."""
     source: str = "defaults"
     """Where the settings file came from, for `trm config`-style reporting."""
+
+    def __post_init__(self) -> None:
+        # every source (file, TRM_* variable, option) passes here: credentials only from the AWS chain
+        for name in ("store", "s3_endpoint_url", "triton_url"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                check_no_userinfo(value, f"setting {name}")
+        if isinstance(self.triton_url, str) and "://" in self.triton_url:
+            try:
+                urlsplit(self.triton_url).port  # noqa: B018 - raises ValueError on a malformed port
+            except ValueError:
+                raise UsageError(f"the Triton URL {self.triton_url!r} is malformed",
+                                 hint="write http://HOST:PORT") from None
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with the given fields changed; None values are ignored (an option that was not given)."""

@@ -56,9 +56,11 @@ def make_settings(tmp_path: Path, triton, store: str, **extra) -> Settings:
     """The settings for API calls, and the same gate settings in configs/trm.yaml for CLI calls (the
     tests run in tmp_path)."""
     (tmp_path / "configs").mkdir(exist_ok=True)
-    (tmp_path / "configs" / "trm.yaml").write_text(yaml.safe_dump({"gates": {"latency": FAST_LATENCY}}))
+    environments = extra.pop("environments", {"staging": {}, "production": {}})
+    (tmp_path / "configs" / "trm.yaml").write_text(yaml.safe_dump({"gates": {"latency": FAST_LATENCY},
+                                                                   "environments": environments}))
     return Settings(repository=tmp_path / "repo", triton_url=triton.url, store=store,
-                    gates={"latency": FAST_LATENCY}, **extra)
+                    gates={"latency": FAST_LATENCY}, environments=environments, **extra)
 
 
 def publish(settings: Settings, source: Path, name: str = "lin", **options) -> int:

@@ -17,6 +17,7 @@ import click
 
 from repo_manager import __version__
 from repo_manager.errors import TrmError, UsageError
+from repo_manager.redact import printable, redact_data
 from repo_manager.settings import Settings, load_settings
 
 
@@ -31,14 +32,14 @@ class Context:
     def progress(self, message: str) -> None:
         """Progress goes to stderr, so stdout stays clean for --json."""
         if not self.quiet:
-            click.echo(f"· {message}", err=True)
+            click.echo(printable(f"· {message}"), err=True)
 
     def emit(self, data: Any, text: str | None = None) -> None:
         """Print the result: JSON with --json, else ``text`` (or the JSON when there is no text)."""
         if self.json or text is None:
-            click.echo(json.dumps(data, indent=2, default=str))
+            click.echo(json.dumps(redact_data(json.loads(json.dumps(data, default=str))), indent=2))
         else:
-            click.echo(text)
+            click.echo(printable(text))
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -111,22 +112,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - the one place that catches everything
         if verbose:
-            traceback.print_exc()
-        click.echo(f"error: internal error ({type(exc).__name__}: {exc}); rerun with --verbose and "
-                   "report it", err=True)
+            click.echo(printable(traceback.format_exc()), err=True, nl=False)
+        click.echo(printable(f"error: internal error ({type(exc).__name__}: {exc}); rerun with --verbose and "
+                          "report it"), err=True)
         sys.exit(1)
     sys.exit(0)
 
 
 def _fail(exc: TrmError, want_json: bool, verbose: bool) -> None:
+    # every line goes through printable(): no URL credentials in any output (see repo_manager/redact.py)
     if verbose:
-        traceback.print_exc()
+        click.echo(printable(traceback.format_exc()), err=True, nl=False)
     if want_json and not exc.reported:
-        click.echo(json.dumps({"error": exc.to_dict()}, indent=2))
-    first, *rest = exc.message.splitlines() or [""]
+        click.echo(json.dumps({"error": redact_data(exc.to_dict())}, indent=2))
+    first, *rest = printable(exc.message).splitlines() or [""]
     click.echo(f"error: {first}", err=True)
     for line in rest:  # e.g. the tail of a server log
         click.echo(f"  | {line}", err=True)
     if exc.hint:
-        click.echo(f"hint: {exc.hint}", err=True)
+        click.echo(f"hint: {printable(exc.hint)}", err=True)
     sys.exit(exc.exit_code)

@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repo_manager.errors import ConflictError, GateError, InputError, NotFoundError, StoreError, UsageError
+from repo_manager.errors import (
+    ConflictError,
+    GateError,
+    InputError,
+    NotFoundError,
+    StoreError,
+    StoreNotFoundError,
+    UsageError,
+)
 from repo_manager.manifest import Manifest, check_model_name
 from repo_manager.progress import Progress, quiet
 from repo_manager.promote import gates as g
@@ -57,6 +65,8 @@ class PromotionRequest:
     sample: Path | None = None
     eval_command: str | None = None
     eval_threshold: float | None = None
+    create_env: bool = False
+    """Allow a target environment that is neither in the settings' ``environments:`` nor in the store."""
 
 
 @dataclass(frozen=True)
@@ -129,11 +139,47 @@ def open_stores(settings: Settings, request: PromotionRequest) -> Stores:
     return Stores(source, target)
 
 
-def _read_pointer(store: Store, env: str) -> EnvPointer:
+def _read_pointer(store: Store, env: str, *, new_store_ok: bool = False) -> EnvPointer:
+    """The pointer; an empty one (etag None) when the environment does not exist yet. A missing store is
+    an error (exit 4 naming it) unless ``new_store_ok`` (the target of a copy, created by the copy)."""
     try:
         return store.get_env(env)
+    except StoreNotFoundError:
+        if not new_store_ok:
+            raise
+        return EnvPointer(env)
     except NotFoundError:
         return EnvPointer(env)
+
+
+def check_target_env(settings: Settings, store: Store, env: str, pointer: EnvPointer, create: bool) -> None:
+    """A promotion never creates an environment by accident (``--to prodution``): the target must be
+    declared in the settings (``environments:``) or already exist in the store, or be asked for with
+    ``--create-env``."""
+    if create or pointer.etag is not None or env in settings.environments:
+        return
+    declared = sorted(settings.environments)
+    raise NotFoundError(f"environment {env} is not declared in the settings ({settings.source}) and does not "
+                        f"exist in {store.location}",
+                        hint=f"{store.env_hint(env, declared)}; or pass --create-env to create it", env=env)
+
+
+def _require_version(store: Store, model: str, version: int) -> None:
+    """NotFoundError (exit 4) for a model or version the store does not hold, before any gate runs. A
+    manifest that exists but is corrupt is left to the checksums gate to report."""
+    try:
+        store.get_manifest(model, version)
+    except StoreNotFoundError:
+        raise
+    except NotFoundError as exc:
+        versions = store.list_versions(model)
+        if not versions:
+            raise NotFoundError(f"model {model} does not exist in {store.location}",
+                                hint="push it first (trm push / trm publish model --store)", model=model) from exc
+        raise NotFoundError(f"model {model} has no version {version} in {store.location} (newest: {versions[-1]})",
+                            model=model, version=version) from exc
+    except (InputError, StoreError):
+        pass
 
 
 def _same_files(a: Manifest, b: Manifest) -> bool:
@@ -144,7 +190,11 @@ def plan_promotion(settings: Settings, request: PromotionRequest, stores: Stores
     """Decide what moves where; reads the stores, writes nothing."""
     model = check_model_name(request.model)
     check_env_name(request.to_env)
-    pointer = _read_pointer(stores.target, request.to_env)
+    if not request.rollback:
+        version = _source_version(stores.source, request, model)
+        _require_version(stores.source, model, version)
+    pointer = _read_pointer(stores.target, request.to_env, new_store_ok=stores.target is not stores.source)
+    check_target_env(settings, stores.target, request.to_env, pointer, request.create_env)
     replaces = pointer.models.get(model)
     if request.rollback:
         if request.version is not None or request.from_env:
@@ -157,8 +207,6 @@ def plan_promotion(settings: Settings, request: PromotionRequest, stores: Stores
         if version is None:
             raise NotFoundError(f"no earlier version of {model} on record in {request.to_env}'s history",
                                 hint="promote the version you want explicitly with --version", model=model)
-    else:
-        version = _source_version(stores.source, request, model)
     config_only = None
     if replaces is not None:
         try:
@@ -176,7 +224,8 @@ def _source_version(store: Store, request: PromotionRequest, model: str) -> int:
         if request.version is None:
             raise UsageError("say which version to promote", hint="pass --version N, or --from ENV")
         return request.version
-    served = _read_pointer(store, request.from_env).models.get(model)
+    source = store.get_env(request.from_env)  # NotFoundError (with close names) for a mistyped --from
+    served = source.models.get(model)
     if served is None:
         raise NotFoundError(f"environment {request.from_env} in {store.location} does not serve {model}",
                             hint="point it at a version first (trm promote --to it)", model=model)
@@ -397,7 +446,11 @@ def read_history(settings: Settings, env: str, model: str | None = None, store: 
         check_model_name(model)
     records = history.read(target, env, model)
     last = {r.model: r.to_version for r in records}
-    served = _read_pointer(target, env).models
+    pointer = _read_pointer(target, env)
+    if pointer.etag is None and not records and env not in settings.environments:
+        raise NotFoundError(f"environment {env} does not exist in {target.location}",
+                            hint=target.env_hint(env, sorted(settings.environments)), env=env)
+    served = pointer.models
     unrecorded = {m: {"serving": served.get(m), "last_recorded": last.get(m)}
                   for m in sorted(set(served) | set(last)) if (model is None or m == model)
                   and served.get(m) != last.get(m)}

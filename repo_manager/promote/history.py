@@ -26,8 +26,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from repo_manager.errors import IntegrityError
-from repo_manager.manifest import check_model_name, now_iso
+from repo_manager import documents
+from repo_manager.errors import InputError, IntegrityError
+from repo_manager.manifest import check_model_name, check_version, now_iso
+from repo_manager.redact import redact_data
 from repo_manager.storage import Store, check_env_name
 
 HISTORY_SCHEMA = "trm.history/1"
@@ -82,15 +84,30 @@ class HistoryRecord:
 
     @classmethod
     def from_json(cls, payload: bytes, origin: str) -> HistoryRecord:
+        data = documents.parse(payload, origin, limit=documents.MAX_POINTER_BYTES)
         try:
-            data = json.loads(payload)
             if not isinstance(data, dict) or data.pop("schema", None) != HISTORY_SCHEMA:
                 raise ValueError("schema")
-            record = cls(**{**data, "gates": tuple(data.get("gates") or ())})
+            gates = data.get("gates") or ()
+            if not isinstance(gates, list) or not all(isinstance(g, dict) for g in gates):
+                raise TypeError("gates is not a list of mappings")
+            record = cls(**{**data, "gates": tuple(gates)})
             check_env_name(record.env)
             check_model_name(record.model)
-        except (ValueError, TypeError, UnicodeDecodeError) as exc:
-            raise IntegrityError(f"{origin} is not a trm history record ({exc})") from exc
+            for name in ("action", "store", "at", "id", "pointer_tag"):
+                if not isinstance(getattr(record, name), str):
+                    raise TypeError(f"{name} is not a string")
+            for name in ("source_env", "source_store"):
+                if getattr(record, name) is not None and not isinstance(getattr(record, name), str):
+                    raise TypeError(f"{name} is not a string")
+            check_version(record.to_version)
+            if record.from_version is not None:
+                check_version(record.from_version)
+            if not isinstance(record.pipeline, dict):
+                raise TypeError("pipeline is not a mapping")
+        except (ValueError, TypeError, InputError) as exc:
+            raise IntegrityError(f"{origin} is not a trm history record "
+                                 f"({getattr(exc, 'message', exc)!s:.200})") from exc
         return record
 
 
@@ -99,7 +116,9 @@ def append(store: Store, record: HistoryRecord) -> HistoryRecord:
     stamp = time.time_ns()
     record_id = f"{stamp:020d}-{uuid.uuid4().hex[:12]}"
     final = HistoryRecord(**{**asdict(record), "gates": record.gates, "id": record_id, "at": record.at or now_iso()})
-    payload = (json.dumps(final.to_dict(), indent=2, sort_keys=True, default=str) + "\n").encode()
+    # a record is kept for ever and read by anyone with access to the store: no URL credentials in it
+    document = redact_data(json.loads(json.dumps(final.to_dict(), default=str)))
+    payload = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
     store._put_bytes(history_prefix(record.env) + f"{record_id}.json", payload, if_absent=True)  # noqa: SLF001
     return final
 

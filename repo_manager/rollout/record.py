@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from repo_manager.errors import TrmError
 from repo_manager.manifest import now_iso
+from repo_manager.redact import redact_data
 from repo_manager.repository import LocalRepository
 from repo_manager.triton.client import TritonClient
 
@@ -36,7 +37,7 @@ def append_record(root: Path, plan: RolloutPlan, server: ServerResult, outcome: 
             "url": server.url, "strategy": server.strategy, "server_outcome": server.outcome,
             "rollout_outcome": outcome, "before": {k: list(v) for k, v in server.before.items()},
             "after": {k: list(v) for k, v in server.after.items()}}
-    data = (json.dumps(line, sort_keys=True) + "\n").encode()
+    data = (json.dumps(redact_data(line), sort_keys=True) + "\n").encode()  # no URL credentials on disk
     Path(root).mkdir(parents=True, exist_ok=True)
     fd = os.open(record_path(root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from repo_manager.errors import UsageError
+from repo_manager.redact import check_no_userinfo
 from repo_manager.settings import Settings
 from repo_manager.storage.base import EnvPointer, Store, blob_key, check_env_name, env_key, manifest_key
 from repo_manager.storage.folder import FolderStore
@@ -16,6 +17,7 @@ def open_store(location: str | None, settings: Settings | None = None) -> Store:
     location = location or (settings.store if settings else None)
     if not location:
         raise UsageError("no store given", hint="pass STORE (s3://bucket/prefix or a folder) or set TRM_STORE")
+    check_no_userinfo(location, "the store location")
     if location.startswith("s3://"):
         from repo_manager.storage.s3 import S3Store  # noqa: PLC0415 - boto3 only when needed
 

@@ -20,6 +20,7 @@ store's meaning on top of them, so every backend gives the same guarantees and o
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from abc import ABC, abstractmethod
@@ -27,12 +28,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from repo_manager.errors import ConflictError, InputError, IntegrityError, NotFoundError
+from repo_manager import documents
+from repo_manager.errors import ConflictError, InputError, IntegrityError, NotFoundError, StoreNotFoundError
 from repo_manager.manifest import Manifest, check_model_name, check_version, now_iso
 
 ENV_SCHEMA = "trm.env/1"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_VERSION_OBJECT = re.compile(r"^([1-9][0-9]{0,18})\.json$")
+MAX_ENV_MODELS = 100_000
 
 
 def check_digest(digest: str) -> str:
@@ -81,19 +85,18 @@ class EnvPointer:
     @classmethod
     def from_json(cls, payload: bytes, origin: str, etag: str | None = None) -> EnvPointer:
         """Parse a pointer, refusing anything a Triton repository could not hold."""
-        try:
-            data = json.loads(payload)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise IntegrityError(f"{origin} is not valid JSON") from exc
+        data = documents.parse(payload, origin, limit=documents.MAX_POINTER_BYTES)
         if not isinstance(data, dict) or data.get("schema") != ENV_SCHEMA or not isinstance(data.get("models"),
                                                                                              dict):
             raise IntegrityError(f"{origin} is not a trm environment pointer (schema {ENV_SCHEMA})")
+        if len(data["models"]) > MAX_ENV_MODELS:
+            raise IntegrityError(f"{origin} names more models than an environment can serve")
         models: dict[str, int] = {}
         for model, version in data["models"].items():
             try:
                 models[check_model_name(model)] = check_version(version)
             except Exception as exc:  # noqa: BLE001 - any bad entry makes the pointer hostile
-                raise IntegrityError(f"{origin}: bad entry {model!r}: {version!r}") from exc
+                raise IntegrityError(f"{origin}: bad entry {model!r:.100}: {version!r:.40}") from exc
         try:
             name = check_env_name(str(data.get("env", "")))
         except InputError as exc:
@@ -182,19 +185,40 @@ class Store(ABC):
     def list_versions(self, model: str) -> list[int]:
         """Versions with a manifest (one listing of the model's folder; sync never needs it)."""
         names = self._list_names(f"models/{check_model_name(model)}/versions/")
-        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()
-                      and not n.startswith("0"))
+        found = (_VERSION_OBJECT.match(n) for n in names)  # canonical decimal names only ('01', '١' are not)
+        return sorted(v for v in (int(m.group(1)) for m in found if m) if v <= 2 ** 63 - 1)
 
     def list_models(self) -> list[str]:
         return sorted(n.rstrip("/") for n in self._list_names("models/"))
 
     # ----------------------------------------------------------------------------- environments
+    def list_envs(self) -> list[str]:
+        """Environments with a pointer in this store."""
+        names = (n.rstrip("/") for n in self._list_names("envs/"))
+        found = {n.removesuffix(".revs").removesuffix(".json") for n in names
+                 if n.endswith((".json", ".json.revs"))}
+        return sorted(n for n in found if _ENV_NAME.match(n))
+
+    def env_hint(self, env: str, declared: list[str] | tuple[str, ...] = ()) -> str:
+        """What to say about an environment that does not exist: the close names, else how to create it."""
+        try:
+            known = sorted(set(self.list_envs()) | set(declared))
+        except (NotFoundError, ConflictError, IntegrityError, InputError, OSError):
+            known = sorted(declared)
+        close = difflib.get_close_matches(env, known, n=3, cutoff=0.6)
+        if close:
+            return f"did you mean {' or '.join(close)}? (known: {', '.join(known)})"
+        listing = f"known: {', '.join(known)}; " if known else ""
+        return f"{listing}create it with `trm push {self.location} --env {env}`"
+
     def get_env(self, env: str) -> EnvPointer:
         try:
             payload, tag = self._get_bytes(env_key(env))
+        except StoreNotFoundError:
+            raise  # the store itself is missing: saying "no such environment" would mislead
         except NotFoundError as exc:
             raise NotFoundError(f"environment {env} does not exist in {self.location}",
-                                hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
+                                hint=self.env_hint(env), env=env) from exc
         pointer = EnvPointer.from_json(payload, f"{self.location}/{env_key(env)}", tag)
         if pointer.name != env:
             raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")

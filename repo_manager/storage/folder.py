@@ -20,7 +20,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError
+from repo_manager import documents
+from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError, StoreNotFoundError
 from repo_manager.manifest import CHUNK
 from repo_manager.storage.base import Store
 
@@ -64,7 +65,8 @@ class FolderStore(Store):
         folder = self._path(key + _REVS)
         if not folder.is_dir():
             return []
-        return sorted(int(p.stem) for p in folder.iterdir() if p.suffix == ".json" and p.stem.isdigit())
+        return sorted(int(p.stem) for p in folder.iterdir() if p.suffix == ".json" and p.stem.isascii()
+                      and p.stem.isdigit())
 
     def _put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None,
                    sha256: str | None = None) -> str:
@@ -90,20 +92,30 @@ class FolderStore(Store):
         self._link_new(path, lambda h: h.write(data))
         return hashlib.sha256(data).hexdigest()
 
+    def _missing(self, key: str) -> NotFoundError:
+        if not self.root.is_dir():  # the whole store is missing, not one object in it
+            return StoreNotFoundError(f"store folder {self.location} does not exist",
+                                      hint="check the store location", store=self.location)
+        return NotFoundError(f"{key} does not exist in {self.location}", store=self.location)
+
+    def _read_document(self, path: Path, key: str) -> bytes:
+        """A document (manifest, pointer, record), its size checked before it is read."""
+        try:
+            documents.check_size(path.stat().st_size, f"{self.location}/{key}")
+            return path.read_bytes()
+        except FileNotFoundError as exc:
+            raise self._missing(key) from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {key} in {self.location}: {exc.strerror}") from exc
+
     def _get_bytes(self, key: str) -> tuple[bytes, str]:
         if self._mutable(key):
             revisions = self._revisions(key)
             if not revisions:
-                raise NotFoundError(f"{key} does not exist in {self.location}", store=self.location)
+                raise self._missing(key)
             path = self._path(key + _REVS) / f"{revisions[-1]:0{_REV_WIDTH}d}.json"
-            return path.read_bytes(), str(revisions[-1])
-        path = self._path(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise NotFoundError(f"{key} does not exist in {self.location}", store=self.location) from exc
-        except OSError as exc:
-            raise StoreError(f"cannot read {key} in {self.location}: {exc.strerror}") from exc
+            return self._read_document(path, key), str(revisions[-1])
+        data = self._read_document(self._path(key), key)
         return data, hashlib.sha256(data).hexdigest()
 
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:

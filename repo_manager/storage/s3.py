@@ -33,8 +33,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
+from repo_manager import documents
+from repo_manager.errors import (
+    ConflictError,
+    IntegrityError,
+    NotFoundError,
+    StoreError,
+    StoreNotFoundError,
+    UsageError,
+)
 from repo_manager.manifest import sha256_file
+from repo_manager.redact import check_no_userinfo
 from repo_manager.storage.base import Store
 
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
@@ -43,7 +52,8 @@ PART_WORKERS = 8
 
 
 def parse_s3_url(location: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix")."""
+    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix"). Credentials in it are refused."""
+    check_no_userinfo(location, "the store location")
     rest = location[len("s3://"):]
     bucket, _, prefix = rest.partition("/")
     if not bucket:
@@ -114,6 +124,8 @@ class S3Store(Store):
         where = f"s3://{self.bucket}/{self._key(key)}"
         try:
             return self.reader.get(self._key(key), byte_range)
+        except StoreNotFoundError:
+            raise
         except NotFoundError as exc:
             raise NotFoundError(f"{where} does not exist", store=self.location) from exc
         except StoreError as exc:
@@ -139,8 +151,8 @@ class S3Store(Store):
                 return IntegrityError(f"the store refused {where}: its checksum does not match ({code})",
                                       store=self.location)
             if code in ("NoSuchBucket",):
-                return StoreError(f"bucket {self.bucket} does not exist at {self._endpoint()}",
-                                  hint="create it, or fix the store location", store=self.location)
+                return StoreNotFoundError(f"bucket {self.bucket} does not exist at {self._endpoint()}",
+                                          hint="create it, or fix the store location", store=self.location)
             if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
                 return StoreError(f"access to {where} was denied ({code})",
                                   hint="check the AWS credentials (environment, profile or role)",
@@ -177,8 +189,12 @@ class S3Store(Store):
         import urllib3  # noqa: PLC0415
 
         response = self._get(key)
-        try:
-            return response.read(), str(response.headers.get("ETag", ""))
+        try:  # only documents are read whole: bounded before anything is allocated
+            length = str(response.headers.get("Content-Length") or "0")
+            documents.check_size(int(length) if length.isdigit() else 0, f"s3://{self.bucket}/{key}")
+            data = response.read(documents.MAX_DOCUMENT_BYTES + 1)
+            documents.check_size(len(data), f"s3://{self.bucket}/{key}")
+            return data, str(response.headers.get("ETag", ""))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._error(exc, key, "download") from exc
         finally:
@@ -282,6 +298,7 @@ class SignedReader:
         else:
             self.base = f"https://{bucket}.s3.{self.region}.amazonaws.com"
         self.endpoint = endpoint or "AWS S3"
+        self.bucket = bucket
         self.pool = urllib3.PoolManager(maxsize=max_connections, retries=False,
                                         timeout=urllib3.Timeout(connect=5, read=60))
 
@@ -311,6 +328,9 @@ class SignedReader:
             body = response.read(2048)
             response.release_conn()
             if response.status == 404:
+                if _error_code(body) == "NoSuchBucket":  # not "the object is absent": the whole store is
+                    raise StoreNotFoundError(f"bucket {self.bucket} does not exist at {self.endpoint}",
+                                             hint="create it, or fix the store location")
                 raise NotFoundError(f"s3 object {key} does not exist")
             if response.status in (409, 412):
                 raise ConflictError(f"s3 object {key} was changed by another writer")

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from repo_manager import paths
 from repo_manager.errors import InputError, IntegrityError, NotFoundError
 from repo_manager.manifest import CHUNK, Manifest
 from repo_manager.storage import Store
@@ -93,7 +94,7 @@ class BlobCache:
         self.locks = self.root / "locks"
         try:
             for folder in (self.blobs, self.partial, self.locks):
-                folder.mkdir(parents=True, exist_ok=True)
+                paths.make_dirs(self.root, folder)  # never into a link planted inside the cache
         except OSError as exc:
             raise InputError(f"cannot use {self.root} as the node cache: {exc.strerror}",
                              hint="pass a writable folder to --cache") from exc
@@ -121,12 +122,13 @@ class BlobCache:
     def save_manifest(self, store_id: str, manifest: Manifest) -> None:
         from repo_manager.config import atomic_write_bytes  # noqa: PLC0415
 
-        atomic_write_bytes(self._manifest_path(store_id, manifest.model, manifest.version), manifest.to_json())
+        target = self._manifest_path(store_id, manifest.model, manifest.version)
+        atomic_write_bytes(paths.check_within(self.root, target), manifest.to_json())
 
     # ---------------------------------------------------------------------------------- fetching
     @contextmanager
     def _lock(self, digest: str) -> Iterator[None]:
-        fd = os.open(self.locks / digest, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_nofollow(self.locks / check_digest(digest), os.O_RDWR | os.O_CREAT)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -214,7 +216,8 @@ class BlobCache:
 
     def _adopt_partial(self, digest: str) -> Path | None:
         """Take over an abandoned partial download of ``digest`` (we hold its lock: its owner is gone)."""
-        candidates = [e.path for e in os.scandir(self.partial) if e.name.startswith(digest) and e.is_dir()]
+        candidates = [e.path for e in os.scandir(self.partial) if e.name.startswith(digest)
+                      and e.is_dir(follow_symlinks=False) and not _holds_links(Path(e.path))]
         for candidate in sorted(candidates):
             mine = self.partial / f"{digest}.{uuid.uuid4().hex}"
             try:
@@ -229,7 +232,7 @@ class BlobCache:
                   parts_pool: ThreadPoolExecutor | None, limit: RateLimit | None) -> tuple[int, int, str]:
         """Fetch the missing parts into ``folder/data``. Returns (bytes fetched, bytes resumed, sha256)."""
         data = folder / "data"
-        fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_nofollow(data, os.O_RDWR | os.O_CREAT)
         try:
             os.ftruncate(fd, size)
             part_size = self._part_size(folder)
@@ -337,6 +340,23 @@ class BlobCache:
             except FileNotFoundError:
                 continue
         return removed, freed
+
+
+def _open_nofollow(path: Path, flags: int) -> int:
+    """Open a cache file without following a link planted at its name (paths.py's rule, for open())."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise paths.UnsafePathError(f"refusing to write through {path}: it is a symbolic link in the cache",
+                                        hint="remove it; the cache holds only trm's own files",
+                                        path=str(path)) from exc
+        raise
+
+
+def _holds_links(folder: Path) -> bool:
+    """A partial download is adopted only when nothing in it is a symbolic link."""
+    return any(p.is_symlink() for p in [folder, *folder.rglob("*")])
 
 
 def _hashed(chunks: Iterator[bytes], hasher: Any) -> Iterator[bytes]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
+from repo_manager import paths
 from repo_manager.errors import ConflictError, NotFoundError
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
@@ -178,23 +179,23 @@ def replace_config(repo: LocalRepository, action: ModelAction) -> None:
     validate` finds them equal."""
     text = repo.installed_config(action.manifest)
     cfg.parse_config(text, f"config of {action.model}/{action.version}")
-    cfg.atomic_write_bytes(repo.model_dir(action.model) / CONFIG_NAME, text.encode())
+    cfg.atomic_write_bytes(paths.check_within(repo.root, repo.model_dir(action.model) / CONFIG_NAME), text.encode())
 
 
 def prune_version(repo: LocalRepository, model: str, version: int) -> bool:
     """Remove ``<repo>/<model>/<version>``: renamed out of Triton's sight first, then deleted. Only a
-    real folder inside the repository is touched, never a symlink or what it points to. True if removed."""
-    root = repo.root.resolve()
-    model_dir = repo.model_dir(model)
+    real folder reached through real folders of the repository is touched (paths.py), never a symlink or
+    what it points to. True if removed."""
     folder = repo.version_dir(model, version)
-    if model_dir.is_symlink() or folder.is_symlink() or not folder.is_dir():
+    try:
+        paths.check_within(repo.root, folder)
+    except paths.UnsafePathError:
         return False
-    if folder.resolve().parent != (root / model) or not folder.resolve().is_relative_to(root):
+    if not folder.is_dir():
         return False
-    aside = model_dir / f"{STAGING_PREFIX}prune-{uuid.uuid4().hex}"
+    aside = repo.model_dir(model) / f"{STAGING_PREFIX}prune-{uuid.uuid4().hex}"
     os.rename(folder, aside)
-    shutil.rmtree(aside, ignore_errors=True)
-    return True
+    return paths.remove_tree(repo.root, aside)
 
 
 def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = None,
@@ -204,6 +205,7 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     cache = BlobCache(plan.cache)
     repo = LocalRepository(plan.repository)
     limit = RateLimit(limit_bytes_per_s)
+    paths.check_free_space(cache.root, plan.fetch_bytes, "this sync")
     progress.start(plan.fetch_bytes, len(plan.fetch))
     downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
     installed, configs = [], []

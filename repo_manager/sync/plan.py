@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repo_manager import config as cfg
-from repo_manager.errors import CompatibilityError, ConflictError, IntegrityError, NotFoundError, UsageError
+from repo_manager import paths
+from repo_manager.errors import (
+    CompatibilityError,
+    InputError,
+    IntegrityError,
+    NotFoundError,
+    UsageError,
+    VersionExistsError,
+)
 from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name
 from repo_manager.repository import CONFIG_NAME, LocalRepository
 from repo_manager.storage import Store
@@ -174,9 +182,10 @@ def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None
     except (OSError, IntegrityError):
         return REPLACE  # no (valid) manifest: an incomplete folder that readers ignore
     if local.files != manifest.files or local.config != manifest.config:
-        raise ConflictError(f"{folder} holds a different version {manifest.version} of {manifest.model} than "
-                            "the store", hint="move it away (versions are immutable), or sync into another --repo",
-                            model=manifest.model, version=manifest.version)
+        raise VersionExistsError(f"{folder} holds a different version {manifest.version} of {manifest.model} "
+                                 "than the store; it is never replaced",
+                                 hint="move it away (versions are immutable), or sync into another --repo",
+                                 model=manifest.model, version=manifest.version, path=str(folder))
     for entry in manifest.files:
         path = folder / entry.path
         try:
@@ -185,6 +194,22 @@ def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None
         except FileNotFoundError:
             return REPLACE
     return PRESENT
+
+
+def check_target(repo: LocalRepository, model: str, version: int, wanted: dict[str, int],
+                 local: dict[str, list[str]]) -> None:
+    """Before anything is fetched: the version folder and config.pbtxt are reached through real folders of
+    the repository (paths.py), and no other model of the repository (``local``: casefolded name -> folder
+    names) or of the plan differs only in case."""
+    paths.check_within(repo.root, repo.version_dir(model, version) / MANIFEST_NAME)
+    paths.check_within(repo.root, repo.model_dir(model) / CONFIG_NAME)
+    if any(name != model for name in local.get(model.casefold(), [])):
+        repo.check_no_case_twin(model)  # raises, naming them
+    twins = sorted(m for m in wanted if m != model and m.casefold() == model.casefold())
+    if twins:
+        raise InputError(f"the store asks for models {model} and {', '.join(twins)}, which differ only in case",
+                         hint="they would collide on a case-insensitive filesystem: rename one in the store",
+                         model=model)
 
 
 def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
@@ -255,8 +280,13 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
     fetch: dict[str, BlobFetch] = {}
     reuse = 0
     queue = sorted(wanted.items())
+    local: dict[str, list[str]] = {}
+    if repo.root.is_dir():  # one listing for the whole plan (an unchanged sync stays a few stats)
+        for entry in repo.root.iterdir():
+            local.setdefault(entry.name.casefold(), []).append(entry.name)
     while queue:
         model, version = queue.pop(0)
+        check_target(repo, model, version, wanted, local)
         manifest, payload, cost = load_manifest(store, cache, model, version)
         reads += cost
         for member, member_version in sorted(manifest.members.items()):

@@ -36,19 +36,21 @@ from repo_manager.promote import (
 @click.option("--eval-threshold", type=float, help="Lowest score the eval gate accepts.")
 @url_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--create-env", is_flag=True, help="Create --to if it is neither declared in the settings "
+              "(environments:) nor present in the store (without it, a mistyped name is refused).")
 @endpoint_option
 @json_option
 @pass_ctx
 def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, version: int | None, rollback: bool,
                     store: str | None, to_store: str | None, gates: str | None, sample: str | None,
                     eval_cmd: str | None, eval_threshold: float | None, triton_url: str | None, dry_run: bool,
-                    s3_endpoint_url: str | None) -> None:
+                    create_env: bool, s3_endpoint_url: str | None) -> None:
     """Point environment --to at version --version of NAME after its gates pass; exit 9 when a gate
     fails, 8 when another promotion won the race (nothing is changed in either case)."""
     settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
     request = PromotionRequest(name, to_env, version, from_env, rollback,
                                parse_gates(gates, settings) if gates is not None else None, store, to_store,
-                               Path(sample) if sample else None, eval_cmd, eval_threshold)
+                               Path(sample) if sample else None, eval_cmd, eval_threshold, create_env)
     try:
         result = promote(settings, request, dry_run=dry_run, progress=ctx.progress)
     except GateError as exc:

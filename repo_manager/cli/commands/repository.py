@@ -7,6 +7,7 @@ import click
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.errors import InputError
 from repo_manager.inventory import list_models, show_model, validate_repository
+from repo_manager.repository import LocalRepository
 
 
 @cli.command("list")
@@ -17,6 +18,8 @@ def list_command(ctx: Context, repository: str | None) -> None:
     """List the models of the repository and their versions."""
     settings = ctx.settings.replace(repository=repository)
     rows = list_models(settings.repository)
+    for note in LocalRepository(settings.repository).scan()[1]:  # e.g. lost+found at a volume's root
+        ctx.progress(note)
     lines = [f"{r['model']:<32} latest {r['latest'] or '-':<5} versions {r['versions']}" for r in rows]
     ctx.emit({"repository": str(settings.repository), "models": rows},
              "\n".join(lines) if lines else f"no models in {settings.repository}")
@@ -58,6 +61,7 @@ def validate_command(ctx: Context, repo_dir: str | None, fix: bool) -> None:
     problems = report["problems"]
     text = "\n".join([f"{root}: {len(problems)} problem(s)"] + [f"  - {p}" for p in problems]) \
         if problems else f"{root}: OK ({report['models']} models, {report['versions']} versions)"
+    text += "".join(f"\n  note: {n}" for n in report["notes"])
     ctx.emit(report, text)
     if problems:
         error = InputError(f"{len(problems)} problem(s) in {root}")

@@ -8,6 +8,7 @@ import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.errors import TrmError
+from repo_manager.redact import check_no_userinfo
 from repo_manager.rollout import (
     RolloutOptions,
     describe_status,
@@ -62,6 +63,7 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
     6 a server became unreachable (the others are left consistent), 2 bad usage.
     """
     settings = ctx.settings.replace(repository=repository)
+    check_server_urls(urls, grpc_urls)
     options = RolloutOptions(canary=canary, soak_s=soak_s, max_error_rate=max_error_rate,
                              max_p99_increase=max_p99_increase, keep_previous=keep_previous,
                              side_by_side=side_by_side, memory_budget=parse_size(memory_budget),
@@ -94,5 +96,14 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
 def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) -> None:
     """Each server's loaded models and versions against the repository's latest."""
     settings = ctx.settings.replace(repository=repository)
+    check_server_urls(urls, ())
     statuses = server_status(settings.repository, list(urls))
     ctx.emit({"servers": [s.to_dict() for s in statuses]}, describe_status(statuses))
+
+
+def check_server_urls(urls: tuple[str, ...], grpc_urls: tuple[str, ...]) -> None:
+    """Server addresses carry no credentials (they would be printed and recorded): refused, never echoed."""
+    for url in urls:
+        check_no_userinfo(url, "--url")
+    for url in grpc_urls:
+        check_no_userinfo(url if "://" in url else f"grpc://{url}", "--grpc-url")

@@ -1,0 +1,166 @@
+"""The one path-safety rule for everything trm writes or deletes.
+
+A *target* is a folder the user named: the node repository of `trm sync`, the destination of `trm export`,
+the repository `trm validate --fix` repairs, the node cache. The target itself may be a symbolic link (the
+user chose it), but nothing *beneath* it is followed: every existing component between the target and the
+path written or deleted must be a real folder, never a symbolic link (which could lead anywhere, e.g. a
+model folder ``repo/base -> /elsewhere``) and never a file. A path that breaks the rule is refused with
+``UnsafePathError`` (exit 3) before anything is written.
+
+File names that come from a store (a manifest's file list) are checked by ``check_store_path`` when the
+manifest is read: relative POSIX paths of portable names (no control characters, no backslash, no ``..``
+or ``.`` part, no absolute path, bounded length). Breaking that rule is hostile store content:
+``IntegrityError`` (exit 7).
+
+The checks are made just before each write (not once per command) and new files are always created under a
+unique temporary name, then renamed: a rename replaces a link found at the final name instead of writing
+through it. They guard against a layout that is already hostile or careless when trm runs; someone who can
+rewrite the target while trm runs could write into it directly anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from repo_manager.errors import InputError, IntegrityError
+
+MAX_NAME_BYTES = 255
+"""Longest file or folder name (one path component), in UTF-8 bytes: what Linux, macOS and S3 keys share."""
+MAX_PATH_BYTES = 1024
+"""Longest relative path inside a version folder (S3 allows 1024 bytes per key)."""
+_UNPORTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class UnsafePathError(InputError):
+    """A path trm was asked to write or delete leads out of its target (a symbolic link, a file in the way)."""
+
+    kind = "unsafe_path"
+
+
+def file_mode() -> int:
+    """Permissions of a new regular file: what ``open()`` would give under this process's umask (temporary
+    files start at 0600; a Triton running as another user must be able to read what trm writes)."""
+    return 0o666 & ~_UMASK
+
+
+def check_store_path(path: object, origin: str = "a manifest") -> str:
+    """A file path from store content: relative, POSIX, portable names only. IntegrityError otherwise."""
+    if not isinstance(path, str) or not path:
+        raise IntegrityError(f"file path {path!r} is not allowed in {origin}")
+    if _UNPORTABLE.search(path):
+        raise IntegrityError(f"file path {path!r} in {origin} holds a control character or a backslash",
+                             hint="store file names are limited to printable characters")
+    if path.startswith("/") or posixpath.normpath(path) != path or path.split("/")[0] == "..":
+        raise IntegrityError(f"file path {path!r} in {origin} leaves the version folder")
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise IntegrityError(f"file path {path!r} is not allowed in {origin}")
+    try:
+        encoded = [part.encode() for part in parts]
+    except UnicodeEncodeError as exc:  # a lone surrogate from a JSON \ud800 escape
+        raise IntegrityError(f"file path {path!r} in {origin} is not valid UTF-8") from exc
+    if any(len(part) > MAX_NAME_BYTES for part in encoded) or len(path.encode()) > MAX_PATH_BYTES:
+        raise IntegrityError(f"file path {path[:80]!r}… in {origin} is too long")
+    return path
+
+
+def check_within(root: Path, path: Path) -> Path:
+    """``path`` if every existing component strictly below ``root`` is a real folder (the last one may be
+    a file or missing); UnsafePathError otherwise. ``path`` must be ``root`` joined with relative parts."""
+    try:
+        relative = Path(os.path.relpath(path, root)) if path.is_absolute() != root.is_absolute() \
+            else path.relative_to(root)
+    except ValueError:
+        relative = Path("..")
+    if relative.is_absolute() or ".." in relative.parts:
+        raise UnsafePathError(f"{path} is outside {root}")
+    current = root
+    parts = relative.parts
+    for index, part in enumerate(parts):
+        current = current / part
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            return path  # the rest will be created by trm, as real folders
+        except NotADirectoryError as exc:
+            raise UnsafePathError(f"cannot write {path}: a part of it is a file", path=str(current)) from exc
+        if stat.S_ISLNK(info.st_mode):
+            raise UnsafePathError(f"refusing to write through {current}: it is a symbolic link "
+                                  f"(to {os.readlink(current)}) inside {root}",
+                                  hint="replace the link with a real folder, or choose another target",
+                                  path=str(current))
+        if index < len(parts) - 1 and not stat.S_ISDIR(info.st_mode):
+            raise UnsafePathError(f"cannot write {path}: {current} is not a folder", path=str(current))
+    return path
+
+
+def make_dirs(root: Path, folder: Path) -> Path:
+    """Create ``folder`` (and its parents below ``root``) after checking the rule; checked again after,
+    so a link that appeared meanwhile is still refused before anything is written into it."""
+    check_within(root, folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise UnsafePathError(f"cannot create folder {folder}: a file is in the way", path=str(folder)) from exc
+    except OSError as exc:
+        raise InputError(f"cannot create {folder}: {exc.strerror}", hint="choose a writable folder") from exc
+    return check_within(root, folder)
+
+
+def write_new_file(root: Path, target: Path, chunks, *, mode: int | None = None) -> None:
+    """Write ``chunks`` (an iterable of bytes) to ``target`` below ``root``: folders checked and created,
+    a unique temporary file with the umask's permissions, fsynced, renamed into place (replacing a link
+    found at ``target`` rather than writing through it)."""
+    make_dirs(root, target.parent)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:200]}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, file_mode() if mode is None else mode)
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_tree(root: Path, folder: Path) -> bool:
+    """Delete ``folder`` (below ``root``) only if it is a real folder reached through real folders; a link
+    is never followed (only unlinked, when it is ``folder`` itself). True if something was removed."""
+    check_within(root, folder.parent)
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        folder.unlink()
+        return True
+    shutil.rmtree(folder, ignore_errors=True)  # rmtree itself never follows links inside the tree
+    return True
+
+
+def check_free_space(folder: Path, needed: int, what: str) -> None:
+    """Refuse (exit 3) before writing ``needed`` bytes into ``folder`` when its filesystem has less free:
+    a manifest's sizes are checked against the disk before any byte is downloaded or allocated."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return  # cannot tell: the write itself reports a full disk
+    if needed > free:
+        raise InputError(f"{what} needs {needed} bytes in {folder}, but its filesystem has {free} free",
+                         hint="free some space (`trm sync --prune` removes unused blobs) or use another folder",
+                         path=str(folder))

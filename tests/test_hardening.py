@@ -1,0 +1,443 @@
+"""Hostile and careless input, each case from issue 13: nothing written outside its target, no secret in any
+output, a one-line error with a documented exit code (never 1), never a different version replaced.
+
+Most cases use a folder store (the rules live above the backends); the missing-bucket case uses the real
+SeaweedFS server.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+from store_helpers import make_version, python_config, tree_digest
+
+from repo_manager.errors import InputError
+from repo_manager.manifest import Manifest
+from repo_manager.repository import LocalRepository
+from repo_manager.storage import open_store
+
+KEY, SECRET = "AKIAHARDENINGEXAMPLE", "hardSecret/K7MDENG/bPxRfiCYzEXAMPLE"
+
+
+def _store_with(tmp_path: Path, model: str = "base", files: dict[str, bytes] | None = None, env: str = "prod") -> str:
+    store = str(tmp_path / "store")
+    make_version(tmp_path / "src", model, files or {"model.py": b"# v1"})
+    result = run_cli_plain("push", store, "--repo", tmp_path / "src", "--env", env)
+    assert result == 0
+    return store
+
+
+def run_cli_plain(*args) -> int:
+    from repo_manager.cli import main  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    return int(exit_info.value.code or 0)
+
+
+def _elsewhere(tmp_path: Path) -> Path:
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "precious").write_text("keep me")
+    return folder
+
+
+# ------------------------------------------------------------------------------------ 1. path safety
+def test_sync_never_installs_through_a_symlinked_model_folder(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    elsewhere = _elsewhere(tmp_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "base").symlink_to(elsewhere, target_is_directory=True)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", repo, "--cache", tmp_path / "cache")
+    assert result.code == 3, result.err
+    assert "symbolic link" in result.err and str(repo / "base") in result.err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+def test_sync_never_writes_through_a_symlink_inside_the_cache(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    elsewhere = _elsewhere(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "blobs").symlink_to(elsewhere, target_is_directory=True)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo", "--cache", cache)
+    assert result.code == 3, result.err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+def test_export_never_writes_through_a_symlinked_destination_folder(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    elsewhere = _elsewhere(tmp_path)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "base").symlink_to(elsewhere, target_is_directory=True)
+    result = run_cli(capsys, "export", store, dest)
+    assert result.code == 3, result.err
+    assert "symbolic link" in result.err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+def test_validate_fix_never_deletes_through_a_symlinked_model_folder(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    make_version(repo, "real", {"model.py": b"# v1"})
+    elsewhere = _elsewhere(tmp_path)
+    (elsewhere / ".trm-tmp-999999999-abc").mkdir()
+    (elsewhere / ".trm-tmp-999999999-abc" / "data").write_text("not trm's")
+    (repo / "linked").symlink_to(elsewhere, target_is_directory=True)
+    result = run_cli(capsys, "validate", repo, "--fix")
+    assert result.code == 3, result.err
+    assert "symbolic link out of the repository" in result.out
+    assert (elsewhere / ".trm-tmp-999999999-abc" / "data").read_text() == "not trm's"
+
+
+@pytest.mark.parametrize("name", ["a\nb.txt", "tab\there", "del\x7f", "back\\slash"])
+def test_store_file_names_are_limited_to_a_portable_set(capsys, tmp_path, name):
+    store = _store_with(tmp_path)
+    manifest = open_store(store).get_manifest("base", 1)
+    data = manifest.to_dict()
+    data["files"][0]["path"] = name
+    store_path = Path(store) / "models" / "base" / "versions" / "1.json"
+    store_path.chmod(0o644)
+    store_path.write_bytes(Manifest.from_dict(manifest.to_dict()).to_json().replace(
+        b'"model.py"', __import__("json").dumps(name).encode()))
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo", "--cache", tmp_path / "c")
+    assert result.code == 7, result.err
+    assert not (tmp_path / "repo" / "base" / "1").exists()
+
+
+# ------------------------------------------------------------------------------------- 2. credentials
+@pytest.mark.parametrize("secret", [SECRET, "plainsecret42"])
+def test_a_store_url_with_credentials_is_refused_and_never_printed(capsys, tmp_path, secret):
+    location = f"s3://{KEY}:{secret}@bucket/prefix"
+    commands = [
+        ["sync", location, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"],
+        ["push", location, "--repo", tmp_path / "r"],
+        ["export", location, tmp_path / "out"],
+        ["export", tmp_path / "store", location],
+        ["promote", "m", "--version", "1", "--to", "prod", "--store", location],
+        ["history", "prod", "--store", location],
+    ]
+    for args in commands:
+        for flags in (["--json"], ["--verbose"]):
+            result = run_cli(capsys, *flags, *args)
+            assert result.code == 2, (args, result.err)
+            assert "carries credentials" in result.err
+            for text in (KEY, secret, secret.split("/")[0]):
+                assert text not in result.out and text not in result.err, (args, flags, result.err)
+    assert not list(tmp_path.iterdir())
+
+
+def test_urls_with_credentials_are_refused_in_every_setting_and_never_printed(capsys, tmp_path, monkeypatch):
+    store = _store_with(tmp_path)
+    url = f"http://{KEY}:{SECRET}@127.0.0.1:9"
+    sync = ["sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"]
+    for extra in (["--prune", "--url", url], ["--endpoint-url", url]):
+        for flags in (["--json"], ["--verbose"]):
+            result = run_cli(capsys, *flags, *sync, *extra)
+            assert result.code == 2, result.err
+            assert KEY not in result.out + result.err and "hardSecret" not in result.out + result.err
+    monkeypatch.setenv("TRM_STORE", f"s3://{KEY}:{SECRET}@bucket")
+    result = run_cli(capsys, "--verbose", "list", "--repo", tmp_path / "r")
+    assert result.code == 2 and KEY not in result.out + result.err and "hardSecret" not in result.err
+
+
+def test_history_records_and_printed_text_carry_no_url_credentials(capsys, tmp_path, monkeypatch):
+    """CI systems put tokens into URLs (BUILD_URL=https://user:token@ci/…): the record keeps the URL,
+    redacted; the one redaction point also covers every line printed."""
+    from repo_manager.redact import redact
+
+    store = _store_with(tmp_path, env="staging")
+    monkeypatch.setenv("BUILD_URL", f"https://{KEY}:{SECRET}@ci.example/job/7")
+    result = run_cli(capsys, "promote", "base", "--version", "1", "--to", "production", "--store", store,
+                     "--gates", "checksums", "--create-env", "--json")
+    assert result.code == 0, result.err
+    stored = b"".join(p.read_bytes() for p in (Path(store) / "history").rglob("*.json"))
+    for text in (result.out, stored.decode()):
+        assert KEY not in text and "hardSecret" not in text and "***@ci.example/job/7" in text
+    assert redact(f"x s3://{KEY}:{SECRET}@bucket/p y") == "x s3://***@bucket/p y"
+
+
+# ---------------------------------------------------------------------------- 3. never replace a version
+def test_export_refuses_a_different_version_and_leaves_an_identical_one_alone(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    dest = tmp_path / "dest"
+    assert run_cli(capsys, "export", store, dest).code == 0
+    before = tree_digest(dest)
+    again = run_cli(capsys, "export", store, dest, "--json")
+    assert again.code == 0 and again.json()["files"] == 0 and tree_digest(dest) == before
+    (dest / "base" / "1" / "model.py").write_bytes(b"# someone else's version 1")
+    clash = run_cli(capsys, "export", store, dest)
+    assert clash.code == 3, clash.err
+    assert "different version 1" in clash.err and str(dest / "base" / "1") in clash.err
+    assert (dest / "base" / "1" / "model.py").read_bytes() == b"# someone else's version 1"
+
+
+def test_an_interrupted_export_is_completed_not_refused(capsys, tmp_path):
+    store = _store_with(tmp_path, files={"model.py": b"# v1", "weights/w.bin": b"w" * 1000})
+    dest = tmp_path / "dest"
+    assert run_cli(capsys, "export", store, dest).code == 0
+    (dest / "base" / "1" / "weights" / "w.bin").unlink()  # as if killed before the last file
+    result = run_cli(capsys, "export", store, dest, "--json")
+    assert result.code == 0 and result.json()["files"] == 1, result.err
+    assert (dest / "base" / "1" / "weights" / "w.bin").read_bytes() == b"w" * 1000
+
+
+def test_exported_files_follow_the_umask(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    old = os.umask(0o022)
+    try:
+        assert run_cli(capsys, "export", store, tmp_path / "dest").code == 0
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "dest" / "base" / "1" / "model.py", tmp_path / "dest" / "base" / "config.pbtxt"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+def test_sync_refuses_a_different_local_version_with_exit_3(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    repo = tmp_path / "repo"
+    make_version(repo, "base", {"model.py": b"# another version 1"})
+    before = tree_digest(repo)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", repo, "--cache", tmp_path / "c")
+    assert result.code == 3, result.err
+    assert "different version 1" in result.err and tree_digest(repo) == before
+
+
+# ----------------------------------------------------------------------------- 4. store documents
+def _put_raw(store: str, key: str, payload: bytes) -> None:
+    path = Path(store) / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.chmod(0o644)
+    path.write_bytes(payload)
+
+
+def test_a_manifest_nested_twenty_million_deep_is_refused_not_a_recursion_error(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    _put_raw(store, "models/base/versions/1.json", b"[" * 20_000_000)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 7, result.err
+    assert "internal error" not in result.err
+
+
+def test_a_pointer_nested_deep_or_oversized_is_refused(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    revs = sorted((Path(store) / "envs" / "prod.json.revs").iterdir())
+    for payload in (b'{"schema": "trm.env/1", "models": ' + b"[" * 500_000, b" " * (2 * 1024 * 1024)):
+        revs[-1].chmod(0o644)
+        revs[-1].write_bytes(payload)
+        result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache",
+                         tmp_path / "c")
+        assert result.code == 7, result.err
+
+
+def test_a_manifest_claiming_a_petabyte_file_is_refused_before_any_allocation(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    manifest = open_store(store).get_manifest("base", 1).to_dict()
+    manifest["files"][0]["size"] = 2 ** 50
+    _put_raw(store, "models/base/versions/1.json", __import__("json").dumps(manifest).encode())
+    for args in (["sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"],
+                 ["export", store, tmp_path / "out"]):
+        result = run_cli(capsys, *args)
+        assert result.code == 7, result.err
+        assert "invalid size" in result.err
+    assert not (tmp_path / "c" / "partial").exists() or not list((tmp_path / "c" / "partial").iterdir())
+
+
+# --------------------------------------------------------------------------------- 5. version folders
+def test_only_canonical_version_folders_are_versions(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    manifest = make_version(repo, "m", {"model.py": b"# v1"})
+    for name in ("01", "1.0", " 1", "+1"):
+        (repo / "m" / name).mkdir()
+        (repo / "m" / name / "trm-manifest.json").write_bytes(manifest.to_json())
+    assert LocalRepository(repo).versions("m") == [1]
+    listed = run_cli(capsys, "list", "--repo", repo, "--json")
+    assert listed.code == 0 and listed.json()["models"][0]["versions"] == [1]
+    result = run_cli(capsys, "validate", repo, "--json")
+    assert result.code == 3
+    problems = result.json()["problems"]
+    for name in ("01", "1.0", " 1", "+1"):
+        assert any(repr(name) in p for p in problems), (name, problems)
+    assert any("Triton would load it as version 1" in p for p in problems)
+
+
+def test_a_lost_and_found_folder_is_skipped_with_a_note(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    make_version(repo, "m", {"model.py": b"# v1"})
+    (repo / "lost+found").mkdir()
+    listed = run_cli(capsys, "list", "--repo", repo, "--json")
+    assert listed.code == 0 and [r["model"] for r in listed.json()["models"]] == ["m"]
+    result = run_cli(capsys, "validate", repo, "--json")
+    assert result.code == 0, result.out
+    assert any("lost+found" in n for n in result.json()["notes"])
+
+
+def test_model_names_differing_only_in_case_are_refused(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    make_version(repo, "base", {"model.py": b"# v1"})
+    with pytest.raises(InputError, match="differs only in case"):
+        make_version(repo, "BASE", {"model.py": b"# v1"})
+    # sync: the store serves BASE, the node already has base
+    store = _store_with(tmp_path, model="BASE")
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", repo, "--cache", tmp_path / "c")
+    assert result.code == 3 and "only in case" in result.err, result.err
+    assert not (repo / "BASE").exists()
+    # validate: two folders that already collide
+    (repo / "Base").mkdir()
+    (repo / "Base" / "config.pbtxt").write_text(python_config("Base"))
+    report = run_cli(capsys, "validate", repo, "--json")
+    assert report.code == 3 and any("differ only in case" in p for p in report.json()["problems"])
+
+
+# --------------------------------------------------------------------------------- 6. promotion errors
+def test_promotion_to_an_undeclared_environment_is_refused_with_a_suggestion(capsys, tmp_path):
+    store = _store_with(tmp_path, env="production")
+    args = ["promote", "base", "--version", "1", "--store", store, "--gates", "checksums"]
+    typo = run_cli(capsys, *args, "--to", "prodution")
+    assert typo.code == 4, typo.err
+    assert "did you mean production" in typo.err and "--create-env" in typo.err
+    assert open_store(store).list_envs() == ["production"]
+    created = run_cli(capsys, *args, "--to", "canary", "--create-env")
+    assert created.code == 0, created.err
+    assert open_store(store).list_envs() == ["canary", "production"]
+    history = run_cli(capsys, "history", "prodution", "--store", store)
+    assert history.code == 4 and "did you mean production" in history.err
+
+
+def test_unknown_model_version_and_store_are_not_found_not_a_gate(capsys, tmp_path):
+    store = _store_with(tmp_path, env="production")
+    base = ["--to", "production", "--gates", "checksums"]
+    for args, words in ((["promote", "nope", "--version", "1", "--store", store], "model nope does not exist"),
+                        (["promote", "base", "--version", "7", "--store", store], "has no version 7"),
+                        (["promote", "base", "--version", "1", "--store", tmp_path / "missing"],
+                         "store folder"),
+                        (["promote", "base", "--from", "stagin", "--store", store], "stagin")):
+        result = run_cli(capsys, *args, *base)
+        assert result.code == 4, (args, result.err)
+        assert words in result.err and "gate" not in result.err, result.err
+    missing = run_cli(capsys, "sync", tmp_path / "missing", "--env", "production", "--repo", tmp_path / "r",
+                      "--cache", tmp_path / "c")
+    assert missing.code == 4 and "store folder" in missing.err and "environment" not in missing.err
+
+
+def test_sync_against_a_missing_bucket_names_the_bucket(capsys, s3_env, tmp_path):
+    location = "s3://trm-no-such-bucket-for-tests/prefix"
+    result = run_cli(capsys, "sync", location, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 4, result.err
+    assert "bucket trm-no-such-bucket-for-tests does not exist" in result.err
+    assert "environment" not in result.err
+    promote = run_cli(capsys, "promote", "m", "--version", "1", "--to", "prod", "--store", location,
+                      "--gates", "checksums", "--create-env")
+    assert promote.code == 4 and "bucket" in promote.err and "gate" not in promote.err, promote.err
+
+
+def test_server_urls_with_credentials_are_refused_by_rollout_and_status(capsys, tmp_path):
+    for args in (["rollout", "m", "--version", "1", "--url", f"http://{KEY}:{SECRET}@127.0.0.1:9"],
+                 ["rollout", "m", "--version", "1", "--url", "http://127.0.0.1:9", "--grpc-url",
+                  f"{KEY}:{SECRET}@127.0.0.1:10"],
+                 ["status", "--url", f"http://{KEY}:{SECRET}@127.0.0.1:9"]):
+        result = run_cli(capsys, "--json", *args, "--repo", tmp_path / "repo")
+        assert result.code == 2, (args, result.err)
+        assert KEY not in result.out + result.err and "hardSecret" not in result.out + result.err
+
+
+def test_a_link_planted_in_the_cache_is_never_written_through(capsys, tmp_path):
+    """A partial download folder and a lock file that are symbolic links: the download goes elsewhere in the
+    cache, never through them."""
+    import hashlib
+
+    big = b"x" * (40 * 1024 * 1024)  # above the ranged threshold: the partial-folder path
+    store = _store_with(tmp_path, files={"w.bin": big})
+    elsewhere = _elsewhere(tmp_path)
+    digest = hashlib.sha256(big).hexdigest()
+    cache = tmp_path / "cache"
+    (cache / "partial").mkdir(parents=True)
+    (cache / "locks").mkdir()
+    (cache / "partial" / f"{digest}.planted").mkdir()
+    (cache / "partial" / f"{digest}.planted" / "done").mkdir()
+    (cache / "partial" / f"{digest}.planted" / "data").symlink_to(elsewhere / "stolen")
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo", "--cache", cache)
+    assert result.code == 0, result.err
+    assert (tmp_path / "repo" / "base" / "1" / "w.bin").read_bytes() == big
+    (cache / "locks" / digest).unlink(missing_ok=True)
+    (cache / "locks" / digest).symlink_to(elsewhere / "lock")
+    (cache / "blobs" / "sha256" / digest).unlink()
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo2", "--cache", cache)
+    assert result.code == 3 and "symbolic link" in result.err, result.err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+def test_a_model_folder_with_a_bad_name_is_still_a_problem(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    make_version(repo, "m", {"model.py": b"# v1"})
+    (repo / "bad name").mkdir()
+    (repo / "bad name" / "config.pbtxt").write_text(python_config("m"))
+    result = run_cli(capsys, "validate", repo, "--json")
+    assert result.code == 3 and any("bad name" in p for p in result.json()["problems"])
+
+
+def test_export_to_s3_leaves_an_identical_version_alone_and_refuses_a_different_one(capsys, s3_location, tmp_path):
+    store = _store_with(tmp_path)
+    assert run_cli(capsys, "export", store, s3_location).code == 0
+    again = run_cli(capsys, "export", store, s3_location, "--json")
+    assert again.code == 0 and again.json()["files"] == 0, again.err
+    open_store(s3_location)._put_bytes("base/1/model.py", b"# someone else's version 1")
+    clash = run_cli(capsys, "export", store, s3_location)
+    assert clash.code == 3 and "different version 1" in clash.err, clash.err
+
+
+def test_a_mistyped_environment_in_sync_names_the_close_ones(capsys, tmp_path):
+    store = _store_with(tmp_path, env="production")
+    result = run_cli(capsys, "sync", store, "--env", "prodution", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 4 and "did you mean production" in result.err, result.err
+
+
+def test_text_from_hostile_content_is_printed_safely(capsys, tmp_path):
+    """A lone surrogate (a valid JSON escape Python cannot encode) and a terminal escape in a manifest's
+    config reach validate's report: printed as escapes, never an internal error."""
+    import json
+
+    repo = tmp_path / "repo"
+    make_version(repo, "m", {"x.txt": b"abc"})
+    path = repo / "m" / "1" / "trm-manifest.json"
+    data = json.loads(path.read_bytes())
+    data["config"] = "\ud800\x1b[2J name"
+    path.chmod(0o644)
+    path.write_text(json.dumps(data))
+    result = run_cli(capsys, "validate", repo)
+    assert result.code == 3, result.err
+    assert "\\ud800" in result.out and "\x1b" not in result.out
+
+
+def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_downloading(capsys, tmp_path):
+    import json
+
+    store = _store_with(tmp_path)
+    manifest = open_store(store).get_manifest("base", 1).to_dict()
+    manifest["files"][0]["size"] = 4 * 1024 ** 4  # within S3's limit, beyond this test disk
+    _put_raw(store, "models/base/versions/1.json", json.dumps(manifest).encode())
+    for args in (["sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"],
+                 ["export", store, tmp_path / "out"]):
+        result = run_cli(capsys, *args)
+        assert result.code == 3 and "free" in result.err, result.err
+    assert not list((tmp_path / "c" / "partial").iterdir())
+
+
+def test_publishing_never_writes_through_a_symlinked_model_folder(tmp_path):
+    """Every version trm writes (publish, tune --write, sync) is staged by LocalRepository.stage: the rule
+    holds there too."""
+    from repo_manager.paths import UnsafePathError
+
+    elsewhere = _elsewhere(tmp_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "base").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        make_version(repo, "base", {"model.py": b"# v1"})
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
