@@ -188,6 +188,15 @@ class Store(ABC):
     def list_models(self) -> list[str]:
         return sorted(n.rstrip("/") for n in self._list_names("models/"))
 
+    def list_envs(self) -> list[str]:
+        """Names of the environments that have a pointer in this store."""
+        names = {self._env_object_name(n) for n in self._list_names("envs/")}
+        return sorted(n[:-5] for n in names if n.endswith(".json"))
+
+    def _env_object_name(self, listed: str) -> str:
+        """The object name (``<env>.json``) behind one listed name under ``envs/``."""
+        return listed
+
     # ----------------------------------------------------------------------------- environments
     def get_env(self, env: str) -> EnvPointer:
         try:

@@ -130,6 +130,9 @@ class FolderStore(Store):
         except FileNotFoundError as exc:
             raise NotFoundError(f"{key} does not exist in {self.location}", store=self.location) from exc
 
+    def _env_object_name(self, listed: str) -> str:
+        return listed.rstrip("/").removesuffix(_REVS)  # a pointer is a folder of revisions here
+
     def _list_names(self, prefix: str) -> list[str]:
         folder = self._path(prefix.rstrip("/"))
         if not folder.is_dir():
