@@ -50,8 +50,7 @@ def verification_summary(manifest: Manifest) -> dict[str, Any]:
     detail = (f"worst diff {summary['worst_abs_diff']:.2g}" if worst_values else
               f"cosine >= {summary['min_cosine']:.6f}" if cosines else "")
     summary["text"] = f"yes vs {reference}" + (f", {detail}" if detail else "")
-    summary["short"] = "yes" + (f" {summary['worst_abs_diff']:.1g}" if worst_values else
-                                f" cos {summary['min_cosine']:.4f}" if cosines else "")
+    summary["short"] = "yes"
     return summary
 
 
@@ -82,12 +81,33 @@ def source_text(source: dict[str, Any]) -> str:
     return f"{kind} {where}".strip()
 
 
-def version_row(manifest: Manifest, envs: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+def members_bytes(repo: LocalRepository, manifest: Manifest) -> int | None:
+    """Bytes of the member versions an ensemble version pins (None: not an ensemble, or a member is missing
+    from this repository)."""
+    if not manifest.members:
+        return None
+    try:
+        return sum(repo.manifest(m, v).total_size for m, v in manifest.members.items())
+    except TrmError:
+        return None
+
+
+def version_row(manifest: Manifest, envs: dict[str, dict[str, int]] | None = None,
+                repo: LocalRepository | None = None) -> dict[str, Any]:
     serving = sorted(env for env, models in (envs or {}).items() if models.get(manifest.model) == manifest.version)
+    members = members_bytes(repo, manifest) if repo is not None else None
     return {"version": manifest.version, "created_at": manifest.created_at, "source": manifest.source,
             "source_text": source_text(manifest.source), "files": len(manifest.files), "bytes": manifest.total_size,
+            "bytes_with_members": manifest.total_size + members if members is not None else None,
             "verification": verification_summary(manifest), "tuning": tuning_summary(manifest),
             "members": manifest.members, "environments": serving}
+
+
+def size_text(row: dict[str, Any]) -> str:
+    """A version's size; an ensemble's with the members it pins."""
+    if row.get("bytes_with_members") is not None:
+        return f"{human_size(row['bytes_with_members'])} (with members)"
+    return human_size(row["bytes"])
 
 
 def human_size(size: int) -> str:
@@ -159,9 +179,9 @@ def list_models(root: str | Path, settings: Settings | None = None, *, store: st
             manifests = [repo.manifest(model, v) for v in (versions if all_versions else versions[-1:])]
             latest = manifests[-1]
             row["backend"] = backend_name(cfg.parse_config(latest.config))
-            row.update({k: v for k, v in version_row(latest, pointers).items() if k != "version"})
+            row.update({k: v for k, v in version_row(latest, pointers, repo).items() if k != "version"})
             if all_versions:
-                row["all"] = [version_row(m, pointers) for m in manifests]
+                row["all"] = [version_row(m, pointers, repo) for m in manifests]
         if envs is not None:
             row["served"] = {env: models[model] for env, models in pointers.items() if model in models}
         rows.append(row)
@@ -220,7 +240,7 @@ def show_model(root: str | Path, name: str, version: int | None = None, settings
             "verification": manifest.verification, "members": manifest.members,
             "tuning": manifest.tuning, "config": cfg.summarize(shown_config),
         },
-        "version_rows": [version_row(repo.manifest(name, v), pointers) for v in versions],
+        "version_rows": [version_row(repo.manifest(name, v), pointers, repo) for v in versions],
         "essentials": config_essentials(shown_config, manifest.members),
     }
     if envs is not None:
@@ -364,8 +384,11 @@ def promotion_diff(settings: Settings, request: Any, plan: Any) -> dict[str, Any
     from repo_manager.promote.core import open_stores  # noqa: PLC0415
 
     stores = open_stores(settings, request)
-    return diff_manifests(stores.target.get_manifest(plan.model, plan.replaces),
-                          stores.source.get_manifest(plan.model, plan.version))
+    try:
+        return diff_manifests(stores.target.get_manifest(plan.model, plan.replaces),
+                              stores.source.get_manifest(plan.model, plan.version))
+    except TrmError as exc:  # a missing or corrupt manifest is the checksums gate's to report, not the plan's
+        return {"model": plan.model, "a": plan.replaces, "b": plan.version, "unavailable": exc.message}
 
 
 def _value(value: Any) -> str:
@@ -378,6 +401,8 @@ def _value(value: Any) -> str:
 def diff_text(diff: dict[str, Any]) -> str:
     """The diff for a reader: one line per change, grouped by what changed."""
     head = f"{diff['model']}: version {diff['a']} -> {diff['b']}"
+    if diff.get("unavailable"):
+        return f"{head}: no diff ({diff['unavailable']})"
     if diff["identical"]:
         return head + ": no differences (same config, files, source, verification and tuning)"
     lines = [head]

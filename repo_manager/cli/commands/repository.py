@@ -22,6 +22,12 @@ def _created(stamp: str) -> str:
     return stamp[:16].replace("T", " ")
 
 
+def _verified(summary: dict[str, Any], key: str):
+    from rich.text import Text  # noqa: PLC0415
+
+    return Text(summary[key], style="green" if summary["verified"] else "yellow")
+
+
 def _envs_cell(envs: list[str] | dict[str, int]) -> str:
     if isinstance(envs, dict):
         return ", ".join(f"{env}:{version}" for env, version in sorted(envs.items())) or "-"
@@ -58,22 +64,24 @@ def list_command(ctx: Context, repository: str | None, all_versions: bool, store
         return
     with_envs = "stores" in data
     table = _table()
-    for header in ("model", "backend", "version" if all_versions else "latest", "created", "verified", "size"):
+    for header in ("model", "backend", "version" if all_versions else "latest", "verified", "size"):
         table.add_column(header, justify="right" if header in ("size", "version", "latest") else "left",
                          no_wrap=header in _NO_WRAP, overflow="fold")
     if with_envs:
-        table.add_column("environments", overflow="fold")
+        table.add_column("environments", overflow="fold", min_width=12)
     for row in data["models"]:
         if not row["versions"]:
-            table.add_row(row["model"], "-", "-", "-", "no complete version", "-", *(["-"] if with_envs else []))
+            table.add_row(row["model"], "-", "-", "no complete version", "-", *(["-"] if with_envs else []))
             continue
         for item in row["all"] if all_versions else [row]:
             version = item["version"] if all_versions else row["latest"]
             envs = item["environments"] if all_versions else row["served"] if with_envs else []
-            table.add_row(row["model"], row["backend"], str(version), item["created_at"][:10],
-                          item["verification"]["short"], human_size(item["bytes"]),
+            table.add_row(row["model"], row["backend"], str(version), _verified(item["verification"], "short"),
+                          human_size(item["bytes_with_members"] or item["bytes"]),
                           *([_envs_cell(envs)] if with_envs else []))
     notes = [f"note: {n}" for n in data.get("notes", [])]
+    if any(row.get("bytes_with_members") is not None for row in data["models"]):
+        notes.append("an ensemble's size includes the member versions it pins")
     ctx.emit(data, _group(table, *notes) if notes else table)
 
 
@@ -97,7 +105,7 @@ def show_command(ctx: Context, name: str, version: int | None, repository: str |
 
 
 def _show_renderable(info: dict[str, Any]):
-    from repo_manager.inventory import human_size  # noqa: PLC0415
+    from repo_manager.inventory import size_text  # noqa: PLC0415
 
     with_envs = "stores" in info
     shown = info["manifest"]["version"]
@@ -111,8 +119,9 @@ def _show_renderable(info: dict[str, Any]):
     for row in info["version_rows"]:
         mark = f"{row['version']}*" if row["version"] == shown else str(row["version"])
         tuning = row["tuning"]["text"] if row["tuning"] else "-"
-        versions.add_row(mark, _created(row["created_at"]), row["source_text"], human_size(row["bytes"]),
-                         row["verification"]["text"], tuning, *([_envs_cell(row["environments"])] if with_envs else []))
+        versions.add_row(mark, _created(row["created_at"]), row["source_text"], size_text(row),
+                         _verified(row["verification"], "text"), tuning,
+                         *([_envs_cell(row["environments"])] if with_envs else []))
     config = _table(f"config of version {shown}")
     config.add_column("field", style="bold")
     config.add_column("value", overflow="fold")
