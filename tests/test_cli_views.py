@@ -169,3 +169,37 @@ def test_diff_reports_tuning_source_and_verification_changes(two_versions):
     assert {"field": "kind", "a": "onnx", "b": "tuning"} in diff["source"]
     text = diff_text(diff)
     assert "tuning:" in text and "verification: yes vs onnxruntime" in text and "re-measured by tune-batching" in text
+
+
+ENSEMBLE = '''name: "emb"
+platform: "ensemble"
+max_batch_size: 8
+input [{name: "TEXT" data_type: TYPE_STRING dims: [1]}]
+output [{name: "EMBEDDING" data_type: TYPE_FP32 dims: [32]}]
+ensemble_scheduling { step [
+  { model_name: "emb_tokenizer" model_version: -1
+    input_map {key: "TEXT" value: "TEXT"} output_map {key: "input_ids" value: "ids"} },
+  { model_name: "emb_encoder" model_version: 3
+    input_map {key: "input_ids" value: "ids"} output_map {key: "embedding" value: "EMBEDDING"} } ] }
+'''
+
+
+def test_show_of_an_ensemble_lists_its_steps_and_pinned_members(capsys, tmp_path, monkeypatch):
+    """An ensemble version written through the repository's own stage/commit (no members installed)."""
+    from repo_manager.manifest import Manifest, now_iso  # noqa: PLC0415
+
+    repo = LocalRepository(tmp_path / "repo")
+    staging = repo.stage("emb")
+    repo.commit(staging, Manifest("emb", 1, (), ENSEMBLE, source={"kind": "huggingface", "path": "/ckpt"},
+                                  verification={"passed": True, "samples": 5,
+                                                "cases": [{"case": "sentence", "min_cosine": 0.999999}]},
+                                  members={"emb_tokenizer": 2, "emb_encoder": 3}, created_at=now_iso()))
+    monkeypatch.setenv("COLUMNS", "120")
+    shown = run_cli(capsys, "show", "emb", "--repo", repo.root)
+    assert shown.code == 0, shown.err
+    assert "ensemble steps" in shown.out and "emb_tokenizer   2" in shown.out and "emb_encoder     3" in shown.out
+    assert "yes vs PyTorch, cosine >= 0.999999" in shown.out
+    assert "instances" not in shown.out and "dynamic batching" not in shown.out
+    data = run_cli(capsys, "show", "emb", "--repo", repo.root, "--json").json()
+    assert [(s["model"], s["version"]) for s in data["essentials"]["steps"]] == [("emb_tokenizer", 2),
+                                                                                ("emb_encoder", 3)]
