@@ -39,7 +39,7 @@ def verification_summary(manifest: Manifest) -> dict[str, Any]:
         return {"verified": False, "reason": "verification did not pass", "text": "no: did not pass",
                 "short": "no (failed)"}
     if source.get("kind") == "tuning":
-        reference = f"version {source.get('from_version')}'s files, re-measured by tune-batching"
+        reference = f"version {source.get('from_version')} (same files, tuned)"
     else:
         reference = record.get("reference") or REFERENCES.get(str(source.get("kind")), "the source")
     worst_values = [float(v) for v in (record.get("worst_abs_diff") or {}).values()]
@@ -60,17 +60,18 @@ def tuning_summary(manifest: Manifest) -> dict[str, Any] | None:
     if not record:
         return None
     slo, chosen = record.get("slo") or {}, record.get("chosen") or {}
-    parts = [f"p99 <= {slo['p99_ms']:g} ms" if slo.get("p99_ms") is not None else "",
-             f"{slo['low_rps']:g}-{slo['peak_rps']:g} rps" if slo.get("low_rps") is not None
-             and slo.get("peak_rps") is not None else ""]
+    slo_text = " ".join(x for x in (
+        f"p99 {slo['p99_ms']:g} ms" if slo.get("p99_ms") is not None else "",
+        f"at {slo['low_rps']:g}-{slo['peak_rps']:g} rps" if slo.get("low_rps") is not None
+        and slo.get("peak_rps") is not None else "") if x)
     settings = ""
     if chosen:
-        settings = (f"batch {chosen.get('max_batch_size')}, {chosen.get('instances')} inst, "
+        settings = (f"batch {chosen.get('max_batch_size')} x{chosen.get('instances')}, "
                     + (f"delay {chosen.get('max_queue_delay_microseconds')} us" if chosen.get("dynamic_batching")
                        else "no dynamic batching")
                     + (f", preferred {chosen['preferred_batch_size']}" if chosen.get("preferred_batch_size") else ""))
     return {"slo": slo, "chosen": chosen, "tuned_from_version": record.get("tuned_from_version"),
-            "text": "; ".join(p for p in (" at ".join(x for x in parts if x), settings) if p)}
+            "text": ": ".join(p for p in (slo_text, settings) if p) or "tuned"}
 
 
 def source_text(source: dict[str, Any]) -> str:

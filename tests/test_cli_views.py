@@ -17,7 +17,7 @@ import onnx_models as om
 import pytest
 from helpers import run_cli
 
-from repo_manager.inventory import diff_manifests, diff_text
+from repo_manager.inventory import diff_manifests, diff_text, tuning_summary
 from repo_manager.repository import LocalRepository
 
 HEAVY = ("rich", "numpy", "onnx", "onnxruntime", "boto3", "tritonclient", "google.protobuf", "torch", "aiohttp")
@@ -168,7 +168,8 @@ def test_diff_reports_tuning_source_and_verification_changes(two_versions):
     assert {"field": "chosen.max_queue_delay_microseconds", "a": None, "b": 500} in diff["tuning"]
     assert {"field": "kind", "a": "onnx", "b": "tuning"} in diff["source"]
     text = diff_text(diff)
-    assert "tuning:" in text and "verification: yes vs onnxruntime" in text and "re-measured by tune-batching" in text
+    assert "tuning:" in text and "verification: yes vs onnxruntime" in text and "(same files, tuned)" in text
+    assert tuning_summary(tuned)["text"] == "p99 20 ms at 5-50 rps: batch 4 x2, delay 500 us, preferred [4]"
 
 
 ENSEMBLE = '''name: "emb"
@@ -203,3 +204,11 @@ def test_show_of_an_ensemble_lists_its_steps_and_pinned_members(capsys, tmp_path
     data = run_cli(capsys, "show", "emb", "--repo", repo.root, "--json").json()
     assert [(s["model"], s["version"]) for s in data["essentials"]["steps"]] == [("emb_tokenizer", 2),
                                                                                 ("emb_encoder", 3)]
+
+
+def test_bare_trm_prints_its_help_and_errors_stay_one_line(capsys, tmp_path):
+    bare = run_cli(capsys)
+    assert bare.code == 0 and bare.out.startswith("Usage: trm") and "Commands:" in bare.out and not bare.err
+    missing = run_cli(capsys, "show", "ghost", "--repo", tmp_path)
+    assert missing.code == 4 and missing.err.splitlines()[0].startswith("error: model 'ghost' not found")
+    assert len([line for line in missing.err.splitlines() if line.startswith("error:")]) == 1

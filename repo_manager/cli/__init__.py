@@ -88,12 +88,11 @@ class LazyGroup(click.Group):
 
     def _short_help(self, ctx: click.Context, name: str, limit: int = 45) -> str | None:
         """The command's one-line help; None for a hidden or unknown command."""
-        from click.utils import make_default_short_help  # noqa: PLC0415
-
         from repo_manager.cli.commands import SHORT_HELP  # noqa: PLC0415
 
         if name in SHORT_HELP and name not in self.commands:
-            return make_default_short_help(SHORT_HELP[name], limit)
+            # a bare Command carrying the text: click shortens it exactly as it would the real command's
+            return click.Command(name, help=SHORT_HELP[name]).get_short_help_str(limit)
         command = self.get_command(ctx, name)
         if command is None or command.hidden:
             return None
@@ -176,6 +175,11 @@ def complete_envs(ctx: click.Context, _param: click.Parameter, incomplete: str) 
     return sorted(name for name in names if name.startswith(incomplete))
 
 
+# click >= 8.2 raises this for a group called without a command; older releases print the help themselves
+_NoArgsIsHelp: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", type("_Never", (
+    click.ClickException,), {}))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map every error to its exit code."""
     args = sys.argv[1:] if argv is None else argv
@@ -188,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("error: interrupted", err=True)
         sys.exit(130)
+    except _NoArgsIsHelp as exc:  # bare `trm` / `trm publish`: the help, not a multi-line "error"
+        click.echo(exc.ctx.get_help())
+        sys.exit(0)
     except click.ClickException as exc:
         _fail(UsageError(exc.format_message()), want_json, verbose)
     except KeyboardInterrupt:
