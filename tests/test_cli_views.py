@@ -79,6 +79,7 @@ def test_shell_completion_scripts_commands_models_and_environments(tmp_path):
         (tmp_path / "repo" / name / "1" / "trm-manifest.json").write_text("{}")
     assert _complete(tmp_path, "trm show --repo repo ") == ["alpha", "beta"]
     assert _complete(tmp_path, "trm diff b", TRM_REPOSITORY=str(tmp_path / "repo")) == ["beta"]
+    assert _complete(tmp_path, "trm diff beta ", TRM_REPOSITORY=str(tmp_path / "repo")) == ["1"]
     # environments: the settings' and those with a pointer in the store
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "trm.yaml").write_text(f"store: {tmp_path / 'store'}\nenvironments:\n  staging: {{}}\n")

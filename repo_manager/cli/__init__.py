@@ -156,6 +156,18 @@ def complete_models(ctx: click.Context, _param: click.Parameter, incomplete: str
         return []
 
 
+def complete_versions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Version numbers of the model named by the command's NAME argument, in the repository."""
+    try:
+        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+        root = ctx.params.get("repository") or _completion_settings(ctx).repository
+        versions = LocalRepository(root).versions(ctx.params["name"])
+        return [str(v) for v in versions if str(v).startswith(incomplete)]
+    except Exception:  # noqa: BLE001 - completion must never break the shell
+        return []
+
+
 def complete_envs(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     """Environment names: those in the settings, and those in the store (--store when typed, else the
     settings' store)."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option
+from repo_manager.cli import Context, cli, complete_models, complete_versions, json_option, pass_ctx, repo_option
 from repo_manager.errors import InputError
 
 
@@ -87,7 +87,8 @@ def list_command(ctx: Context, repository: str | None, all_versions: bool, store
 
 @cli.command("show")
 @click.argument("name", shell_complete=complete_models)
-@click.option("--version", type=int, help="Version whose config to show (default: the latest).")
+@click.option("--version", type=int, shell_complete=complete_versions,
+              help="Version whose config to show (default: the latest).")
 @repo_option
 @store_option
 @json_option
@@ -159,8 +160,8 @@ def _show_renderable(info: dict[str, Any]):
 
 @cli.command("diff")
 @click.argument("name", shell_complete=complete_models)
-@click.argument("a", type=int)
-@click.argument("b", type=int)
+@click.argument("a", type=int, shell_complete=complete_versions)
+@click.argument("b", type=int, shell_complete=complete_versions)
 @repo_option
 @click.option("--store", help="Compare the versions in this store (s3://bucket/prefix or a folder) instead of "
               "the local repository.")
