@@ -371,6 +371,8 @@ def diff_manifests(a: Manifest, b: Manifest) -> dict[str, Any]:
         "verification": {"a": ver_a, "b": ver_b} if ver_a != ver_b else {},
         "tuning": tuning,
         "environment": _dict_diff(a.environment, b.environment),
+        "summary": {"source": {"a": source_text(a.source), "b": source_text(b.source)},
+                    "tuning": {"a": tune_a["text"] if tune_a else None, "b": tune_b["text"] if tune_b else None}},
     }
     result["identical"] = not (config_changes or files["added"] or files["removed"] or files["changed"]
                                or result["members"] or result["source"] or result["verification"] or tuning)
@@ -421,9 +423,16 @@ def diff_text(diff: dict[str, Any]) -> str:
     else:
         lines.append(f"files: identical ({files['unchanged']} files, same sha256)")
     for key, title in (("members", "ensemble members"), ("source", "source"), ("tuning", "tuning")):
-        if diff[key]:
-            lines.append(f"{title}:")
-            lines += [f"  {c['field']}: {_value(c['a'])} -> {_value(c['b'])}" for c in diff[key]]
+        summary = diff["summary"].get(key, {})
+        if not diff[key]:
+            continue
+        if key == "source" and diff["source"] and any(c["field"] == "kind" for c in diff["source"]) or \
+                key == "tuning" and None in (summary["a"], summary["b"]):
+            # another kind of source, or tuning added/removed: one line says it better than every field
+            lines.append(f"{title}: {summary['a'] or '(none)'} -> {summary['b'] or '(none)'}")
+            continue
+        lines.append(f"{title}:")
+        lines += [f"  {c['field']}: {_value(c['a'])} -> {_value(c['b'])}" for c in diff[key]]
     if diff["verification"]:
         lines.append(f"verification: {diff['verification']['a']['text']} -> {diff['verification']['b']['text']}")
     return "\n".join(lines)
