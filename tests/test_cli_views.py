@@ -154,9 +154,12 @@ def test_show_list_diff_as_text_and_json(capsys, two_versions, monkeypatch):
     assert "lin: version 1 -> 2" in text.out and "max_batch_size: 8 -> 4" in text.out
 
 
-def test_diff_reports_tuning_source_and_verification_changes(two_versions):
-    repo, _ = two_versions
-    base = LocalRepository(repo).manifest("lin", 2)
+def test_diff_reports_tuning_source_and_verification_changes(capsys, tmp_path):
+    repo = tmp_path / "repo"
+    assert run_cli(capsys, "publish", "model", om.linear(tmp_path / "b.onnx"), "--name", "lin", "--repo", repo,
+                   "--no-verify").code == 0
+    base = dataclasses.replace(LocalRepository(repo).manifest("lin", 1), version=2,
+                               verification={"passed": True, "samples": 4, "worst_abs_diff": {"Y": 1e-7}})
     chosen = {"max_batch_size": 4, "instances": 2, "dynamic_batching": True, "max_queue_delay_microseconds": 500,
               "preferred_batch_size": [4]}
     # the record trm tune-batching writes (its slo and chosen fields), on a copy of a real manifest
