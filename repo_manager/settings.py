@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from repo_manager.errors import ConfigError, UsageError
 from repo_manager.redact import check_no_userinfo
 
@@ -115,6 +113,8 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"settings file {path} does not exist", hint="pass an existing file to --config")
+        import yaml  # noqa: PLC0415 - only with a settings file: `trm --help` reads none
+
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:

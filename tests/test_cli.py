@@ -27,7 +27,7 @@ def test_publish_list_show_validate_json(capsys, tmp_path, triton):
     assert result.code == 0, result.err
     assert result.json()["version"] == 1
     listing = run_cli(capsys, "--json", "list", "--repo", repo).json()
-    assert listing["models"] == [{"model": "lin", "versions": [1], "latest": 1}]
+    assert [(m["model"], m["versions"], m["latest"]) for m in listing["models"]] == [("lin", [1], 1)]
     shown = run_cli(capsys, "show", "lin", "--repo", repo, "--json").json()
     assert shown["config"]["max_batch_size"] == 8 and shown["manifest"]["verification"]["passed"]
     valid = run_cli(capsys, "validate", str(repo), "--json")

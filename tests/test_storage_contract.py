@@ -113,6 +113,14 @@ def test_environment_pointer_is_compare_and_swap(store):
     assert store.update_env("staging", {"other": 4}).models == {"m": 2, "other": 4}
 
 
+def test_environments_are_listed_by_name(store):
+    assert store.list_envs() == []
+    for env in ("staging", "production"):
+        store.put_env(EnvPointer(env, {"m": 1}))
+    store.update_env("staging", {"m": 2})  # a second revision is still one environment
+    assert store.list_envs() == ["production", "staging"]
+
+
 def test_racing_environment_writers_have_exactly_one_winner(store):
     store.put_env(EnvPointer("prod", {"m": 1}))
     current = store.get_env("prod")

@@ -2,6 +2,9 @@
 
 ``main()`` is the one boundary that turns errors into a one-line message and an exit code (see
 ``repo_manager.errors`` for the table). Each command module registers its commands on ``cli``.
+
+This module is on every command's path, `--help` and shell completion included: it imports click, the
+settings and nothing heavy (no rich, numpy, protobuf or tritonclient; tests/test_cli_views.py checks).
 """
 
 from __future__ import annotations
@@ -34,12 +37,20 @@ class Context:
         if not self.quiet:
             click.echo(printable(f"· {message}"), err=True)
 
-    def emit(self, data: Any, text: str | None = None) -> None:
-        """Print the result: JSON with --json, else ``text`` (or the JSON when there is no text)."""
+    def emit(self, data: Any, text: Any = None) -> None:
+        """Print the result: JSON with --json, else ``text`` (or the JSON when there is no text).
+
+        ``text`` may be a rich renderable (a table): it is printed to the terminal's width, in colour only
+        on a terminal and never with NO_COLOR set (rich's own rules).
+        """
         if self.json or text is None:
             click.echo(json.dumps(redact_data(json.loads(json.dumps(data, default=str))), indent=2))
-        else:
+        elif isinstance(text, str):
             click.echo(printable(text))
+        else:
+            from rich.console import Console  # noqa: PLC0415 - only commands that draw tables pay for rich
+
+            Console(highlight=False).print(text)
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -65,12 +76,45 @@ def json_option(function):
 
 
 class LazyGroup(click.Group):
-    """A click group whose commands are imported on first use (see ``repo_manager.cli.commands``)."""
+    """A click group whose commands are imported on first use (see ``repo_manager.cli.commands``).
+
+    Its own help and the completion of command names use the static one-line help table, so that
+    `trm --help` and `trm <TAB>` import no command module.
+    """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
 
         return sorted(set(COMMANDS) | set(self.commands))
+
+    def _short_help(self, ctx: click.Context, name: str, limit: int = 45) -> str | None:
+        """The command's one-line help; None for a hidden or unknown command."""
+        from repo_manager.cli.commands import SHORT_HELP  # noqa: PLC0415
+
+        if name in SHORT_HELP and name not in self.commands:
+            # a bare Command carrying the text: click shortens it exactly as it would the real command's
+            return click.Command(name, help=SHORT_HELP[name]).get_short_help_str(limit)
+        command = self.get_command(ctx, name)
+        if command is None or command.hidden:
+            return None
+        return command.get_short_help_str(limit)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, text) for name in names if (text := self._short_help(ctx, name, limit)) is not None]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list:
+        from click.shell_completion import CompletionItem  # noqa: PLC0415
+
+        items = [CompletionItem(name, help=text) for name in self.list_commands(ctx)
+                 if name.startswith(incomplete) and (text := self._short_help(ctx, name)) is not None]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
@@ -93,6 +137,62 @@ def cli(ctx: click.Context, config_file: str | None, json_output: bool, verbose:
     ctx.obj = Context(load_settings(config_file), json=json_output, verbose=verbose, quiet=quiet)
 
 
+# ------------------------------------------------------------------------------------ shell completion
+# Called by click's completion protocol (`_TRM_COMPLETE=bash_complete trm ...`). The group's callback has
+# not run there, so each completer loads the settings itself; any failure completes nothing rather than
+# printing an error into the user's shell.
+
+def _completion_settings(ctx: click.Context) -> Settings:
+    return load_settings(ctx.find_root().params.get("config_file"))
+
+
+def complete_models(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Model names of the repository (--repo when typed before, else the settings' repository)."""
+    try:
+        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+        root = ctx.params.get("repository") or _completion_settings(ctx).repository
+        return [name for name in LocalRepository(root).models() if name.startswith(incomplete)]
+    except Exception:  # noqa: BLE001 - completion must never break the shell
+        return []
+
+
+def complete_versions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Version numbers of the model named by the command's NAME argument, in the repository."""
+    try:
+        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+        root = ctx.params.get("repository") or _completion_settings(ctx).repository
+        versions = LocalRepository(root).versions(ctx.params["name"])
+        return [str(v) for v in versions if str(v).startswith(incomplete)]
+    except Exception:  # noqa: BLE001 - completion must never break the shell
+        return []
+
+
+def complete_envs(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Environment names: those in the settings, and those in the store (--store when typed, else the
+    settings' store)."""
+    try:
+        settings = _completion_settings(ctx)
+    except Exception:  # noqa: BLE001 - completion must never break the shell
+        return []
+    names = set(settings.environments)
+    location = ctx.params.get("store") or settings.store
+    if location:
+        try:
+            from repo_manager.storage import open_store  # noqa: PLC0415
+
+            names.update(open_store(location, settings).list_envs())
+        except Exception:  # noqa: BLE001 - an unreachable store still completes the configured names
+            pass
+    return sorted(name for name in names if name.startswith(incomplete))
+
+
+# click >= 8.2 raises this for a group called without a command; older releases print the help themselves
+_NoArgsIsHelp: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", type("_Never", (
+    click.ClickException,), {}))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map every error to its exit code."""
     args = sys.argv[1:] if argv is None else argv
@@ -105,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("error: interrupted", err=True)
         sys.exit(130)
+    except _NoArgsIsHelp as exc:  # bare `trm` / `trm publish`: the help, not a multi-line "error"
+        click.echo(exc.ctx.get_help())
+        sys.exit(0)
     except click.ClickException as exc:
         _fail(UsageError(exc.format_message()), want_json, verbose)
     except KeyboardInterrupt:

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import click
-import numpy as np
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
-from repo_manager.embeddings import text_similarities
+from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option, url_option
 from repo_manager.errors import UsageError
-from repo_manager.inputs import load_input_files
-from repo_manager.serving import embedded_server, model_config_for, text_inputs
-from repo_manager.triton.client import TritonClient
 
 
 @cli.command("infer")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_models)
 @click.option("--text", "texts", multiple=True, help="Text for a model with one STRING input (repeatable).")
 @click.option("--input", "input_files", multiple=True, help="NAME=FILE.npy for tensor models (repeatable).")
 @click.option("--version", type=int, help="Default: the version the server routes to (the latest).")
@@ -25,6 +20,12 @@ from repo_manager.triton.client import TritonClient
 def infer_command(ctx: Context, name: str, texts: tuple[str, ...], input_files: tuple[str, ...],
                   version: int | None, repository: str | None, triton_url: str | None) -> None:
     """Send one request to NAME (embedded server on the repository, or --url) and print the outputs."""
+    import numpy as np  # noqa: PLC0415 - heavy imports stay off the --help path
+
+    from repo_manager.embeddings import text_similarities  # noqa: PLC0415
+    from repo_manager.serving import embedded_server  # noqa: PLC0415
+    from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
     if bool(texts) == bool(input_files):
         raise UsageError("give either --text or --input")
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
@@ -57,6 +58,9 @@ def _similarity_text(output: str, matrix: list[list[float]], texts: tuple[str, .
 
 
 def _run(settings, client, name, texts, input_files, version):
+    from repo_manager.inputs import load_input_files  # noqa: PLC0415
+    from repo_manager.serving import model_config_for, text_inputs  # noqa: PLC0415
+
     if texts:
         inputs = text_inputs(model_config_for(settings, client, name), list(texts))
     else:
@@ -64,7 +68,7 @@ def _run(settings, client, name, texts, input_files, version):
     return client.infer(name, inputs, version=version)
 
 
-def _jsonable(array: np.ndarray):
+def _jsonable(array):
     if array.dtype.kind in ("O", "S"):
         return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in array.ravel()]
     return array.tolist()

@@ -10,12 +10,7 @@ import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.errors import CompatibilityError, InputError
-from repo_manager.llm.doctor import diagnose
-from repo_manager.llm.engine import plan_for
-from repo_manager.llm.layout import ServingOptions
-from repo_manager.llm.node import NodeFacts, probe_node
 from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
-from repo_manager.llm.publish import TrtllmOptions
 
 
 def plan_text(plan) -> str:
@@ -55,6 +50,8 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
 
     Exits 11 when one sequence of --max-seq-len tokens does not fit, naming the length that does.
     """
+    from repo_manager.llm.engine import plan_for  # noqa: PLC0415 - heavy imports stay off the --help path
+
     plan = plan_for(checkpoint, gpu_memory, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                     max_batch_size=max_batch_size, max_seq_len=max_seq_len, tp=tp, max_num_tokens=max_num_tokens,
                     utilization=utilization)
@@ -76,6 +73,9 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
 def doctor_command(ctx: Context, repository: str | None, node_facts: str | None) -> None:
     """Check this serving node: GPU, driver CUDA, and every engine of the repository (architecture,
     TensorRT/TensorRT-LLM versions, memory plan). Exits 11 naming each mismatch."""
+    from repo_manager.llm.doctor import diagnose  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.llm.node import NodeFacts, probe_node  # noqa: PLC0415
+
     settings = ctx.settings.replace(repository=repository)
     if node_facts:
         try:
@@ -133,6 +133,9 @@ def trtllm_options(function):
     """Adds the tensorrt-llm options to a command and hands them over as one ``trtllm`` argument."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        from repo_manager.llm.layout import ServingOptions  # noqa: PLC0415 - off the --help path
+        from repo_manager.llm.publish import TrtllmOptions  # noqa: PLC0415
+
         values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("trtllm_")}
         kwargs["trtllm"] = TrtllmOptions(
             layout=values["trtllm_layout"], gpu_memory_gib=values["trtllm_gpu_memory"],

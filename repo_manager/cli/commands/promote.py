@@ -6,24 +6,17 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, url_option
+from repo_manager.cli import Context, cli, complete_envs, complete_models, json_option, pass_ctx, url_option
 from repo_manager.cli.commands.store import endpoint_option
 from repo_manager.errors import GateError, UsageError
-from repo_manager.promote import (
-    PromotionPlan,
-    PromotionRequest,
-    env_store,
-    model_specs,
-    parse_gates,
-    promote,
-    read_history,
-)
 
 
 @cli.command("promote")
-@click.argument("name")
-@click.option("--to", "to_env", required=True, help="Environment to point at the version (e.g. production).")
-@click.option("--from", "from_env", help="Environment that serves the version now (e.g. staging).")
+@click.argument("name", shell_complete=complete_models)
+@click.option("--to", "to_env", required=True, shell_complete=complete_envs,
+              help="Environment to point at the version (e.g. production).")
+@click.option("--from", "from_env", shell_complete=complete_envs,
+              help="Environment that serves the version now (e.g. staging).")
 @click.option("--version", type=int, help="Version to promote (default: the one --from serves).")
 @click.option("--rollback", is_flag=True, help="Point --to back at the version it served before the current one.")
 @click.option("--store", help="Store of both environments (default: each environment's store in configs/).")
@@ -47,6 +40,8 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
                     create_env: bool, s3_endpoint_url: str | None) -> None:
     """Point environment --to at version --version of NAME after its gates pass; exit 9 when a gate
     fails, 8 when another promotion won the race (nothing is changed in either case)."""
+    from repo_manager.promote import PromotionPlan, PromotionRequest, parse_gates, promote  # noqa: PLC0415
+
     settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
     request = PromotionRequest(name, to_env, version, from_env, rollback,
                                parse_gates(gates, settings) if gates is not None else None, store, to_store,
@@ -60,7 +55,11 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
             exc.reported = True
         raise
     if isinstance(result, PromotionPlan):
-        ctx.emit({"dry_run": True, "plan": result.to_dict()}, result.describe())
+        from repo_manager.inventory import diff_text, promotion_diff  # noqa: PLC0415
+
+        diff = promotion_diff(settings, request, result)
+        ctx.emit({"dry_run": True, "plan": result.to_dict(), "diff": diff},
+                 result.describe() + ("\n" + diff_text(diff) if diff else ""))
         return
     plan = result.plan
     if not result.moved:
@@ -78,8 +77,8 @@ def _gate_lines(gates) -> str:
 
 
 @cli.command("history")
-@click.argument("env")
-@click.argument("name", required=False)
+@click.argument("env", shell_complete=complete_envs)
+@click.argument("name", required=False, shell_complete=complete_models)
 @click.option("--store", help="Store of the environment (default: its store in configs/).")
 @endpoint_option
 @json_option
@@ -87,6 +86,8 @@ def _gate_lines(gates) -> str:
 def history_command(ctx: Context, env: str, name: str | None, store: str | None, s3_endpoint_url: str | None) -> None:
     """Every promotion and rollback of ENV (of model NAME only, if given), oldest first."""
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
+    from repo_manager.promote import read_history  # noqa: PLC0415 - heavy imports stay off the --help path
+
     view = read_history(settings, env, name, store)
     location, records = view.store, view.records
     lines = [f"{r.at}  {r.action:8} {r.model} {r.from_version or '-'} -> {r.to_version}"
@@ -103,6 +104,8 @@ def history_command(ctx: Context, env: str, name: str | None, store: str | None,
 @pass_ctx
 def specs_command(ctx: Context) -> None:
     """The environments (and the store of each) and the model specs in configs/, for pipelines."""
+    from repo_manager.promote import env_store, model_specs  # noqa: PLC0415 - off the --help path
+
     settings = ctx.settings
     envs = {}
     for env in settings.environments:

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import click
 
-from repo_manager import config as cfg
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
 from repo_manager.cli.commands.llm import trtllm_options
 from repo_manager.errors import UsageError
-from repo_manager.publish import publish_model
-from repo_manager.publish.huggingface import example_checkpoint
-from repo_manager.push import store_published
-from repo_manager.repository import LocalRepository
-from repo_manager.storage import open_store
 
 
 @cli.group()
@@ -61,6 +55,13 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
     """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
     --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
     becomes a text-in, embedding-out ensemble."""
+    from repo_manager import config as cfg  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.publish import publish_model  # noqa: PLC0415
+    from repo_manager.publish.huggingface import example_checkpoint  # noqa: PLC0415
+    from repo_manager.push import store_published  # noqa: PLC0415
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.storage import open_store  # noqa: PLC0415
+
     if bool(source) == bool(example):
         raise UsageError("give either SOURCE or --example")
     if example:

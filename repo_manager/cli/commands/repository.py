@@ -1,52 +1,196 @@
-"""`trm list`, `trm show`, `trm validate`."""
+"""`trm list`, `trm show`, `trm diff`, `trm validate`: read-only views, as tables or --json."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.cli import Context, cli, complete_models, complete_versions, json_option, pass_ctx, repo_option
 from repo_manager.errors import InputError
-from repo_manager.inventory import list_models, show_model, validate_repository
-from repo_manager.repository import LocalRepository
+
+
+def store_option(function):
+    return click.option("--store", help="Store whose environments to show (default: the environments and "
+                        "store in the settings; none configured: no environments column).")(function)
+
+
+_NO_WRAP = ("model", "latest", "version", "created", "size")
+
+
+def _created(stamp: str) -> str:
+    return stamp[:16].replace("T", " ")
+
+
+def _verified(summary: dict[str, Any], key: str):
+    from rich.text import Text  # noqa: PLC0415
+
+    return Text(summary[key], style="green" if summary["verified"] else "yellow")
+
+
+def _envs_cell(envs: list[str] | dict[str, int]) -> str:
+    if isinstance(envs, dict):
+        return ", ".join(f"{env}:{version}" for env, version in sorted(envs.items())) or "-"
+    return ", ".join(envs) or "-"
+
+
+def _table(title: str | None = None):
+    from rich import box  # noqa: PLC0415 - rich only for the commands that draw tables
+    from rich.table import Table  # noqa: PLC0415
+
+    return Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+
+
+def _group(*renderables):
+    from rich.console import Group  # noqa: PLC0415
+
+    return Group(*renderables)
 
 
 @cli.command("list")
 @repo_option
+@click.option("--all", "all_versions", is_flag=True, help="One line per version instead of per model.")
+@store_option
 @json_option
 @pass_ctx
-def list_command(ctx: Context, repository: str | None) -> None:
-    """List the models of the repository and their versions."""
+def list_command(ctx: Context, repository: str | None, all_versions: bool, store: str | None) -> None:
+    """One line per model: backend, latest version, verified, size, environments serving it."""
+    from repo_manager.inventory import human_size, list_models  # noqa: PLC0415 - off the --help path
+
     settings = ctx.settings.replace(repository=repository)
-    rows = list_models(settings.repository)
+    data = list_models(settings.repository, settings, store=store, all_versions=all_versions)
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
     for note in LocalRepository(settings.repository).scan()[1]:  # e.g. lost+found at a volume's root
         ctx.progress(note)
-    lines = [f"{r['model']:<32} latest {r['latest'] or '-':<5} versions {r['versions']}" for r in rows]
-    ctx.emit({"repository": str(settings.repository), "models": rows},
-             "\n".join(lines) if lines else f"no models in {settings.repository}")
+    if not data["models"]:
+        ctx.emit(data, f"no models in {settings.repository}")
+        return
+    with_envs = "stores" in data
+    table = _table()
+    for header in ("model", "backend", "version" if all_versions else "latest", "verified", "size"):
+        table.add_column(header, justify="right" if header in ("size", "version", "latest") else "left",
+                         no_wrap=header in _NO_WRAP, overflow="fold")
+    if with_envs:
+        table.add_column("environments", overflow="fold", min_width=12)
+    for row in data["models"]:
+        if not row["versions"]:
+            table.add_row(row["model"], "-", "-", "no complete version", "-", *(["-"] if with_envs else []))
+            continue
+        for item in row["all"] if all_versions else [row]:
+            version = item["version"] if all_versions else row["latest"]
+            envs = item["environments"] if all_versions else row["served"] if with_envs else []
+            table.add_row(row["model"], row["backend"], str(version), _verified(item["verification"], "short"),
+                          human_size(item["bytes_with_members"] or item["bytes"]),
+                          *([_envs_cell(envs)] if with_envs else []))
+    notes = [f"note: {n}" for n in data.get("notes", [])]
+    if any(row.get("bytes_with_members") is not None for row in data["models"]):
+        notes.append("an ensemble's size includes the member versions it pins")
+    ctx.emit(data, _group(table, *notes) if notes else table)
 
 
 @cli.command("show")
-@click.argument("name")
-@click.option("--version", type=int, help="Default: the latest version.")
+@click.argument("name", shell_complete=complete_models)
+@click.option("--version", type=int, shell_complete=complete_versions,
+              help="Version whose config to show (default: the latest).")
 @repo_option
+@store_option
 @json_option
 @pass_ctx
-def show_command(ctx: Context, name: str, version: int | None, repository: str | None) -> None:
-    """Show a model: versions, manifest summary, config summary."""
+def show_command(ctx: Context, name: str, version: int | None, repository: str | None, store: str | None) -> None:
+    """A model's versions (created, source, size, verification, tuning, environments) and its config.
+
+    The config shown is that of --version (default: the latest); --json has every record in full.
+    """
+    from repo_manager.inventory import show_model  # noqa: PLC0415 - off the --help path
+
     settings = ctx.settings.replace(repository=repository)
-    info = show_model(settings.repository, name, version)
-    m = info["manifest"]
-    lines = [f"{name}: versions {info['versions']}, showing {m['version']}",
-             f"  created {m['created_at']}, {m['files']} files, {m['bytes']} bytes",
-             f"  source: {m['source'].get('kind')} {m['source'].get('path', '')}",
-             f"  verification: {m['verification']}"]
-    for key, value in info["config"].items():
-        lines.append(f"  {key}: {value}")
-    if m.get("members"):
-        lines.append(f"  members: {m['members']}")
-    if m.get("tuning"):
-        lines.append(f"  tuned: {m['tuning'].get('summary', 'yes')}")
-    ctx.emit(info, "\n".join(lines))
+    info = show_model(settings.repository, name, version, settings, store=store)
+    ctx.emit(info, _show_renderable(info))
+
+
+def _show_renderable(info: dict[str, Any]):
+    from repo_manager.inventory import size_text  # noqa: PLC0415
+
+    with_envs = "stores" in info
+    shown = info["manifest"]["version"]
+    essentials = info["essentials"]
+    versions = _table(f"{info['model']} ({essentials['backend']}): {len(info['versions'])} version(s)")
+    for header in ("version", "created", "source", "size", "verified", "tuning"):
+        versions.add_column(header, justify="right" if header in ("version", "size") else "left", overflow="fold",
+                            no_wrap=header in _NO_WRAP)
+    if with_envs:
+        versions.add_column("environments", overflow="fold")
+    for row in info["version_rows"]:
+        mark = f"{row['version']}*" if row["version"] == shown else str(row["version"])
+        tuning = row["tuning"]["text"] if row["tuning"] else "-"
+        versions.add_row(mark, _created(row["created_at"]), row["source_text"], size_text(row),
+                         _verified(row["verification"], "text"), tuning,
+                         *([_envs_cell(row["environments"])] if with_envs else []))
+    config = _table(f"config of version {shown}")
+    config.add_column("field", style="bold")
+    config.add_column("value", overflow="fold")
+    for key, value in essentials.items():
+        if key == "steps":
+            continue
+        if isinstance(value, list):
+            value = "\n".join(map(str, value)) or "-"
+        elif isinstance(value, dict):
+            value = "\n".join(f"{k}: {v}" for k, v in value.items()) or "-"
+        config.add_row(key.replace("_", " "), str(value))
+    parts: list[Any] = [versions, config]
+    if "steps" in essentials:
+        steps = _table("ensemble steps")
+        for header in ("step", "model", "version", "inputs", "outputs"):
+            steps.add_column(header, overflow="fold")
+        for i, step in enumerate(essentials["steps"], 1):
+            steps.add_row(str(i), step["model"], str(step["version"]),
+                          "\n".join(f"{k} <- {v}" for k, v in step["inputs"].items()),
+                          "\n".join(f"{k} -> {v}" for k, v in step["outputs"].items()))
+        parts.append(steps)
+    verification = info["manifest"]["verification"] or {}
+    details = [f"{out}: worst abs diff {diff:.3g}" for out, diff in (verification.get("worst_abs_diff") or {}).items()]
+    details += [f"{c.get('case')}: cosine {c['min_cosine']:.6f}" for c in verification.get("cases", [])
+                if "min_cosine" in c]
+    if details:
+        parts.append(f"verification of version {shown}: " + "; ".join(details))
+    tuning = info["manifest"]["tuning"]
+    if tuning:
+        evidence = tuning.get("evidence") or {}
+        parts.append(f"tuning of version {shown}: " + "; ".join(f"{k}: {v}" for k, v in evidence.items()))
+    parts += [f"note: {n}" for n in info.get("notes", [])]
+    return _group(*parts)
+
+
+@cli.command("diff")
+@click.argument("name", shell_complete=complete_models)
+@click.argument("a", type=int, shell_complete=complete_versions)
+@click.argument("b", type=int, shell_complete=complete_versions)
+@repo_option
+@click.option("--store", help="Compare the versions in this store (s3://bucket/prefix or a folder) instead of "
+              "the local repository.")
+@json_option
+@pass_ctx
+def diff_command(ctx: Context, name: str, a: int, b: int, repository: str | None, store: str | None) -> None:
+    """What changed between versions A and B of NAME: config fields, files, source, verification, tuning.
+
+    Exits 0 whether or not they differ (a difference is information); --json for pipelines.
+    """
+    from repo_manager.inventory import diff_manifests, diff_text  # noqa: PLC0415 - off the --help path
+
+    settings = ctx.settings.replace(repository=repository)
+    if store:
+        from repo_manager.storage import open_store  # noqa: PLC0415
+
+        source = open_store(store, settings)
+        first, second = source.get_manifest(name, a), source.get_manifest(name, b)
+    else:
+        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+        repo = LocalRepository(settings.repository)
+        first, second = repo.manifest(name, a), repo.manifest(name, b)
+    diff = diff_manifests(first, second)
+    ctx.emit(diff, diff_text(diff))
 
 
 @cli.command("validate")
@@ -56,6 +200,8 @@ def show_command(ctx: Context, name: str, version: int | None, repository: str |
 @pass_ctx
 def validate_command(ctx: Context, repo_dir: str | None, fix: bool) -> None:
     """Check layout, configs, manifests and checksums; exit 3 when there is any problem."""
+    from repo_manager.inventory import validate_repository  # noqa: PLC0415 - off the --help path
+
     root = repo_dir or ctx.settings.repository
     report = validate_repository(root, fix=fix)
     problems = report["problems"]

@@ -6,21 +6,13 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option
 from repo_manager.errors import TrmError
 from repo_manager.redact import check_no_userinfo
-from repo_manager.rollout import (
-    RolloutOptions,
-    describe_status,
-    parse_size,
-    plan_rollout,
-    run_rollout,
-    server_status,
-)
 
 
 @cli.command("rollout")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_models)
 @click.option("--version", type=int, help="The version to roll out.")
 @click.option("--to-previous", is_flag=True, help="Go back to the version before the newest one served.")
 @click.option("--url", "urls", multiple=True, required=True,
@@ -62,6 +54,8 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
     Exit codes: 0 done, 10 rolled back (see "reason": load_failed, smoke_failed, threshold_breached),
     6 a server became unreachable (the others are left consistent), 2 bad usage.
     """
+    from repo_manager.rollout import RolloutOptions, parse_size, plan_rollout, run_rollout  # noqa: PLC0415
+
     settings = ctx.settings.replace(repository=repository)
     check_server_urls(urls, grpc_urls)
     options = RolloutOptions(canary=canary, soak_s=soak_s, max_error_rate=max_error_rate,
@@ -95,6 +89,8 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
 @pass_ctx
 def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) -> None:
     """Each server's loaded models and versions against the repository's latest."""
+    from repo_manager.rollout import describe_status, server_status  # noqa: PLC0415 - off the --help path
+
     settings = ctx.settings.replace(repository=repository)
     check_server_urls(urls, ())
     statuses = server_status(settings.repository, list(urls))

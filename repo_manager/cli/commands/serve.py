@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
-from repo_manager.serving import embedded_server, wait_for_signal
 
 
 @cli.command("serve")
@@ -20,6 +19,8 @@ from repo_manager.serving import embedded_server, wait_for_signal
 def serve_command(ctx: Context, repository: str | None, http_port: int | None, grpc_port: int | None,
                   metrics_port: int | None, models: tuple[str, ...], tritonserver: str | None) -> None:
     """Start a real tritonserver (explicit model control) on the repository until Ctrl-C / SIGTERM."""
+    from repo_manager.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
+
     settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
     ctx.progress(f"starting tritonserver on {settings.repository}")
     with embedded_server(settings, list(models), http_port=http_port, grpc_port=grpc_port,

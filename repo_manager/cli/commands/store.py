@@ -6,12 +6,7 @@ import threading
 
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
-from repo_manager.export import export
-from repo_manager.push import parse_selection, push
-from repo_manager.repository import LocalRepository
-from repo_manager.storage import open_store
-from repo_manager.sync import SyncProgress, execute, plan_sync
+from repo_manager.cli import Context, cli, complete_envs, json_option, pass_ctx, repo_option, url_option
 
 
 def endpoint_option(function):
@@ -25,13 +20,18 @@ def endpoint_option(function):
 @repo_option
 @click.option("--model", "selections", multiple=True, help="NAME (all its versions) or NAME:VERSION; "
               "repeatable. Default: every version of every model.")
-@click.option("--env", help="Then point this environment at the newest version pushed of each model.")
+@click.option("--env", shell_complete=complete_envs,
+              help="Then point this environment at the newest version pushed of each model.")
 @endpoint_option
 @json_option
 @pass_ctx
 def push_command(ctx: Context, store: str, repository: str | None, selections: tuple[str, ...], env: str | None,
                  s3_endpoint_url: str | None) -> None:
     """Upload complete versions to STORE (s3://bucket/prefix or a folder): missing blobs, then manifests."""
+    from repo_manager.push import parse_selection, push  # noqa: PLC0415 - heavy imports stay off --help
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.storage import open_store  # noqa: PLC0415
+
     settings = ctx.settings.replace(repository=repository, s3_endpoint_url=s3_endpoint_url)
     target = open_store(store, settings)
     result = push(target, LocalRepository(settings.repository), [parse_selection(s) for s in selections],
@@ -44,8 +44,9 @@ def push_command(ctx: Context, store: str, repository: str | None, selections: t
     ctx.emit(result.to_dict(), text)
 
 
-class RichProgress(SyncProgress):
-    """Bytes and files bars on stderr (stdout stays clean for --json)."""
+class RichProgress:
+    """Bytes and files bars on stderr (stdout stays clean for --json); a ``SyncProgress`` (the same
+    methods; not a subclass, so that this module imports nothing heavy for --help)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -100,7 +101,8 @@ class RichProgress(SyncProgress):
 
 @cli.command("sync")
 @click.argument("store")
-@click.option("--env", help="Environment whose pointer says which version of each model to serve. Without it, "
+@click.option("--env", shell_complete=complete_envs,
+              help="Environment whose pointer says which version of each model to serve. Without it, "
               "the newest version of each --model.")
 @repo_option
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False),
@@ -120,6 +122,9 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
                  limit_rate: float | None, s3_endpoint_url: str | None) -> None:
     """Make the local repository serve what ENV in STORE says: only missing blobs are downloaded, verified,
     and each version folder appears complete or not at all."""
+    from repo_manager.storage import open_store  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.sync import execute, plan_sync  # noqa: PLC0415
+
     settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
                                     s3_endpoint_url=s3_endpoint_url)
     source = open_store(store, settings)
@@ -146,7 +151,8 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
 @cli.command("export")
 @click.argument("store")
 @click.argument("dest")
-@click.option("--env", help="Export the versions this environment serves (default: every version).")
+@click.option("--env", shell_complete=complete_envs,
+              help="Export the versions this environment serves (default: every version).")
 @click.option("--model", "models", multiple=True, help="Only these models (repeatable).")
 @endpoint_option
 @json_option
@@ -155,6 +161,9 @@ def export_command(ctx: Context, store: str, dest: str, env: str | None, models:
                    s3_endpoint_url: str | None) -> None:
     """Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), for a
     stock Triton pointed at it."""
+    from repo_manager.export import export  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.storage import open_store  # noqa: PLC0415
+
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
     result = export(open_store(store, settings), dest, settings, env=env, models=models, progress=ctx.progress)
     ctx.emit(result.to_dict(), f"exported {result.versions} version(s), {result.files} files "

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
+from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option, url_option
 from repo_manager.errors import GateError, UsageError
-from repo_manager.tuning import CheckResult, TuneRequest, TuneResult, check_batching, tune_batching
+
+if TYPE_CHECKING:
+    from repo_manager.tuning import CheckResult, TuneResult
 
 
 @contextmanager
@@ -21,6 +22,9 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
     if ctx.quiet:
         yield lambda message, used, budget: None
         return
+    from rich.console import Console  # noqa: PLC0415 - rich stays off the --help path
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn  # noqa: PLC0415
+
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed:.0f}/{task.total:.0f} s of budget"))
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
@@ -33,7 +37,7 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 
 
 @cli.command("tune-batching")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_models)
 @repo_option
 @url_option
 @click.option("--p99-ms", type=float, help="The p99 latency SLO in milliseconds.")
@@ -58,6 +62,8 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
                           check_only: bool) -> None:
     """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
     measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
+    from repo_manager.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
+
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     if check_only:
         if write:
