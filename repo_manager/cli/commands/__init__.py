@@ -34,6 +34,8 @@ COMMANDS: dict[str, str] = {
 SHORT_HELP: dict[str, str] = {
     "doctor": "Check this serving node: GPU, driver CUDA, and every engine of the repository (architecture, "
               "TensorRT/TensorRT-LLM versions, memory plan).",
+    "adopt": "Adopt the Triton repository REPO_DIR: every model version gets a manifest (files, sha256, original "
+             "config, verification).",
     "diff": "What changed between versions A and B of NAME: config fields, files, source, verification, "
             "tuning.",
     "export": "Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), "
