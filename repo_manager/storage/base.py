@@ -60,6 +60,11 @@ def env_key(env: str) -> str:
     return f"envs/{check_env_name(env)}.json"
 
 
+def lease_key(env: str) -> str:
+    """The drain lease of an environment's agents (``trm agent``: at most K pods out of rotation)."""
+    return f"leases/{check_env_name(env)}.json"
+
+
 @dataclass(frozen=True)
 class EnvPointer:
     """Which version of each model an environment serves. ``etag`` is what a compare-and-swap needs."""
@@ -132,6 +137,12 @@ class Store(ABC):
     def _upload_file(self, key: str, path: Path, size: int, sha256: str) -> None:
         """Create ``key`` from ``path`` if absent; the store must check the content's sha256."""
 
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        """(content, tag), or None when the object still has ``tag``. Backends override this with a
+        request that does not transfer an unchanged object (S3: ``If-None-Match``)."""
+        payload, new_tag = self._get_bytes(key)
+        return None if tag is not None and new_tag == tag else (payload, new_tag)
+
     # ------------------------------------------------------------------------------------ blobs
     def has_blob(self, digest: str) -> bool:
         try:
@@ -199,6 +210,32 @@ class Store(ABC):
         if pointer.name != env:
             raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
         return pointer
+
+    def get_env_if_changed(self, env: str, etag: str | None) -> EnvPointer | None:
+        """The pointer, or None when it still has ``etag`` (a conditional read: what `trm agent` polls)."""
+        try:
+            got = self._get_bytes_if_changed(env_key(env), etag)
+        except NotFoundError as exc:
+            raise NotFoundError(f"environment {env} does not exist in {self.location}",
+                                hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
+        if got is None:
+            return None
+        pointer = EnvPointer.from_json(got[0], f"{self.location}/{env_key(env)}", got[1])
+        if pointer.name != env:
+            raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
+        return pointer
+
+    def get_lease(self, env: str) -> tuple[bytes, str] | None:
+        """The raw lease object of ``env`` and its tag, None when there is none (see repo_manager.agent)."""
+        try:
+            return self._get_bytes(lease_key(env))
+        except NotFoundError:
+            return None
+
+    def put_lease(self, env: str, payload: bytes, tag: str | None) -> str:
+        """Compare-and-swap the lease object (create it when ``tag`` is None). ``ConflictError`` when
+        another writer changed it since it was read."""
+        return self._put_bytes(lease_key(env), payload, if_absent=tag is None, if_match=tag)
 
     def put_env(self, pointer: EnvPointer) -> str:
         """Compare-and-swap: write ``pointer`` only if the stored one still has ``pointer.etag``

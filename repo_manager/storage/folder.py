@@ -41,7 +41,7 @@ class FolderStore(Store):
 
     @staticmethod
     def _mutable(key: str) -> bool:
-        return key.startswith("envs/")
+        return key.startswith(("envs/", "leases/"))
 
     # ------------------------------------------------------------------------------- primitives
     def _link_new(self, path: Path, write) -> None:
@@ -105,6 +105,13 @@ class FolderStore(Store):
         except OSError as exc:
             raise StoreError(f"cannot read {key} in {self.location}: {exc.strerror}") from exc
         return data, hashlib.sha256(data).hexdigest()
+
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        if self._mutable(key) and tag is not None:
+            revisions = self._revisions(key)  # one directory read; the pointer itself only when it moved
+            if revisions and str(revisions[-1]) == tag:
+                return None
+        return super()._get_bytes_if_changed(key, tag)
 
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         try:

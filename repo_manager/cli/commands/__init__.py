@@ -23,4 +23,5 @@ COMMANDS: dict[str, str] = {
     "specs": "promote",
     "plan": "llm",
     "doctor": "llm",
+    "agent": "agent",
 }
