@@ -100,3 +100,48 @@ class AgentProcess:
                 self.process.kill()
                 self.process.wait(10)
         return self.process.returncode
+
+
+class Fleet:
+    """Triton servers, each with its own repository and a `trm agent`, on simulated nodes: servers
+    listed under one node share that node's cache folder (like pods sharing a hostPath volume)."""
+
+    def __init__(self, root: Path, store: str, env: str, nodes: dict[str, int], *, interval: float = 0.3,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.root, self.store, self.env, self.interval, self.extra = root, store, env, interval, extra
+        self.layout = [(node, f"{node}-pod{i}") for node, count in nodes.items() for i in range(1, count + 1)]
+        self.servers: dict[str, TritonServer] = {}
+        self.agents: dict[str, AgentProcess] = {}
+
+    def repo(self, pod: str) -> Path:
+        return self.root / pod / "repo"
+
+    def start(self) -> Fleet:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        for _, pod in self.layout:
+            self.repo(pod).mkdir(parents=True, exist_ok=True)
+        servers = {pod: TritonServer(self.repo(pod)) for _, pod in self.layout}
+        try:
+            with ThreadPoolExecutor(len(servers)) as pool:
+                list(pool.map(lambda s: s.start(), servers.values()))
+        finally:
+            self.servers = servers
+        for node, pod in self.layout:
+            self.agents[pod] = self.new_agent(node, pod).start()
+        return self
+
+    def new_agent(self, node: str, pod: str) -> AgentProcess:
+        return AgentProcess(self.store, self.env, self.servers[pod], self.repo(pod), self.root / node / "cache",
+                            pod=pod, interval=self.interval, log_dir=self.root, extra=self.extra)
+
+    def wait_serving(self, models: dict[str, int], timeout: float = 120.0) -> None:
+        for agent in self.agents.values():
+            agent.wait_serving(models, timeout)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        for server in self.servers.values():
+            if server.process is not None:
+                server.stop()
