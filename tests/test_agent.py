@@ -112,3 +112,92 @@ def test_agent_starts_follows_refuses_and_stops_cleanly(capsys, s3_location, tmp
             code = agent.stop()
         assert code == 0, agent.log_tail()
         assert "stopped" in agent.log_tail()
+
+
+def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(capsys, tmp_path):
+    """--no-side-by-side: each agent takes its pod out of rotation (readiness false), waits for its
+    in-flight requests, swaps, comes back; the drain lease in the store lets one pod at a time do it.
+    The clients play the load balancer: they send only to pods whose /readyz says ready."""
+    from agent_helpers import Fleet  # noqa: PLC0415
+
+    location = str(tmp_path / "store")
+    src = tmp_path / "src"
+    publish(capsys, src, location, "m", 1, delay=0.002)
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"a": 2}, interval=0.3,
+                  extra=("--no-side-by-side", "--max-unavailable", "1"))
+    try:
+        fleet.start()
+        fleet.wait_serving({"m": 1})
+        balancer = ReadyBalancer(fleet)
+        with balancer:
+            time.sleep(1.0)
+            publish(capsys, src, location, "m", 2, delay=0.002)
+            fleet.wait_serving({"m": 2})
+            time.sleep(0.5)
+        assert balancer.failed == [], balancer.failed[:3]
+        assert balancer.answers.get("v1") and balancer.answers.get("v2")
+        assert balancer.most_unready == 1, balancer.unready_samples  # one pod at a time, and both did drain
+        for agent in fleet.agents.values():
+            rollout = agent.status()["last_rollout"]
+            assert [m["strategy"] for m in rollout["models"]] == ["drain"]
+    finally:
+        fleet.stop()
+
+
+class ReadyBalancer:
+    """Client threads that send each request to a random pod whose agent reports ready (as a Service
+    does with readiness probes), plus a sampler that records how many pods were unready at once."""
+
+    def __init__(self, fleet, clients: int = 3) -> None:
+        import threading  # noqa: PLC0415
+
+        self.fleet, self.clients = fleet, clients
+        self.ready: set[str] = set(fleet.agents)
+        self.failed: list[str] = []
+        self.answers: dict[str, int] = {}
+        self.most_unready = 0
+        self.unready_samples: list[tuple[str, ...]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._probe, daemon=True)] + [
+            threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _probe(self) -> None:
+        while not self.stop.is_set():
+            ready = {pod for pod, agent in self.fleet.agents.items() if agent.get("/readyz")[0] == 200}
+            unready = tuple(sorted(set(self.fleet.agents) - ready))
+            self.most_unready = max(self.most_unready, len(unready))
+            if unready and (not self.unready_samples or self.unready_samples[-1] != unready):
+                self.unready_samples.append(unready)
+            self.ready = ready
+            time.sleep(0.05)
+
+    def _client(self) -> None:
+        import random  # noqa: PLC0415
+
+        from repo_manager.errors import TrmError  # noqa: PLC0415
+        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
+        clients = {pod: TritonClient(server.url) for pod, server in self.fleet.servers.items()}
+        while not self.stop.is_set():
+            choices = sorted(self.ready)
+            if not choices:
+                time.sleep(0.01)
+                continue
+            pod = random.choice(choices)
+            try:
+                answer = tag(clients[pod].infer("m", {"X": np.ones((1, rm.FEATURES), np.float32)}))
+                self.answers[answer] = self.answers.get(answer, 0) + 1
+            except TrmError as exc:
+                self.failed.append(f"{pod}: {exc.message}")
+        for client in clients.values():
+            client.close()
+
+    def __enter__(self) -> ReadyBalancer:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)

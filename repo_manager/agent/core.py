@@ -132,6 +132,7 @@ class Agent:
         self.lease_holders: list[str] = []
         self._cleaned = False
         self._pruned_for: str | None = None
+        self._managed: set[str] = set()
 
     # ------------------------------------------------------------------------------------- output
     def log(self, message: str, **facts: Any) -> None:
@@ -345,10 +346,27 @@ class Agent:
                                           "seconds": round(time.monotonic() - t0, 3)}
         self.log("converged", models=wanted, seconds=round(time.monotonic() - t0, 3),
                  bytes_downloaded=result.bytes_downloaded)
+        self._unload_dropped(wanted)
         with self._client() as client:
             self._read_served(client, wanted)
             if self._verify_served(client):
                 self._set("ready", None, ready=True)
+
+    def _unload_dropped(self, wanted: dict[str, int]) -> None:
+        """Models this agent loaded for the environment that it no longer names are unloaded (models
+        loaded by anyone else are left alone)."""
+        keep = set(wanted) | {m for model, v in wanted.items() for m, _ in dependencies(self.repo, model, v)}
+        dropped = sorted(self._managed - keep)
+        self._managed = keep
+        if not dropped:
+            return
+        with self._client() as client:
+            for model in dropped:
+                try:
+                    client.unload(model)
+                    self.log("unloaded a model the environment no longer serves", model=model)
+                except TrmError as exc:
+                    self.log("could not unload", model=model, error=exc.message)
 
     def _top_level(self, wanted: dict[str, int]) -> list[str]:
         """Models of the environment that are not members of another one's version (those move with
