@@ -224,7 +224,7 @@ class Agent:
                 return
             if self.refused is not None and self.refused["etag"] == self.pointer.etag:
                 self._verify_served(client)
-                self._set("degraded", self.refused["reason"], ready=self._serving_complete())
+                self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
                 return
             if time.monotonic() < self.retry_at:
                 return
@@ -451,7 +451,7 @@ class Agent:
                 self._verify_served(client)
             except TrmError:
                 pass
-        self._set("degraded", f"refused {_fmt(wanted)}: {reason}", ready=self._serving_complete())
+        self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
 
     def _transient(self, exc: TrmError) -> None:
         with self._lock:
@@ -550,6 +550,10 @@ class Agent:
 
 def _fmt(models: dict[str, int]) -> str:
     return ", ".join(f"{m}:{v}" for m, v in sorted(models.items())) or "nothing"
+
+
+def _refusal_text(refused: dict[str, Any]) -> str:
+    return f"refused {_fmt(refused['models'])}: {refused['reason']}"
 
 
 def _key(models: dict[str, int]) -> str:
