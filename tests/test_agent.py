@@ -57,6 +57,11 @@ def test_conditional_pointer_read_and_drain_lease(location):
     assert b.try_acquire() and b.holders() == ["b"]
     two = DrainLease(store, "production", "c", 2)
     assert two.try_acquire() and sorted(two.holders()) == ["b", "c"]
+    store.put_report("production", "pod-1", b'{"a": 1}')
+    store.put_report("production", "pod-1", b'{"a": 2}')  # each pod replaces its own report
+    store.put_report("production", "pod-2", b'{"b": 1}')
+    assert store.get_reports("production") == {"pod-1": b'{"a": 2}', "pod-2": b'{"b": 1}'}
+    assert store.get_reports("staging") == {}
     stale = DrainLease(store, "canary", "dead", 1, ttl_s=0.05)
     assert stale.try_acquire()
     time.sleep(0.1)  # a pod killed while holding a slot frees it after the TTL

@@ -113,6 +113,15 @@ def test_fleet_promotes_refuses_and_recovers_with_zero_failed_requests(capsys, s
                 assert "failed to load m" in status["degraded_reason"] or "m" in status["degraded_reason"]
                 assert agent.get("/readyz")[0] == 200
 
+            # waves: an environment that requires this one is refused the version its agents refused
+            (tmp_path / "configs").mkdir()
+            (tmp_path / "configs" / "trm.yaml").write_text(
+                "environments: {production: {}, next-wave: {requires: production}}\n")
+            held = run_cli(capsys, "promote", "m", "--version", "3", "--to", "next-wave", "--store", s3_location,
+                           "--gates", "checksums")
+            assert held.code == 9 and "refused m version 3" in held.err, held.err
+            (tmp_path / "configs" / "trm.yaml").unlink()
+
             # 3. an agent killed mid-rollout restarts and converges
             release(capsys, src, s3_location, 4)
             promote(capsys, s3_location)

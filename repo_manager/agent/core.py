@@ -123,7 +123,10 @@ class Agent:
         """model -> version smoke-checked on this server (cleared when Triton restarts)."""
         self.refused: dict[str, Any] | None = None
         self.failures: Counter[str] = Counter()
+        self.refused_until: dict[str, float] = {}
+        """Per refused set: before this (monotonic) time, a pointer naming it again is not retried."""
         self.retry_at = 0.0
+        """After a transient failure: no new attempt before this (monotonic) time."""
         self.transient = 0
         self.last_rollout: dict[str, Any] | None = None
         self.rollouts: Counter[str] = Counter()
@@ -133,6 +136,7 @@ class Agent:
         self._cleaned = False
         self._pruned_for: str | None = None
         self._managed: set[str] = set()
+        self._reported: str | None = None
 
     # ------------------------------------------------------------------------------------- output
     def log(self, message: str, **facts: Any) -> None:
@@ -152,6 +156,27 @@ class Agent:
                 self.ready = ready and not self.draining
         if changed:
             self.log(f"{state}" + (f": {reason}" if reason else ""))
+        if state in ("ready", "degraded"):
+            self._report()
+
+    def _report(self) -> None:
+        """Write this pod's report into the store when what it says changed (events, not a heartbeat:
+        a fleet of 10,000 pods must not cost a PUT per pod per interval). ``trm promote`` reads the
+        reports of a canary environment (promote/waves.py)."""
+        with self._lock:
+            refused = {"models": self.refused["models"], "reason": self.refused["reason"]} if self.refused else None
+            body = {"schema": "trm.agent-report/1", "env": self.options.env, "pod": self.options.pod,
+                    "state": self.state, "ready": self.ready, "served": dict(self.served),
+                    "wanted": dict(self.wanted), "refused": refused}
+        signature = json.dumps(body, sort_keys=True)
+        if signature == self._reported:
+            return
+        try:
+            self.store.put_report(self.options.env, self.options.pod,
+                                  json.dumps(body | {"at": now_iso()}, sort_keys=True).encode())
+            self._reported = signature
+        except TrmError as exc:
+            self.log("could not write the agent report", error=exc.message.splitlines()[0])
 
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot (what /status returns and /metrics renders)."""
@@ -226,7 +251,7 @@ class Agent:
                 self._verify_served(client)
                 self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
                 return
-            if time.monotonic() < self.retry_at:
+            if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
                 return
         self.converge(wanted)
 
@@ -338,6 +363,7 @@ class Agent:
             return
         with self._lock:
             self.failures.pop(_key(wanted), None)
+            self.refused_until.pop(_key(wanted), None)
             self.refused = None
             self.transient = 0
             self.retry_at = 0.0
@@ -439,7 +465,7 @@ class Agent:
         with self._lock:
             self.failures[key] += 1
             delay = min(self.options.backoff_s * 2 ** (self.failures[key] - 1), self.options.backoff_max_s)
-            self.retry_at = time.monotonic() + delay  # a pointer moving back here waits this long
+            self.refused_until[key] = time.monotonic() + delay  # a pointer moving back here waits this long
             self.refused = {"models": dict(wanted), "etag": etag, "reason": reason, "at": now_iso(),
                             "failures": self.failures[key], "retry_after_s": delay}
             self.rollouts["refused"] += 1

@@ -60,6 +60,15 @@ def env_key(env: str) -> str:
     return f"envs/{check_env_name(env)}.json"
 
 
+def report_key(env: str, pod: str) -> str:
+    """What one `trm agent` last reported about its server (served, refused); read by promotion waves."""
+    try:
+        check_env_name(pod)
+    except InputError as exc:
+        raise InputError(f"pod name {pod!r} is not allowed", hint="use letters, digits, '_', '-' and '.'") from exc
+    return f"reports/{check_env_name(env)}/{pod}.json"
+
+
 def lease_key(env: str) -> str:
     """The drain lease of an environment's agents (``trm agent``: at most K pods out of rotation)."""
     return f"leases/{check_env_name(env)}.json"
@@ -236,6 +245,26 @@ class Store(ABC):
         """Compare-and-swap the lease object (create it when ``tag`` is None). ``ConflictError`` when
         another writer changed it since it was read."""
         return self._put_bytes(lease_key(env), payload, if_absent=tag is None, if_match=tag)
+
+    def put_report(self, env: str, pod: str, payload: bytes) -> None:
+        """Replace the agent report of ``pod`` (last writer wins: each pod writes only its own)."""
+        self._put_bytes(report_key(env, pod), payload)
+
+    def get_reports(self, env: str) -> dict[str, bytes]:
+        """pod -> raw report of every agent of ``env`` (one listing; promotion time only)."""
+        prefix = f"reports/{check_env_name(env)}/"
+        reports = {}
+        for name in self._object_names(prefix):
+            if name.endswith(".json"):
+                try:
+                    reports[name[:-5]] = self._get_bytes(prefix + name)[0]
+                except NotFoundError:
+                    continue
+        return reports
+
+    def _object_names(self, prefix: str) -> list[str]:
+        """Object names directly under ``prefix`` (backends that store objects otherwise map them)."""
+        return [n for n in self._list_names(prefix) if not n.endswith("/")]
 
     def put_env(self, pointer: EnvPointer) -> str:
         """Compare-and-swap: write ``pointer`` only if the stored one still has ``pointer.etag``

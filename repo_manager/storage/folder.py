@@ -41,7 +41,7 @@ class FolderStore(Store):
 
     @staticmethod
     def _mutable(key: str) -> bool:
-        return key.startswith(("envs/", "leases/"))
+        return key.startswith(("envs/", "leases/", "reports/"))
 
     # ------------------------------------------------------------------------------- primitives
     def _link_new(self, path: Path, write) -> None:
@@ -105,6 +105,11 @@ class FolderStore(Store):
         except OSError as exc:
             raise StoreError(f"cannot read {key} in {self.location}: {exc.strerror}") from exc
         return data, hashlib.sha256(data).hexdigest()
+
+    def _object_names(self, prefix: str) -> list[str]:
+        # a mutable object is its revision series, the folder <name>.revs
+        return [n[:-len(_REVS) - 1] if n.endswith(_REVS + "/") else n for n in self._list_names(prefix)
+                if not n.endswith("/") or n.endswith(_REVS + "/")]
 
     def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
         if self._mutable(key) and tag is not None:
