@@ -297,9 +297,10 @@ class Agent:
             try:
                 config = cfg.parse_config(self.repo.manifest(model, version).config)
                 smoke_live(client, model, version, config, smoke_cases(config, None))
-            except TrmError as exc:
-                self._set("degraded", f"{model} version {version} is loaded but does not answer: "
-                          f"{exc.message.splitlines()[0]}", ready=False)
+            except (TrmError, ValueError, TypeError) as exc:
+                text = exc.message.splitlines()[0] if isinstance(exc, TrmError) else f"{type(exc).__name__}: {exc}"
+                self._set("degraded", f"{model} version {version} is loaded but does not answer: {text}",
+                          ready=False)
                 return False
             with self._lock:
                 self.verified[model] = version
