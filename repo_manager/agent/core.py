@@ -211,7 +211,7 @@ class Agent:
                 self.tick()
             except TrmError as exc:
                 self._transient(exc)
-            except Exception as exc:  # noqa: BLE001 - a bug must not kill the sidecar serving continues under
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the sidecar; Triton keeps serving
                 self.log("internal error", error=f"{type(exc).__name__}: {exc}",
                          traceback=traceback.format_exc(limit=5))
                 self._transient(ServerError(f"internal error: {type(exc).__name__}: {exc}"))
