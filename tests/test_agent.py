@@ -1,7 +1,8 @@
-"""`trm agent` beside one real tritonserver, following an environment in a real store.
+"""`trm agent`: the store primitives it relies on (conditional pointer read, drain lease, agent reports)
+on both stores, and the drain-swap path with two real tritonservers. The whole story of a fleet (start,
+follow, refuse, SIGKILL, prune, SIGTERM) is tests/test_fleet.py.
 
-The models are tiny Python-backend models whose answers carry their version (tests/rollout_models.py),
-so the background clients see which version answered every request.
+The models are tiny Python-backend models whose answers carry their version (tests/rollout_models.py).
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ import time
 import numpy as np
 import pytest
 import rollout_models as rm
-from agent_helpers import AgentProcess
 from helpers import run_cli
 
 from repo_manager.agent.lease import DrainLease
-from repo_manager.loadgen import BackgroundLoad, Workload
+from repo_manager.loadgen import Workload
 from repo_manager.storage import open_store
-from repo_manager.triton.server import TritonServer
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 
@@ -66,57 +65,6 @@ def test_conditional_pointer_read_and_drain_lease(location):
     assert stale.try_acquire()
     time.sleep(0.1)  # a pod killed while holding a slot frees it after the TTL
     assert DrainLease(store, "canary", "alive", 1).try_acquire()
-
-
-def test_agent_starts_follows_refuses_and_stops_cleanly(capsys, s3_location, tmp_path):
-    src, node = tmp_path / "src", tmp_path / "node"
-    (node / "repo").mkdir(parents=True)
-    publish(capsys, src, s3_location, "m", 1, delay=0.005)
-    with TritonServer(node / "repo") as server:
-        agent = AgentProcess(s3_location, "production", server, node / "repo", node / "cache", pod="solo",
-                             log_dir=tmp_path).start()
-        try:
-            status = agent.wait_serving({"m": 1})
-            assert agent.get("/readyz")[0] == 200 and agent.get("/healthz")[0] == 200
-            assert status["last_rollout"]["outcome"] == "done" and status["sync"]["bytes_downloaded"] > 0
-            with BackgroundLoad(server.url, "m", clients=3, workload=WORKLOAD, check=tag) as load:
-                load.wait_for(30)
-                publish(capsys, src, s3_location, "m", 2, delay=0.005)
-                agent.wait_serving({"m": 2})
-                load.wait_for(load.count() + 30)
-                # a version that cannot load: refused, v2 keeps answering, ready, /status says why
-                publish(capsys, src, s3_location, "m", 3, fail_load=True)
-                status = agent.wait(lambda s: s["state"] == "degraded", what="degraded")
-                load.wait_for(load.count() + 30)
-            summary = load.summary()
-            assert summary.failed == 0, summary.errors
-            assert set(summary.label_counts) == {"v1", "v2"} and summary.stale == 0
-            assert status["served"] == {"m": 2} and status["wanted"] == {"m": 3} and status["ready"]
-            assert "m" in status["degraded_reason"] and status["refused"]["models"] == {"m": 3}
-            assert status["last_rollout"]["outcome"] == "refused"
-            assert agent.get("/readyz")[0] == 200
-            metrics = agent.metrics()
-            assert metrics['trm_agent_served_version{env="production",pod="solo",model="m"}'] == 2
-            assert metrics['trm_agent_degraded{env="production",pod="solo"}'] == 1
-            assert metrics['trm_agent_rollouts_total{env="production",pod="solo",outcome="refused"}'] == 1
-            assert 'trm_agent_pointer_age_seconds{env="production",pod="solo"}' in metrics
-            unchanged = status["pointer"]["unchanged"]
-            agent.wait(lambda s: s["pointer"]["unchanged"] > unchanged + 2, what="more conditional reads")
-            assert agent.status()["rollouts"].get("refused") == 1  # not retried while the pointer stays
-
-            publish(capsys, src, s3_location, "m", 4, delay=0.005)  # the pointer moves on: converges again
-            status = agent.wait_serving({"m": 4})
-            assert status["degraded_reason"] is None
-            def versions() -> list[str]:
-                return sorted(p.name for p in (node / "repo" / "m").iterdir() if p.name.isdigit())
-            deadline = time.monotonic() + 20
-            while versions() != ["4"] and time.monotonic() < deadline:  # pruned once v2 is unloaded
-                time.sleep(0.2)
-            assert versions() == ["4"]
-        finally:
-            code = agent.stop()
-        assert code == 0, agent.log_tail()
-        assert "stopped" in agent.log_tail()
 
 
 def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(capsys, tmp_path):

@@ -7,7 +7,8 @@ failure. One test walks the whole story (the fleet takes a while to start):
    second server on node ``a`` downloads 0 blob bytes;
 2. a broken version (it cannot load) is promoted: every agent refuses it, no request fails, /status
    says why;
-3. an agent SIGKILLed mid-rollout comes back and converges, still without a failed request.
+3. an agent SIGKILLed mid-rollout comes back and converges, still without a failed request; old
+   version folders are pruned from every repository, and SIGTERM stops every agent with exit 0.
 
 Timings are printed, not asserted (bench/bench_fleet.py measures them).
 """
@@ -52,6 +53,10 @@ def promote(capsys, location) -> float:
 
 def blob_bytes(location: str, version: int) -> int:
     return open_store(location).get_manifest("m", version).total_size
+
+
+def version_folders(repo) -> list[str]:
+    return sorted(p.name for p in (repo / "m").iterdir() if p.name.isdigit())
 
 
 def kill_mid_rollout(fleet: Fleet, pod: str) -> list[str]:
@@ -112,6 +117,14 @@ def test_fleet_promotes_refuses_and_recovers_with_zero_failed_requests(capsys, s
                 assert status["served"] == {"m": 2} and status["wanted"] == {"m": 3} and status["ready"]
                 assert "failed to load m" in status["degraded_reason"] or "m" in status["degraded_reason"]
                 assert agent.get("/readyz")[0] == 200
+                assert status["last_rollout"]["outcome"] == "refused"
+            metrics = fleet.agents["b-pod1"].metrics()
+            assert metrics['trm_agent_degraded{env="production",pod="b-pod1"}'] == 1
+            assert metrics['trm_agent_rollouts_total{env="production",pod="b-pod1",outcome="refused"}'] == 1
+            assert 'trm_agent_pointer_age_seconds{env="production",pod="b-pod1"}' in metrics
+            reads = fleet.agents["b-pod1"].status()["pointer"]["unchanged"]
+            fleet.agents["b-pod1"].wait(lambda s: s["pointer"]["unchanged"] > reads + 2, what="conditional reads")
+            assert fleet.agents["b-pod1"].status()["rollouts"]["refused"] == 1  # no retry while the pointer stays
 
             # waves: an environment that requires this one is refused the version its agents refused
             (tmp_path / "configs").mkdir()
@@ -144,5 +157,11 @@ def test_fleet_promotes_refuses_and_recovers_with_zero_failed_requests(capsys, s
                 loaded = {(e["name"], e.get("version")) for e in client.repository_index() if e.get("state") == "READY"}
             assert loaded == {("m", "4")}, (pod, loaded)  # no pre-check leftovers, no old version
             assert LocalRepository(fleet.repo(pod)).validate() == []  # no partial version
+            deadline = time.monotonic() + 20
+            while version_folders(fleet.repo(pod)) != ["4"] and time.monotonic() < deadline:
+                time.sleep(0.2)  # pruned once v2 is unloaded
+            assert version_folders(fleet.repo(pod)) == ["4"], pod
+        for agent in fleet.agents.values():
+            assert agent.stop() == 0, agent.log_tail()  # SIGTERM: a clean exit
     finally:
         fleet.stop()
