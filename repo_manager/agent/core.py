@@ -27,8 +27,10 @@ ignore, and partial downloads in the cache, which resume.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 import sys
 import threading
 import time
@@ -137,6 +139,7 @@ class Agent:
         self._pruned_for: str | None = None
         self._managed: set[str] = set()
         self._reported: str | None = None
+        self.report_name = _object_name(options.pod)
 
     # ------------------------------------------------------------------------------------- output
     def log(self, message: str, **facts: Any) -> None:
@@ -172,7 +175,7 @@ class Agent:
         if signature == self._reported:
             return
         try:
-            self.store.put_report(self.options.env, self.options.pod,
+            self.store.put_report(self.options.env, self.report_name,
                                   json.dumps(body | {"at": now_iso()}, sort_keys=True).encode())
             self._reported = signature
         except TrmError as exc:
@@ -577,6 +580,14 @@ class Agent:
 
 def _fmt(models: dict[str, int]) -> str:
     return ", ".join(f"{m}:{v}" for m, v in sorted(models.items())) or "nothing"
+
+
+def _object_name(pod: str) -> str:
+    """``pod`` as a store object name: Kubernetes names may be longer (253) than store names (64)."""
+    if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", pod) and ".." not in pod:
+        return pod
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", pod).replace("..", "-").lstrip(".-")[:48] or "pod"
+    return f"{clean}-{hashlib.sha256(pod.encode()).hexdigest()[:12]}"
 
 
 def _refusal_text(refused: dict[str, Any]) -> str:
