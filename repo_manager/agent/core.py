@@ -64,7 +64,7 @@ from repo_manager.rollout.plan import DRAIN, SKIP, build_plan, served_versions, 
 from repo_manager.serving import dependencies, load_version
 from repo_manager.settings import Settings
 from repo_manager.storage import EnvPointer, Store, open_store
-from repo_manager.sync import sync_versions
+from repo_manager.sync import loaded_versions, sync_versions
 from repo_manager.sync.executor import prune_version
 from repo_manager.sync.plan import prune_actions
 from repo_manager.triton.client import TritonClient
@@ -496,15 +496,10 @@ class Agent:
         """Remove version folders the environment no longer serves and the server has not loaded (the
         node cache keeps their blobs, so going back costs no download)."""
         try:
-            with self._client() as client:
-                index = client.repository_index()
-            loaded: dict[str, list[int]] = {}
-            for entry in index:
-                if entry.get("state") in ("READY", "LOADING", "UNLOADING") and str(entry.get("version", "")).isdigit():
-                    loaded.setdefault(entry["name"], []).append(int(entry["version"]))
             keep = dict(wanted)
             for model, version in wanted.items():
                 keep.update(dict(dependencies(self.repo, model, version)))
+            loaded = loaded_versions(self.options.url, sorted(keep))
             actions = prune_actions(self.repo, keep, loaded)
             for action in actions:
                 if action.remove:
