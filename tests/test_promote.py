@@ -373,3 +373,29 @@ def test_a_damaged_version_in_a_folder_store_is_refused_by_the_checksums_gate(st
     assert result.code == 9, result.err
     assert [(g["gate"], g["passed"]) for g in result.json()["gates"]] == [("checksums", False)]
     assert snapshot(staged) == before
+
+
+def test_production_is_refused_ahead_of_its_canary_when_configured(staged, tmp_path, capsys):
+    """Waves: `production: {requires: production-canary}` (exit 9 naming the canary, nothing moved);
+    once the canary serves the version, production may follow; a rollback is never held back."""
+    (tmp_path / "configs" / "trm.yaml").write_text(yaml.safe_dump({
+        "gates": {"latency": FAST_LATENCY},
+        "environments": {"production-canary": {}, "production": {"requires": "production-canary"}}}))
+    v2 = publish(staged, om.linear(tmp_path / "v2.onnx", seed=2))
+    point(staged, "staging", v2)
+    before = snapshot(staged)
+    args = ("promote", "lin", "--from", "staging", "--store", staged.store, "--gates", "checksums")
+    refused = run_cli(capsys, *args, "--to", "production")
+    assert refused.code == 9, refused.err
+    assert "production-canary" in refused.err and f"version {v2}" in refused.err
+    assert snapshot(staged) == before
+    assert run_cli(capsys, *args, "--to", "production-canary").code == 0
+    assert run_cli(capsys, *args, "--to", "production").code == 0
+    assert open_store(staged.store).get_env("production").models == {"lin": v2}
+    back = run_cli(capsys, "promote", "lin", "--rollback", "--to", "production", "--store", staged.store)
+    assert back.code == 0, back.err
+
+    (tmp_path / "configs" / "trm.yaml").write_text(yaml.safe_dump({"environments": {
+        "production": {"requires": {"env": "production-canary", "soak_s": 3600}}}}))
+    soaking = run_cli(capsys, *args, "--to", "production")
+    assert soaking.code == 9 and "3600 s" in soaking.err, soaking.err

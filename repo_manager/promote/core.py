@@ -422,6 +422,10 @@ def promote(settings: Settings, request: PromotionRequest, *, dry_run: bool = Fa
     if plan.replaces == plan.version:  # already there: a re-run pipeline job succeeds and records nothing
         progress(f"{plan.to_env} already serves {plan.model} version {plan.version}; nothing to do")
         return PromotionResult(plan, (), False, env_models=_read_pointer(stores.target, plan.to_env).models)
+    from repo_manager.promote.waves import check_wave  # noqa: PLC0415 - waves imports this package
+
+    check_wave(settings, plan.model, plan.version, plan.to_env, store=request.store,
+               rollback=plan.action == "rollback")
     progress(plan.describe())
     if dry_run:
         return plan

@@ -64,6 +64,20 @@ def env_key(env: str) -> str:
     return f"envs/{check_env_name(env)}.json"
 
 
+def report_key(env: str, pod: str) -> str:
+    """What one `trm agent` last reported about its server (served, refused); read by promotion waves."""
+    try:
+        check_env_name(pod)
+    except InputError as exc:
+        raise InputError(f"pod name {pod!r} is not allowed", hint="use letters, digits, '_', '-' and '.'") from exc
+    return f"reports/{check_env_name(env)}/{pod}.json"
+
+
+def lease_key(env: str) -> str:
+    """The drain lease of an environment's agents (``trm agent``: at most K pods out of rotation)."""
+    return f"leases/{check_env_name(env)}.json"
+
+
 @dataclass(frozen=True)
 class EnvPointer:
     """Which version of each model an environment serves. ``etag`` is what a compare-and-swap needs."""
@@ -134,6 +148,12 @@ class Store(ABC):
     @abstractmethod
     def _upload_file(self, key: str, path: Path, size: int, sha256: str) -> None:
         """Create ``key`` from ``path`` if absent; the store must check the content's sha256."""
+
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        """(content, tag), or None when the object still has ``tag``. Backends override this with a
+        request that does not transfer an unchanged object (S3: ``If-None-Match``)."""
+        payload, new_tag = self._get_bytes(key)
+        return None if tag is not None and new_tag == tag else (payload, new_tag)
 
     # ------------------------------------------------------------------------------------ blobs
     def has_blob(self, digest: str) -> bool:
@@ -223,6 +243,52 @@ class Store(ABC):
         if pointer.name != env:
             raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
         return pointer
+
+    def get_env_if_changed(self, env: str, etag: str | None) -> EnvPointer | None:
+        """The pointer, or None when it still has ``etag`` (a conditional read: what `trm agent` polls)."""
+        try:
+            got = self._get_bytes_if_changed(env_key(env), etag)
+        except NotFoundError as exc:
+            raise NotFoundError(f"environment {env} does not exist in {self.location}",
+                                hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
+        if got is None:
+            return None
+        pointer = EnvPointer.from_json(got[0], f"{self.location}/{env_key(env)}", got[1])
+        if pointer.name != env:
+            raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
+        return pointer
+
+    def get_lease(self, env: str) -> tuple[bytes, str] | None:
+        """The raw lease object of ``env`` and its tag, None when there is none (see repo_manager.agent)."""
+        try:
+            return self._get_bytes(lease_key(env))
+        except NotFoundError:
+            return None
+
+    def put_lease(self, env: str, payload: bytes, tag: str | None) -> str:
+        """Compare-and-swap the lease object (create it when ``tag`` is None). ``ConflictError`` when
+        another writer changed it since it was read."""
+        return self._put_bytes(lease_key(env), payload, if_absent=tag is None, if_match=tag)
+
+    def put_report(self, env: str, pod: str, payload: bytes) -> None:
+        """Replace the agent report of ``pod`` (last writer wins: each pod writes only its own)."""
+        self._put_bytes(report_key(env, pod), payload)
+
+    def get_reports(self, env: str) -> dict[str, bytes]:
+        """pod -> raw report of every agent of ``env`` (one listing; promotion time only)."""
+        prefix = f"reports/{check_env_name(env)}/"
+        reports = {}
+        for name in self._object_names(prefix):
+            if name.endswith(".json"):
+                try:
+                    reports[name[:-5]] = self._get_bytes(prefix + name)[0]
+                except NotFoundError:
+                    continue
+        return reports
+
+    def _object_names(self, prefix: str) -> list[str]:
+        """Object names directly under ``prefix`` (backends that store objects otherwise map them)."""
+        return [n for n in self._list_names(prefix) if not n.endswith("/")]
 
     def put_env(self, pointer: EnvPointer) -> str:
         """Compare-and-swap: write ``pointer`` only if the stored one still has ``pointer.etag``

@@ -42,7 +42,7 @@ class FolderStore(Store):
 
     @staticmethod
     def _mutable(key: str) -> bool:
-        return key.startswith("envs/")
+        return key.startswith(("envs/", "leases/", "reports/"))
 
     # ------------------------------------------------------------------------------- primitives
     def _link_new(self, path: Path, write) -> None:
@@ -117,6 +117,18 @@ class FolderStore(Store):
             return self._read_document(path, key), str(revisions[-1])
         data = self._read_document(self._path(key), key)
         return data, hashlib.sha256(data).hexdigest()
+
+    def _object_names(self, prefix: str) -> list[str]:
+        # a mutable object is its revision series, the folder <name>.revs
+        return [n[:-len(_REVS) - 1] if n.endswith(_REVS + "/") else n for n in self._list_names(prefix)
+                if not n.endswith("/") or n.endswith(_REVS + "/")]
+
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        if self._mutable(key) and tag is not None:
+            revisions = self._revisions(key)  # one directory read; the pointer itself only when it moved
+            if revisions and str(revisions[-1]) == tag:
+                return None
+        return super()._get_bytes_if_changed(key, tag)
 
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         try:

@@ -200,6 +200,31 @@ class S3Store(Store):
         finally:
             response.release_conn()
 
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        """A signed GET with ``If-None-Match``: an unchanged object costs a 304 without a body (what
+        `trm agent` sends every interval; priced as one GET, never a listing)."""
+        import urllib3  # noqa: PLC0415
+        from botocore.auth import S3SigV4Auth  # noqa: PLC0415
+        from botocore.awsrequest import AWSRequest  # noqa: PLC0415
+
+        if tag is None:
+            return self._get_bytes(key)
+        reader = self.reader
+        url = f"{reader.base}/{quote(self._key(key), safe='/~')}"
+        request = AWSRequest(method="GET", url=url, headers={"If-None-Match": tag})
+        S3SigV4Auth(reader.credentials.get_frozen_credentials(), "s3", reader.region).add_auth(request)
+        try:
+            response = reader.pool.request("GET", url, headers=dict(request.headers.items()))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error(exc, key, "conditional read") from exc
+        if response.status == 304:
+            return None
+        if response.status == 200:
+            return response.data, str(response.headers.get("ETag", ""))
+        if response.status == 404:
+            raise NotFoundError(f"s3://{self.bucket}/{self._key(key)} does not exist", store=self.location)
+        return self._get_bytes(key)  # any other answer: the plain read reports it the usual way
+
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         import urllib3  # noqa: PLC0415
 

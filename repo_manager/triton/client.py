@@ -160,8 +160,12 @@ class TritonClient:
         except (ConnectionError, OSError) as exc:
             raise ServerError(f"Triton at {self.url} is not reachable (infer {name}): {exc}",
                               url=self.url) from exc
-        response = result.get_response()
-        return {out["name"]: result.as_numpy(out["name"]) for out in response.get("outputs", [])}
+        try:
+            response = result.get_response()
+            return {out["name"]: result.as_numpy(out["name"]) for out in response.get("outputs", [])}
+        except (ValueError, TypeError, KeyError) as exc:  # an answer whose tensors do not parse
+            raise ServerError(f"inference on {name} at {self.url} returned a malformed answer: {exc}",
+                              model=name, url=self.url) from exc
 
 
 def build_inputs(inputs: Mapping[str, np.ndarray], module: Any = httpclient) -> list[Any]:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "adopt": "adopt",
     "plan": "llm",
     "doctor": "llm",
+    "agent": "agent",
 }
 
 # The first sentence of each command's docstring, as click would print it (a command missing here is
@@ -36,6 +37,8 @@ SHORT_HELP: dict[str, str] = {
               "TensorRT/TensorRT-LLM versions, memory plan).",
     "adopt": "Adopt the Triton repository REPO_DIR: every model version gets a manifest (files, sha256, original "
              "config, verification).",
+    "agent": "Keep the Triton server at --url serving what ENV in STORE says: sync through the node cache, roll "
+             "out with zero failed requests, refuse versions that fail.",
     "diff": "What changed between versions A and B of NAME: config fields, files, source, verification, "
             "tuning.",
     "export": "Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), "

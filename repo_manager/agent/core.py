@@ -1,0 +1,597 @@
+"""The agent loop: make one Triton server serve what an environment says, forever.
+
+It composes trm's one-node operations rather than repeating them:
+
+* **sync** (``repo_manager.sync.sync_versions``): the versions the pointer names are installed into the
+  node repository through the node cache (blobs verified, each version folder appears complete or not at
+  all; a second pod on the node downloads nothing);
+* **rollout** (``repo_manager.rollout``): per model, the plan ``trm rollout`` makes for one server and its
+  executor (pre-check under a temporary name, load beside, smoke check, switch, unload; rolled back on
+  failure); the drain strategy is wrapped by the agent's own drain (readiness false, a slot in the
+  environment's drain lease, in-flight requests finished) instead of operator commands;
+* **the store's conditional read** (``Store.get_env_if_changed``): every interval (plus jitter) one
+  If-None-Match GET of the pointer, no listing; an unchanged pointer costs a 304.
+
+A version that fails (it does not load, does not answer, is corrupt in the store, cannot run on the
+node) is *refused*: whatever was moved is rolled back, the server keeps serving the last good versions,
+the agent reports ``degraded`` with the reason and tries again only when the pointer moves, with a
+backoff when it moves back to a set that already failed. Transient failures (store or Triton
+unreachable) are retried with a backoff. Nothing in the loop raises out of it: the agent never exits on
+a bad version, so Kubernetes never restarts it into a crash loop.
+
+Killed at any moment, a restarted agent reads what the server has loaded (Triton keeps serving while the
+agent is away), smoke-checks it, and converges from there: a half-finished rollout leaves old + new
+loaded, which is the plan's ``before``; a half-finished sync left only staging folders, which readers
+ignore, and partial downloads in the cache, which resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from repo_manager import config as cfg
+from repo_manager.agent.lease import DrainLease
+from repo_manager.errors import (
+    CompatibilityError,
+    ConflictError,
+    IntegrityError,
+    ModelLoadError,
+    NotFoundError,
+    RolledBackError,
+    ServerError,
+    TrmError,
+    UsageError,
+    VerificationError,
+)
+from repo_manager.manifest import now_iso
+from repo_manager.repository import LocalRepository
+from repo_manager.rollout import RolloutOptions, execute
+from repo_manager.rollout.checks import smoke_cases, smoke_live
+from repo_manager.rollout.plan import DRAIN, SKIP, build_plan, served_versions, with_settings
+from repo_manager.serving import dependencies, load_version
+from repo_manager.settings import Settings
+from repo_manager.storage import EnvPointer, Store, open_store
+from repo_manager.sync import loaded_versions, sync_versions
+from repo_manager.sync.executor import prune_version
+from repo_manager.sync.plan import prune_actions
+from repo_manager.triton.client import TritonClient
+
+# what makes a version refused (until the pointer moves) rather than retried
+REFUSALS = (RolledBackError, ModelLoadError, VerificationError, IntegrityError, CompatibilityError,
+            ConflictError, NotFoundError, UsageError)
+VERIFY_PREFIX = "trm-verify-"  # publish.verify.temporary_names
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    store: str
+    env: str
+    repository: Path
+    cache: Path
+    url: str
+    grpc_url: str | None = None
+    listen: str = "0.0.0.0:8090"
+    interval_s: float = 5.0
+    jitter: float = 0.2
+    max_unavailable: int = 1
+    side_by_side: bool = True
+    pod: str = "agent"
+    json_logs: bool = False
+    drain_grace_s: float = 5.0
+    """After readiness goes false, time for the load balancer to stop sending (readiness probe period)."""
+    drain_timeout_s: float = 120.0
+    lease_ttl_s: float = 120.0
+    backoff_s: float = 5.0
+    backoff_max_s: float = 300.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+class Agent:
+    def __init__(self, options: AgentOptions, settings: Settings, store: Store | None = None) -> None:
+        if options.interval_s <= 0 or not 0 <= options.jitter <= 1 or options.max_unavailable < 1:
+            raise UsageError("--interval must be > 0, --jitter between 0 and 1, --max-unavailable >= 1")
+        self.options = options
+        self.settings = settings.replace(repository=options.repository, cache_dir=options.cache)
+        self.store = store or open_store(options.store, self.settings)
+        self.repo = LocalRepository(options.repository)
+        self.stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self.started_at = now_iso()
+        self.state, self.reason = "starting", "not converged yet"
+        self.ready = False
+        self.draining = False
+        self.pointer: EnvPointer | None = None
+        self.pointer_read_at: float | None = None
+        self.pointer_error: str | None = None
+        self.reads: Counter[str] = Counter()
+        self.wanted: dict[str, int] = {}
+        self.served: dict[str, int | None] = {}
+        self.verified: dict[str, int] = {}
+        """model -> version smoke-checked on this server (cleared when Triton restarts)."""
+        self.refused: dict[str, Any] | None = None
+        self.failures: Counter[str] = Counter()
+        self.refused_until: dict[str, float] = {}
+        """Per refused set: before this (monotonic) time, a pointer naming it again is not retried."""
+        self.retry_at = 0.0
+        """After a transient failure: no new attempt before this (monotonic) time."""
+        self.transient = 0
+        self.last_rollout: dict[str, Any] | None = None
+        self.rollouts: Counter[str] = Counter()
+        self.sync_totals = {"bytes_downloaded": 0, "bytes_reused": 0, "syncs": 0}
+        self.last_sync: dict[str, Any] | None = None
+        self.lease_holders: list[str] = []
+        self._cleaned = False
+        self._pruned_for: str | None = None
+        self._managed: set[str] = set()
+        self._reported: str | None = None
+        self.report_name = _object_name(options.pod)
+
+    # ------------------------------------------------------------------------------------- output
+    def log(self, message: str, **facts: Any) -> None:
+        if self.options.json_logs:
+            line = json.dumps({"time": now_iso(), "pod": self.options.pod, "env": self.options.env,
+                               "message": message, **facts}, default=str)
+        else:
+            line = f"{now_iso()} trm agent {self.options.pod}: {message}" + (
+                f" {json.dumps(facts, default=str)}" if facts else "")
+        print(line, file=sys.stderr, flush=True)
+
+    def _set(self, state: str, reason: str | None, *, ready: bool | None = None) -> None:
+        with self._lock:
+            changed = (state, reason) != (self.state, self.reason)
+            self.state, self.reason = state, reason
+            if ready is not None:
+                self.ready = ready and not self.draining
+        if changed:
+            self.log(f"{state}" + (f": {reason}" if reason else ""))
+        if state in ("ready", "degraded"):
+            self._report()
+
+    def _report(self) -> None:
+        """Write this pod's report into the store when what it says changed (events, not a heartbeat:
+        a fleet of 10,000 pods must not cost a PUT per pod per interval). ``trm promote`` reads the
+        reports of a canary environment (promote/waves.py)."""
+        with self._lock:
+            refused = {"models": self.refused["models"], "reason": self.refused["reason"]} if self.refused else None
+            body = {"schema": "trm.agent-report/1", "env": self.options.env, "pod": self.options.pod,
+                    "state": self.state, "ready": self.ready, "served": dict(self.served),
+                    "wanted": dict(self.wanted), "refused": refused}
+        signature = json.dumps(body, sort_keys=True)
+        if signature == self._reported:
+            return
+        try:
+            self.store.put_report(self.options.env, self.report_name,
+                                  json.dumps(body | {"at": now_iso()}, sort_keys=True).encode())
+            self._reported = signature
+        except TrmError as exc:
+            self.log("could not write the agent report", error=exc.message.splitlines()[0])
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready snapshot (what /status returns and /metrics renders)."""
+        with self._lock:
+            age = None if self.pointer_read_at is None else round(time.monotonic() - self.pointer_read_at, 3)
+            pointer = self.pointer
+            return {
+                "pod": self.options.pod, "env": self.options.env, "store": self.store.location,
+                "server": {"url": self.options.url, "grpc_url": self.options.grpc_url},
+                "state": self.state, "reason": self.reason, "ready": self.ready, "draining": self.draining,
+                "degraded_reason": self.refused["reason"] if self.refused else None,
+                "wanted": dict(self.wanted), "served": dict(self.served),
+                "refused": dict(self.refused) if self.refused else None,
+                "last_rollout": dict(self.last_rollout) if self.last_rollout else None,
+                "rollouts": dict(self.rollouts),
+                "pointer": {"etag": pointer.etag if pointer else None,
+                            "updated_at": pointer.updated_at if pointer else None, "age_s": age,
+                            "changed": self.reads["changed"], "unchanged": self.reads["unchanged"],
+                            "errors": self.reads["errors"], "last_error": self.pointer_error},
+                "sync": dict(self.sync_totals) | {"last": self.last_sync},
+                "lease_holders": list(self.lease_holders), "started_at": self.started_at,
+                "options": {"interval_s": self.options.interval_s, "side_by_side": self.options.side_by_side,
+                            "max_unavailable": self.options.max_unavailable},
+            }
+
+    # --------------------------------------------------------------------------------------- loop
+    def run(self) -> None:
+        """Tick until ``stop_event`` is set (SIGTERM). Never raises for a bad version or a failure
+        outside the agent: those are reported in /status and retried."""
+        while not self.stop_event.is_set():
+            try:
+                self.tick()
+            except TrmError as exc:
+                self._transient(exc)
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the sidecar; Triton keeps serving
+                self.log("internal error", error=f"{type(exc).__name__}: {exc}",
+                         traceback=traceback.format_exc(limit=5))
+                self._transient(ServerError(f"internal error: {type(exc).__name__}: {exc}"))
+            interval = self.options.interval_s
+            self.stop_event.wait(interval + random.uniform(0, self.options.jitter * interval))
+
+    def _client(self) -> TritonClient:
+        return TritonClient(self.options.url, timeout_s=60.0, grpc_url=self.options.grpc_url)
+
+    def tick(self) -> None:
+        with self._client() as client:
+            if not client.is_ready():
+                with self._lock:
+                    self.verified.clear()  # a restarted server has loaded nothing
+                self._set("waiting", f"Triton at {self.options.url} is not ready", ready=False)
+                return
+            if not self._cleaned:
+                self._clean_leftovers(client)
+            self._poll_pointer()
+            if self.pointer is None:
+                self._set("waiting", f"the pointer of {self.options.env} was never read: {self.pointer_error}",
+                          ready=False)
+                return
+            wanted = dict(self.pointer.models)
+            with self._lock:
+                self.wanted = wanted
+            served = self._read_served(client, wanted)
+            if all(served.get(m) == v for m, v in wanted.items()):
+                if self._verify_served(client):
+                    with self._lock:
+                        self.refused = None
+                    self._set("ready", None, ready=True)
+                    if self._pruned_for != _key(wanted):
+                        self._prune(wanted)
+                return
+            if self.refused is not None and self.refused["etag"] == self.pointer.etag:
+                self._verify_served(client)
+                self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
+                return
+            if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
+                return
+        self.converge(wanted)
+
+    def _poll_pointer(self) -> None:
+        etag = self.pointer.etag if self.pointer else None
+        try:
+            pointer = self.store.get_env_if_changed(self.options.env, etag)
+        except TrmError as exc:
+            with self._lock:
+                self.reads["errors"] += 1
+                self.pointer_error = exc.message.splitlines()[0]
+            if self.pointer is not None:
+                self.log("pointer read failed; serving what was converged", error=self.pointer_error)
+            return
+        with self._lock:
+            self.pointer_read_at, self.pointer_error = time.monotonic(), None
+            if pointer is None:
+                self.reads["unchanged"] += 1
+                return
+            self.reads["changed"] += 1
+            moved = self.pointer is not None
+            self.pointer = pointer
+        if moved:
+            self.log("pointer moved", models=pointer.models, etag=pointer.etag)
+
+    def _read_served(self, client: TritonClient, wanted: dict[str, int]) -> dict[str, int | None]:
+        """Per model of the environment: the one READY version, or None (absent, or several loaded)."""
+        sets = served_versions(client, sorted(wanted))
+        served = {m: (v[0] if len(v) == 1 else None) for m, v in sets.items()}
+        with self._lock:
+            self.served = served
+            for model, version in list(self.verified.items()):
+                if served.get(model) != version:
+                    del self.verified[model]
+        return served
+
+    def _verify_served(self, client: TritonClient) -> bool:
+        """Smoke-check every served version not checked yet (after a restart of the agent). True when
+        every model of the environment is served and answered."""
+        for model, version in sorted(self.served.items()):
+            if version is None or self.verified.get(model) == version:
+                continue
+            try:
+                config = cfg.parse_config(self.repo.manifest(model, version).config)
+                smoke_live(client, model, version, config, smoke_cases(config, None))
+            except (TrmError, ValueError, TypeError) as exc:
+                text = exc.message.splitlines()[0] if isinstance(exc, TrmError) else f"{type(exc).__name__}: {exc}"
+                self._set("degraded", f"{model} version {version} is loaded but does not answer: {text}",
+                          ready=False)
+                return False
+            with self._lock:
+                self.verified[model] = version
+        return self._serving_complete()
+
+    def _serving_complete(self) -> bool:
+        with self._lock:
+            return bool(self.wanted) and all(self.served.get(m) is not None
+                                             and self.verified.get(m) == self.served.get(m) for m in self.wanted)
+
+    def _clean_leftovers(self, client: TritonClient) -> None:
+        """Unload pre-check models an agent killed mid-rollout left loaded under temporary names."""
+        for entry in client.repository_index():
+            name = str(entry.get("name", ""))
+            if name.startswith(VERIFY_PREFIX) and entry.get("state") == "READY":
+                try:
+                    client.unload(name)
+                    self.log("unloaded a leftover pre-check model", model=name)
+                except TrmError:
+                    pass
+        self._cleaned = True
+
+    # ---------------------------------------------------------------------------------- converge
+    def converge(self, wanted: dict[str, int]) -> None:
+        """Sync ``wanted`` into the node repository, then roll every model that differs out on this
+        server; refuse the whole set (rolling back what moved) when any model fails."""
+        pointer_tag = self.pointer.etag if self.pointer else None
+        started, t0 = now_iso(), time.monotonic()
+        record: dict[str, Any] = {"wanted": dict(wanted), "started_at": started, "models": []}
+        self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._serving_complete())
+        try:
+            result = sync_versions(self.settings, self.store, wanted)
+        except REFUSALS as exc:
+            self._refuse(wanted, pointer_tag, f"sync: {exc.message.splitlines()[0]}", record, t0)
+            return
+        except TrmError as exc:
+            self._transient(exc)
+            return
+        with self._lock:
+            self.sync_totals["bytes_downloaded"] += result.bytes_downloaded
+            self.sync_totals["bytes_reused"] += result.bytes_reused
+            self.sync_totals["syncs"] += 1
+            self.last_sync = {"installed": list(result.installed), "bytes_downloaded": result.bytes_downloaded,
+                              "bytes_reused": result.bytes_reused, "seconds": round(result.seconds, 3)}
+        record["sync"] = self.last_sync
+        self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._serving_complete())
+        moved: list[tuple[str, int | None]] = []
+        try:
+            for model in self._top_level(wanted):
+                outcome = self._roll_one(model, wanted[model])
+                if outcome is not None:
+                    moved.append((model, outcome["previous"]))
+                    record["models"].append(outcome)
+        except REFUSALS as exc:
+            self._undo(moved)
+            self._refuse(wanted, pointer_tag, exc.message.splitlines()[0], record, t0)
+            return
+        except TrmError as exc:
+            self._undo(moved)
+            self._transient(exc)
+            return
+        with self._lock:
+            self.failures.pop(_key(wanted), None)
+            self.refused_until.pop(_key(wanted), None)
+            self.refused = None
+            self.transient = 0
+            self.retry_at = 0.0
+            self.rollouts["done"] += 1
+            self.last_rollout = record | {"outcome": "done", "reason": None,
+                                          "seconds": round(time.monotonic() - t0, 3)}
+        self.log("converged", models=wanted, seconds=round(time.monotonic() - t0, 3),
+                 bytes_downloaded=result.bytes_downloaded)
+        self._unload_dropped(wanted)
+        with self._client() as client:
+            self._read_served(client, wanted)
+            if self._verify_served(client):
+                self._set("ready", None, ready=True)
+
+    def _unload_dropped(self, wanted: dict[str, int]) -> None:
+        """Models this agent loaded for the environment that it no longer names are unloaded (models
+        loaded by anyone else are left alone)."""
+        keep = set(wanted) | {m for model, v in wanted.items() for m, _ in dependencies(self.repo, model, v)}
+        dropped = sorted(self._managed - keep)
+        self._managed = keep
+        if not dropped:
+            return
+        with self._client() as client:
+            for model in dropped:
+                try:
+                    client.unload(model)
+                    self.log("unloaded a model the environment no longer serves", model=model)
+                except TrmError as exc:
+                    self.log("could not unload", model=model, error=exc.message)
+
+    def _top_level(self, wanted: dict[str, int]) -> list[str]:
+        """Models of the environment that are not members of another one's version (those move with
+        their ensemble)."""
+        members = {m for model, version in wanted.items() for m, _ in dependencies(self.repo, model, version)}
+        return sorted(m for m in wanted if m not in members)
+
+    def _roll_one(self, model: str, version: int) -> dict[str, Any] | None:
+        """Roll ``model`` to ``version`` on this server; None when it already serves it."""
+        with self._client() as client:
+            before = served_versions(client, [model])[model]
+        options = RolloutOptions(side_by_side=self.options.side_by_side, precheck=bool(before),
+                                 # the agent drains itself around the whole transition (``_drained``)
+                                 drain_cmd="true", restore_cmd="true")
+        options = with_settings(options, model, self.settings.rollout)
+        grpc = [self.options.grpc_url] if self.options.grpc_url else None
+        try:
+            plan = build_plan(self.repo, model, version, [self.options.url], options, grpc_urls=grpc)
+        except UsageError as exc:
+            # the server serves versions this node repository does not hold (loaded by someone else):
+            # nothing to roll back to, so a plain load, which Triton swaps in once the new one is ready
+            self.log("no rollout plan; loading directly", model=model, reason=exc.message)
+            with self._client() as client:
+                load_version(client, self.repo, model, version)
+                config = cfg.parse_config(self.repo.manifest(model, version).config)
+                smoke_live(client, model, version, config, smoke_cases(config, None))
+            return {"model": model, "version": version, "previous": None, "strategy": "load",
+                    "outcome": "done"}
+        server = plan.servers[0]
+        if server.strategy == SKIP:
+            return None
+        self.log("rolling out", model=model, version=version, strategy=server.strategy, reason=server.reason)
+        progress = self.log
+        if server.strategy == DRAIN:
+            with self._drained([model, *(m for m, _ in plan.target.members)]):
+                result = execute(plan, self.repo, progress)
+        else:
+            result = execute(plan, self.repo, progress)
+        with self._lock:
+            self.verified[model] = version
+        previous = max(server.before.get(model, ()) or (0,)) or None
+        return {"model": model, "version": version, "previous": previous, "strategy": server.strategy,
+                "outcome": result.outcome, "seconds": round(result.seconds, 3)}
+
+    def _undo(self, moved: list[tuple[str, int | None]]) -> None:
+        """Models already moved in a refused set go back to what they served (newest first)."""
+        for model, previous in reversed(moved):
+            try:
+                if previous is None:
+                    with self._client() as client:
+                        client.unload(model)
+                    continue
+                options = RolloutOptions(side_by_side=self.options.side_by_side, drain_cmd="true",
+                                         restore_cmd="true", precheck=False)
+                plan = build_plan(self.repo, model, previous, [self.options.url],
+                                  with_settings(options, model, self.settings.rollout),
+                                  grpc_urls=[self.options.grpc_url] if self.options.grpc_url else None)
+                if plan.servers[0].strategy == DRAIN:
+                    with self._drained([model]):
+                        execute(plan, self.repo, self.log)
+                else:
+                    execute(plan, self.repo, self.log)
+                self.log("rolled back", model=model, version=previous)
+            except TrmError as exc:
+                self.log("could not roll back", model=model, version=previous, error=exc.message)
+
+    def _refuse(self, wanted: dict[str, int], etag: str | None, reason: str, record: dict[str, Any],
+                t0: float) -> None:
+        key = _key(wanted)
+        with self._lock:
+            self.failures[key] += 1
+            delay = min(self.options.backoff_s * 2 ** (self.failures[key] - 1), self.options.backoff_max_s)
+            self.refused_until[key] = time.monotonic() + delay  # a pointer moving back here waits this long
+            self.refused = {"models": dict(wanted), "etag": etag, "reason": reason, "at": now_iso(),
+                            "failures": self.failures[key], "retry_after_s": delay}
+            self.rollouts["refused"] += 1
+            self.last_rollout = record | {"outcome": "refused", "reason": reason,
+                                          "seconds": round(time.monotonic() - t0, 3)}
+        with self._client() as client:
+            try:
+                self._read_served(client, wanted)
+                self._verify_served(client)
+            except TrmError:
+                pass
+        self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
+
+    def _transient(self, exc: TrmError) -> None:
+        with self._lock:
+            self.transient += 1
+            delay = min(self.options.backoff_s * 2 ** (self.transient - 1), self.options.backoff_max_s)
+            self.retry_at = time.monotonic() + delay
+            self.rollouts["failed"] += 1 if self.state in ("syncing", "rolling_out") else 0
+        self._set("error", f"{exc.message.splitlines()[0]} (retrying in {delay:.0f} s)",
+                  ready=self._serving_complete() and not isinstance(exc, ServerError))
+
+    def _prune(self, wanted: dict[str, int]) -> None:
+        """Remove version folders the environment no longer serves and the server has not loaded (the
+        node cache keeps their blobs, so going back costs no download)."""
+        try:
+            keep = dict(wanted)
+            for model, version in wanted.items():
+                keep.update(dict(dependencies(self.repo, model, version)))
+            loaded = loaded_versions(self.options.url, sorted(keep))
+            actions = prune_actions(self.repo, keep, loaded)
+            for action in actions:
+                if action.remove:
+                    prune_version(self.repo, action.model, action.version)
+            if all(a.remove for a in actions):  # else: again once the server has unloaded the old version
+                self._pruned_for = _key(wanted)
+        except (TrmError, OSError) as exc:
+            self.log("prune skipped", error=str(exc))
+
+    # ------------------------------------------------------------------------------------- drain
+    @contextmanager
+    def _drained(self, models: list[str]) -> Iterator[None]:
+        """Out of rotation for the body: a slot in the drain lease, readiness false, in-flight requests
+        finished; back in rotation (and the slot freed) after."""
+        lease = DrainLease(self.store, self.options.env, self.options.pod, self.options.max_unavailable,
+                           self.options.lease_ttl_s)
+
+        def waiting(holders: list[str]) -> None:
+            with self._lock:
+                self.lease_holders = holders
+            self._set("waiting_for_slot", f"{len(holders)} of {self.options.max_unavailable} pod(s) out of "
+                      f"rotation: {', '.join(holders)}", ready=self._serving_complete())
+
+        if not lease.acquire(self.stop_event, waiting):
+            raise ServerError("stopping before a drain slot was free; nothing changed")
+        try:
+            with self._lock:
+                self.draining, self.ready = True, False
+                self.lease_holders = lease.holders()
+            self._set("draining", f"out of rotation to swap {', '.join(models)}")
+            self.stop_event.wait(self.options.drain_grace_s)
+            self._wait_idle(models, lease)
+            yield
+        finally:
+            with self._lock:
+                self.draining = False
+            with self._client() as client:
+                try:
+                    self._read_served(client, self.wanted)
+                    self._verify_served(client)
+                except TrmError:
+                    pass
+            self._set("rolling_out", "back in rotation", ready=self._serving_complete())
+            time.sleep(min(self.options.drain_grace_s, 5.0))  # the load balancer sees the pod ready again
+            lease.release()
+            with self._lock:
+                self.lease_holders = []
+
+    def _wait_idle(self, models: list[str], lease: DrainLease) -> None:
+        """Until Triton's request counters of ``models`` stop moving for a second (in-flight requests
+        done), or the drain timeout."""
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        last, quiet_since, renewed = None, time.monotonic(), time.monotonic()
+        with self._client() as client:
+            while time.monotonic() < deadline:
+                total = 0
+                for model in models:
+                    for entry in client.statistics(model):
+                        stats = entry.get("inference_stats", {})
+                        total += int(stats.get("success", {}).get("count", 0))
+                        total += int(stats.get("fail", {}).get("count", 0))
+                now = time.monotonic()
+                if total != last:
+                    last, quiet_since = total, now
+                elif now - quiet_since >= 1.0:
+                    return
+                if now - renewed > self.options.lease_ttl_s / 3:
+                    lease.renew()
+                    renewed = now
+                time.sleep(0.2)
+        self.log("drain timeout: swapping with requests still arriving", timeout_s=self.options.drain_timeout_s)
+
+
+def _fmt(models: dict[str, int]) -> str:
+    return ", ".join(f"{m}:{v}" for m, v in sorted(models.items())) or "nothing"
+
+
+def _object_name(pod: str) -> str:
+    """``pod`` as a store object name: Kubernetes names may be longer (253) than store names (64)."""
+    if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", pod) and ".." not in pod:
+        return pod
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", pod).replace("..", "-").lstrip(".-")[:48] or "pod"
+    return f"{clean}-{hashlib.sha256(pod.encode()).hexdigest()[:12]}"
+
+
+def _refusal_text(refused: dict[str, Any]) -> str:
+    return f"refused {_fmt(refused['models'])}: {refused['reason']}"
+
+
+def _key(models: dict[str, int]) -> str:
+    return _fmt(models)
+
+
+def options_with(options: AgentOptions, **changes: Any) -> AgentOptions:
+    return replace(options, **changes)

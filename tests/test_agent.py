@@ -1,0 +1,156 @@
+"""`trm agent`: the store primitives it relies on (conditional pointer read, drain lease, agent reports)
+on both stores, and the drain-swap path with two real tritonservers. The whole story of a fleet (start,
+follow, refuse, SIGKILL, prune, SIGTERM) is tests/test_fleet.py.
+
+The models are tiny Python-backend models whose answers carry their version (tests/rollout_models.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import rollout_models as rm
+from helpers import run_cli
+
+from repo_manager.agent.lease import DrainLease
+from repo_manager.loadgen import Workload
+from repo_manager.storage import open_store
+
+WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
+
+
+def tag(outputs) -> str:
+    return f"v{int(outputs['TAG'].ravel()[0])}"
+
+
+def publish(capsys, src, location, model, version, env="production", **behaviour):
+    assert rm.tagged(src, model, version, **behaviour) == version
+    result = run_cli(capsys, "push", location, "--repo", src, "--model", f"{model}:{version}", "--json")
+    assert result.code == 0, result.err
+    if env:
+        open_store(location).update_env(env, {model: version})
+
+
+@pytest.fixture(params=["folder", "s3"])
+def location(request, tmp_path):
+    if request.param == "folder":
+        return str(tmp_path / "store")
+    return request.getfixturevalue("s3_location")
+
+
+def test_conditional_pointer_read_and_drain_lease(location):
+    store = open_store(location)
+    first = store.update_env("production", {"m": 1})
+    assert store.get_env_if_changed("production", first.etag) is None
+    assert store.get_env_if_changed("production", None).models == {"m": 1}
+    store.update_env("production", {"m": 2})
+    moved = store.get_env_if_changed("production", first.etag)
+    assert moved is not None and moved.models == {"m": 2} and moved.etag != first.etag
+
+    a, b = DrainLease(store, "production", "a", 1), DrainLease(store, "production", "b", 1)
+    assert a.try_acquire() and a.try_acquire()  # taking a held slot again renews it
+    assert not b.try_acquire() and a.holders() == ["a"]
+    a.release()
+    assert b.try_acquire() and b.holders() == ["b"]
+    two = DrainLease(store, "production", "c", 2)
+    assert two.try_acquire() and sorted(two.holders()) == ["b", "c"]
+    store.put_report("production", "pod-1", b'{"a": 1}')
+    store.put_report("production", "pod-1", b'{"a": 2}')  # each pod replaces its own report
+    store.put_report("production", "pod-2", b'{"b": 1}')
+    assert store.get_reports("production") == {"pod-1": b'{"a": 2}', "pod-2": b'{"b": 1}'}
+    assert store.get_reports("staging") == {}
+    stale = DrainLease(store, "canary", "dead", 1, ttl_s=0.05)
+    assert stale.try_acquire()
+    time.sleep(0.1)  # a pod killed while holding a slot frees it after the TTL
+    assert DrainLease(store, "canary", "alive", 1).try_acquire()
+
+
+def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(capsys, tmp_path):
+    """--no-side-by-side: each agent takes its pod out of rotation (readiness false), waits for its
+    in-flight requests, swaps, comes back; the drain lease in the store lets one pod at a time do it.
+    The clients play the load balancer: they send only to pods whose /readyz says ready."""
+    from agent_helpers import Fleet  # noqa: PLC0415
+
+    location = str(tmp_path / "store")
+    src = tmp_path / "src"
+    publish(capsys, src, location, "m", 1, delay=0.002)
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"a": 2}, interval=0.3,
+                  extra=("--no-side-by-side", "--max-unavailable", "1"))
+    try:
+        fleet.start()
+        fleet.wait_serving({"m": 1})
+        balancer = ReadyBalancer(fleet)
+        with balancer:
+            time.sleep(1.0)
+            publish(capsys, src, location, "m", 2, delay=0.002)
+            fleet.wait_serving({"m": 2})
+            time.sleep(0.5)
+        assert balancer.failed == [], balancer.failed[:3]
+        assert balancer.answers.get("v1") and balancer.answers.get("v2")
+        assert balancer.most_unready == 1, balancer.unready_samples  # one pod at a time, and both did drain
+        for agent in fleet.agents.values():
+            rollout = agent.status()["last_rollout"]
+            assert [m["strategy"] for m in rollout["models"]] == ["drain"]
+    finally:
+        fleet.stop()
+
+
+class ReadyBalancer:
+    """Client threads that send each request to a random pod whose agent reports ready (as a Service
+    does with readiness probes), plus a sampler that records how many pods were unready at once."""
+
+    def __init__(self, fleet, clients: int = 3) -> None:
+        import threading  # noqa: PLC0415
+
+        self.fleet, self.clients = fleet, clients
+        self.ready: set[str] = set(fleet.agents)
+        self.failed: list[str] = []
+        self.answers: dict[str, int] = {}
+        self.most_unready = 0
+        self.unready_samples: list[tuple[str, ...]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._probe, daemon=True)] + [
+            threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _probe(self) -> None:
+        while not self.stop.is_set():
+            ready = {pod for pod, agent in self.fleet.agents.items() if agent.get("/readyz")[0] == 200}
+            unready = tuple(sorted(set(self.fleet.agents) - ready))
+            self.most_unready = max(self.most_unready, len(unready))
+            if unready and (not self.unready_samples or self.unready_samples[-1] != unready):
+                self.unready_samples.append(unready)
+            self.ready = ready
+            time.sleep(0.05)
+
+    def _client(self) -> None:
+        import random  # noqa: PLC0415
+
+        from repo_manager.errors import TrmError  # noqa: PLC0415
+        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
+        clients = {pod: TritonClient(server.url) for pod, server in self.fleet.servers.items()}
+        while not self.stop.is_set():
+            choices = sorted(self.ready)
+            if not choices:
+                time.sleep(0.01)
+                continue
+            pod = random.choice(choices)
+            try:
+                answer = tag(clients[pod].infer("m", {"X": np.ones((1, rm.FEATURES), np.float32)}))
+                self.answers[answer] = self.answers.get(answer, 0) + 1
+            except TrmError as exc:
+                self.failed.append(f"{pod}: {exc.message}")
+        for client in clients.values():
+            client.close()
+
+    def __enter__(self) -> ReadyBalancer:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
