@@ -121,7 +121,8 @@ def test_written_version_carries_a_queue_policy_measured_under_twice_the_capacit
     assert policy.allow_timeout_override
     record = LocalRepository(settings.repository).manifest("ranker", 2).tuning["overload"]
     assert record["overload_point"]["accepted_p99_ms"] <= SLO_MS
-    assert {"rejected_fraction", "rejection_p99_ms", "goodput_rps", "time_to_recover_s"} <= set(record["overload_point"])
+    assert {"rejected_fraction", "rejection_p99_ms", "goodput_rps", "time_to_recover_s"} <= set(
+        record["overload_point"])
 
 
 def test_check_passes_on_the_tuned_version_and_fails_when_the_slo_is_tightened(tuned, capsys):

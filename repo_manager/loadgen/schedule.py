@@ -107,8 +107,8 @@ class Trace:
 
         Recovered at the first request from which on at most ``tolerance`` of the phase's requests were
         rejected, failed or slower than the SLO: a backlog still draining makes nearly every request late,
-        while a shared machine's odd slow request, late in the phase, does not undo a recovery. 0 when the phase was fine from its start;
-        None when it never got there with at least 20 requests left (not recovered within the phase).
+        while a shared machine's odd slow request, late in the phase, does not undo a recovery. 0 when the
+        phase was fine from its start; None when it never got there with at least 20 requests left.
         """
         mask = self._in(index)
         sent, latency, outcome = self.sent_s[mask], self.latency_ms[mask], self.outcome[mask]

@@ -23,4 +23,6 @@ COMMANDS: dict[str, str] = {
     "specs": "promote",
     "plan": "llm",
     "doctor": "llm",
+    "observe": "observe",
+    "top": "observe",
 }
