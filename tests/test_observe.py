@@ -142,7 +142,8 @@ def _wait(predicate, timeout_s: float, what: str, log: Path) -> None:
 
 
 @needs_prometheus
-def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus(rules_dir, tmp_path):
+def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus_and_top_shows_the_queue(
+        rules_dir, tmp_path, capsys):
     out, _, settings = rules_dir
     repo = LocalRepository(settings.repository)
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
@@ -172,8 +173,16 @@ def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus(rules_
             assert _queue_alert(prom) is None
             # 12 clients against one 40 ms execution at a time: about 11 requests always queued
             with BackgroundLoad(server.url, "ranker", clients=12):
+                top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--json")
                 _wait(lambda: _queue_alert(prom) == "firing", 40, "TrmQueueBacklog did not fire", log)
             _wait(lambda: _queue_alert(prom) is None, 30, "TrmQueueBacklog did not clear", log)
+            assert top.code == 0, top.err
+            row = next(r for r in top.json()["rows"] if r["model"] == "ranker")
+            assert row["version"] == "1" and row["rate_rps"] > 0 and row["pending"] >= 1
+            assert row["p50_ms"] is not None and row["p99_ms"] >= row["p50_ms"]  # the launcher's summaries
+            assert row["queue_ms"] > 0 and row["compute_ms"] > 0 and row["mean_batch"] == 1.0
+            assert set(row["batch_sizes"]) == {"1"} or set(row["batch_sizes"]) == {1}
+            assert row["failed_rps"] == 0 and row["rejected_rps"] == 0
         finally:
             prometheus.terminate()
             try:
@@ -181,3 +190,12 @@ def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus(rules_
             except subprocess.TimeoutExpired:
                 prometheus.kill()
                 prometheus.wait()
+
+
+def test_top_on_a_server_with_metrics_disabled_says_so_in_one_line(tmp_path, capsys):
+    (tmp_path / "repo").mkdir()
+    with TritonServer(tmp_path / "repo", extra_args=["--allow-metrics=false"]) as server:
+        result = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--once")
+    assert result.code == 6
+    first = result.err.strip().splitlines()[0]
+    assert "no metrics at" in first and "metrics disabled" in first

@@ -8,7 +8,7 @@ import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
-from repo_manager.errors import UsageError
+from repo_manager.errors import ServerError, UsageError
 
 
 @cli.group()
@@ -72,3 +72,46 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
     lines += [f"wrote {f}" for f in result.files]
     lines.append(f"check: promtool check rules {result.files[0]}")
     ctx.emit(result.to_dict(), "\n".join(lines))
+
+
+@cli.command("top")
+@click.argument("servers", nargs=-1)
+@click.option("--metrics-port", type=int, default=8002, show_default=True,
+              help="Triton's metrics port, for servers given by their HTTP URL.")
+@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one view (two scrapes, --interval apart) and exit.")
+@json_option
+@pass_ctx
+def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, interval_s: float, once: bool) -> None:
+    """Live view of Triton servers (http://host:8000, or a .../metrics URL; default: settings' triton_url):
+    per model and version, request rate, p50/p99, queue vs compute time, pending requests, executed batch
+    sizes, rejections and failures. --json prints one snapshot."""
+    from repo_manager.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
+
+    if not interval_s > 0:
+        raise UsageError(f"--interval must be positive, not {interval_s}")
+    targets = list(servers) or ([ctx.settings.triton_url] if ctx.settings.triton_url else [])
+    if not targets:
+        raise UsageError("name a server to watch", hint="trm top http://127.0.0.1:8000 [URL ...]")
+    parsed = [Server.parse(t, metrics_port) for t in targets]
+    if ctx.json or once:
+        view = snapshot(parsed, interval_s)
+        ctx.emit(view.to_dict(), render(view))
+        return
+    from rich.console import Console  # noqa: PLC0415
+    from rich.live import Live  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    watcher = Watcher(parsed)
+    first = watcher.view()
+    if len(first.problems) == len(parsed):
+        raise ServerError("; ".join(first.problems))
+    import time  # noqa: PLC0415
+
+    with Live(Text("reading metrics ..."), console=Console(), refresh_per_second=4, screen=False) as live:
+        try:
+            while True:
+                time.sleep(interval_s)
+                live.update(Text(render(watcher.view()) + "\n(Ctrl-C to quit)"))
+        except KeyboardInterrupt:
+            return
