@@ -199,3 +199,35 @@ def test_top_on_a_server_with_metrics_disabled_says_so_in_one_line(tmp_path, cap
     assert result.code == 6
     first = result.err.strip().splitlines()[0]
     assert "no metrics at" in first and "metrics disabled" in first
+
+
+def test_serve_exports_trms_own_metrics_for_prometheus(rules_dir):
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    _, _, settings = rules_dir
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "repo_manager", "--json", "serve", "--repo",
+                             str(settings.repository),
+                             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--trm-metrics-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        text = ""
+        while True:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            text += line
+            try:
+                info = json.loads(text)
+                break
+            except json.JSONDecodeError:
+                continue
+        with urllib.request.urlopen(info["trm_metrics"], timeout=5) as response:
+            exported = response.read().decode()
+        assert 'trm_serving_version{model="ranker"} 1.0' in exported
+        assert 'trm_operations_total{model="",operation="serve_start",outcome="ok"} 1.0' in exported
+        assert "trm_operation_seconds_bucket" in exported and "trm_build_info" in exported
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
