@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from cost_model import cost_config, cost_repository
 
-from repo_manager.loadgen import LoadSpec, Phase, Target, Workload, measure, run_schedule
+from repo_manager.loadgen import BackgroundLoad, LoadSpec, Phase, Target, Workload, measure, run_schedule
 from repo_manager.triton.client import TritonClient
 from repo_manager.triton.server import TritonServer
 from repo_manager.tuning import Candidate
@@ -44,6 +44,15 @@ def test_rejections_by_the_queue_policy_are_counted_apart_from_errors(shedding_s
     point = measure(target, LoadSpec(rate=300, requests=300, warmup_s=0.2, max_in_flight=10_000), workload)
     assert point.rejected > 0 and point.errors == 0 and point.error_samples == ()
     assert point.accepted_p99_ms < float("inf") and point.p99_ms == float("inf")  # rejected: never an answer
+
+
+def test_background_load_marks_rejections_so_checks_do_not_take_them_for_wrong_answers(shedding_server):
+    server, _ = shedding_server
+    with BackgroundLoad(server.url, "slow", clients=24) as load:
+        load.wait_for(150)
+    summary = load.summary()
+    assert summary.rejected > 0 and summary.failed == summary.rejected  # every failure was a rejection
+    assert all(r.rejected and "timeout" in r.error for r in load.records if not r.ok)
 
 
 def test_a_queue_policy_round_trips_through_the_config_schema():
