@@ -231,3 +231,20 @@ def test_serve_exports_trms_own_metrics_for_prometheus(rules_dir):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_rules_for_an_environment_take_its_versions_and_their_tuning_records(rules_dir, tmp_path, capsys):
+    _, _, settings = rules_dir
+    store = tmp_path / "store"
+    pushed = run_cli(capsys, "push", store, "--repo", settings.repository, "--env", "production")
+    assert pushed.code == 0, pushed.err
+    result = run_cli(capsys, "observe", "rules", "production", "--store", store, "--out", tmp_path / "env", "--json")
+    assert result.code == 0, result.err
+    data = result.json()
+    assert data["env"] == "production" and data["models"][0]["version"] == 1
+    assert data["models"][0]["p99_slo_ms"] == 80.0 and "TrmVersionNotInEnv" in data["alerts"]
+    rules = yaml.safe_load((tmp_path / "env" / "trm-rules.yml").read_text())["groups"][0]["rules"]
+    pinned = next(r for r in rules if r["alert"] == "TrmVersionNotInEnv")
+    assert 'version!="1"' in pinned["expr"] and pinned["labels"]["env"] == "production"
+    unknown = run_cli(capsys, "observe", "rules", "staging", "--store", store, "--out", tmp_path / "none")
+    assert unknown.code == 4 and not (tmp_path / "none").exists()

@@ -55,6 +55,8 @@ class OverloadPoint:
     meets: bool
     note: str = ""
     trace: Trace | None = field(default=None, repr=False, compare=False)
+    sheds_normal_traffic: bool = False
+    """The policy rejected more than a burst's worth at peak x headroom: a shorter timeout would only shed more."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,7 +156,7 @@ class PolicySearch:
             if point.meets:
                 chosen = candidate
                 break
-            if not point.overload.valid or "at peak x headroom" in point.note or timeout <= 1.0:
+            if not point.overload.valid or point.sheds_normal_traffic or timeout <= 1.0:
                 break  # a shorter timeout cannot fix a client limit nor rejections under normal traffic
             timeout = max(timeout / 2, 1.0)
         if chosen is not None:
@@ -226,9 +228,12 @@ class PolicySearch:
             problems.append(f"goodput {over.goodput_rps:.0f}/s < {MIN_GOODPUT:.0%} of capacity {self.capacity:.0f}/s")
         if recover is None:
             problems.append(f"not recovered {self.recover_s:g} s after the load dropped")
+        normal: list[str] = []
         if not problems:
-            problems += self._normal_traffic(candidate)
-        point = OverloadPoint(candidate, self.rate, over, rec, recover, not problems, "; ".join(problems), trace)
+            normal = self._normal_traffic(candidate)
+            problems += normal
+        point = OverloadPoint(candidate, self.rate, over, rec, recover, not problems, "; ".join(problems), trace,
+                              sheds_normal_traffic=bool(normal))
         self.points.append(point)
         verdict = "keeps" if point.meets else "misses"
         self.prober.say(
