@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from cost_model import write_cost_model  # noqa: E402
 
 from repo_manager import config as cfg  # noqa: E402
-from repo_manager.loadgen import Phase, Target, Workload, run_schedule  # noqa: E402
+from repo_manager.loadgen import LoadSpec, Phase, Target, Workload, measure, run_schedule  # noqa: E402
 from repo_manager.publish import publish_model  # noqa: E402
 from repo_manager.repository import LocalRepository  # noqa: E402
 from repo_manager.serving import load_version, version_config  # noqa: E402
@@ -44,6 +44,8 @@ from repo_manager.settings import Settings  # noqa: E402
 from repo_manager.triton.client import TritonClient  # noqa: E402
 from repo_manager.triton.server import TritonServer  # noqa: E402
 from repo_manager.tuning import Candidate, TuneRequest, tune_batching  # noqa: E402
+from repo_manager.tuning.overload import PolicySearch  # noqa: E402
+from repo_manager.tuning.prober import Prober  # noqa: E402
 
 MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 
@@ -66,21 +68,41 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {"model": {"fixed_ms": args.fixed_ms, "per_item_ms": args.per_item_ms},
                      "slo_p99_ms": args.p99_ms, "trm_seconds": round(tuned.seconds, 1),
                      "tuning_overload": tuned.overload.to_dict() if tuned.overload else None}
-    if tuned.chosen is None or tuned.overload is None:
-        results["error"] = "trm chose nothing (see tuning_overload / rerun on a quieter machine)"
-        return results
-    capacity = tuned.overload.capacity_rps
-    results["capacity_rps"] = capacity
     base = version_config(repo, "ranker", 1)
-    configs = {"trm: tuned + queue policy": tuned.chosen,
-               "tuned, no queue policy": tuned.chosen.without_queue_policy(),
-               "seed": Candidate.from_config(base, "seed")}
-    results["configs"] = {name: c.to_dict() for name, c in configs.items()}
     rows = []
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
         load_version(client, repo, "ranker")
         target = Target("ranker", server.url)
         workload = Workload.from_config(base)
+        if tuned.chosen is not None and tuned.overload is not None:
+            chosen, capacity = tuned.chosen, tuned.overload.capacity_rps
+            results["path"] = "trm tune-batching (batching + queue policy)"
+        else:
+            # on a machine too busy for the batching search to pass, the queue policy is still chosen
+            # the way the tuner does, on the seed's batch size without a delay, against the throughput
+            # the server sustains (closed loop, enough clients to keep every batch full)
+            log(f"  tuning chose nothing ({'; '.join(tuned.outcome.notes)}): queue policy on a fixed batching")
+            batching = Candidate(args.seed_max_batch, 1, True, 0, (), "bench")
+            prober = Prober(client, target, base, args.p99_ms, 1e9, requests=args.requests,
+                            progress=lambda m, used, budget: log(f"  policy [{used:5.1f}s] {m}"))
+            profile = prober.profile(batching, args.seed_max_batch)
+            prober.load(batching)
+            capacity = measure(target, LoadSpec(concurrency=4 * args.seed_max_batch, requests=600, warmup_s=1.0),
+                               workload).achieved_rps
+            outcome = PolicySearch(prober, profile, batching, capacity, args.p99_ms, 2.0, args.peak,
+                                   args.peak * 1.2).run()
+            results["tuning_overload"] = outcome.to_dict()
+            chosen = outcome.chosen or outcome.closest
+            results["path"] = ("fallback: fixed batching, queue policy by trm's PolicySearch"
+                               + ("" if outcome.chosen else " (none passed: its closest)"))
+            if chosen is None:
+                results["error"] = "no queue policy measured"
+                return results
+        results["capacity_rps"] = capacity
+        configs = {"trm: tuned + queue policy": chosen,
+                   "tuned, no queue policy": chosen.without_queue_policy(),
+                   "seed": Candidate.from_config(base, "seed")}
+        results["configs"] = {name: c.to_dict() for name, c in configs.items()}
         for name, candidate in configs.items():
             client.load("ranker", candidate.apply(base))
             run_schedule(target, [Phase(capacity * 0.3, 1.0)], workload)  # warm: the new instances' first batches
@@ -117,7 +139,7 @@ def render(results: dict) -> str:
                      f"{r['rejected_fraction']:.1%} | {ms(r['rejection_p50_ms'])} / {ms(r['rejection_p99_ms'])} | "
                      f"{r['errors']} |")
     policy = results["configs"]["trm: tuned + queue policy"]
-    lines += ["", f"trm's choice: `{policy['key']}`; tuning took {results['trm_seconds']:g} s"]
+    lines += ["", f"trm's choice: `{policy['key']}` ({results['path']}); tuning took {results['trm_seconds']:g} s"]
     return "\n".join(lines)
 
 
@@ -126,7 +148,7 @@ def main() -> None:
     parser.add_argument("--p99-ms", type=float, default=200.0)
     parser.add_argument("--low", type=float, default=30.0)
     parser.add_argument("--peak", type=float, default=60.0)
-    parser.add_argument("--budget", type=float, default=120.0, help="trm's search budget (s)")
+    parser.add_argument("--budget", type=float, default=90.0, help="trm's search budget (s)")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--fixed-ms", type=float, default=40.0)
     parser.add_argument("--per-item-ms", type=float, default=2.0)
