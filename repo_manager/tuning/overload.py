@@ -6,7 +6,7 @@ therefore also chooses ``default_queue_policy { timeout_action: REJECT, default_
 allow_timeout_override: true }`` by measurement, once the batching settings are chosen:
 
 * **the timeout T** starts from what the SLO leaves once a full batch has run
-  (``0.9 * SLO - exec(max_batch) - overhead``: an accepted request waited at most T in the queue, then
+  (``0.8 * SLO - exec(max_batch) - overhead``: an accepted request waited at most T in the queue, then
   ran in one batch), and is halved while the accepted p99 under overload still misses the SLO;
 * each try is one run of open-loop Poisson traffic: a second at the tuning's peak rate (warm-up, not
   counted), ``overload_factor`` x the measured capacity for a few seconds, then the peak rate again
@@ -146,7 +146,7 @@ class PolicySearch:
 
     def first_timeout_ms(self) -> float:
         full = self.profile.exec_at(self.batching.max_batch_size)
-        return max(0.9 * self.slo_ms - full - self.profile.overhead_ms, 1.0)
+        return max(0.8 * self.slo_ms - full - self.profile.overhead_ms, 1.0)
 
     def run(self) -> OverloadOutcome:
         chosen: Candidate | None = None
