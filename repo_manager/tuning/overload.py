@@ -40,6 +40,8 @@ from repo_manager.tuning.prober import Prober
 
 MIN_GOODPUT = 0.7
 """A policy must keep at least this share of the measured capacity as goodput under overload."""
+MIN_SHED = 0.1
+"""An overload run must reject at least this share for ``max_queue_size`` to be judged on it."""
 MAX_NORMAL_REJECT = 0.01
 """Share of requests a policy may shed at peak x headroom (a burst of Poisson arrivals), within the p99."""
 
@@ -179,6 +181,13 @@ class PolicySearch:
     def _try_max_queue(self, chosen: Candidate) -> Candidate:
         base = next(p for p in self.points if p.candidate.key == chosen.key)
         size = 2 * chosen.max_batch_size * chosen.instances
+        if base.overload.rejected_fraction < MIN_SHED:
+            # a bounded queue only shows its fault (the batcher stalls) when it fills: judged on a run
+            # that shed nothing it would look harmless and be kept
+            self.notes.append(f"max_queue_size not tried: the overload run shed only "
+                              f"{base.overload.rejected_fraction:.1%} (the capacity is a lower bound), so a "
+                              "bounded queue would not fill")
+            return chosen
         bounded = self.batching.with_queue_policy(chosen.queue_timeout_us, size, self.priority_levels)
         point = self.try_policy(bounded)
         better = (
