@@ -87,9 +87,11 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     ctx.emit(result.to_dict(), _tune_text(result))
     if result.chosen is None and result.overload is not None:
         closest_policy = result.overload.closest
+        why = next((p.note for p in result.overload.points if closest_policy and p.candidate == closest_policy), "")
         error = GateError(f"no queue policy kept p99 <= {p99_ms:g} ms for accepted requests at "
                           f"{result.overload.factor:g} x capacity ({result.overload.rate:.0f}/s); closest: "
-                          f"{closest_policy.label if closest_policy else 'none measured'}; nothing was written",
+                          f"{closest_policy.label if closest_policy else 'none measured'}"
+                          f"{f' ({why})' if why else ''}; nothing was written",
                           hint="relax the SLO, lower --overload-factor, or add capacity (instances, hardware)",
                           model=name)
         error.reported = True
