@@ -183,3 +183,6 @@ def test_down_server_and_unknown_model_are_clear_errors(tmp_path, capsys):
     bad = run_cli(capsys, "-q", "tune-batching", "m", "--repo", str(tmp_path / "repo"), "--p99-ms", "10",
                   "--low-rps", "50", "--peak-rps", "10")
     assert bad.code == 2
+    factor = run_cli(capsys, "-q", "tune-batching", "m", "--repo", str(tmp_path / "repo"), "--p99-ms", "10", *RATES,
+                     "--overload-factor", "0.5")
+    assert factor.code == 2 and "--overload-factor" in factor.err
