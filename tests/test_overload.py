@@ -1,7 +1,8 @@
 """Overload on a real tritonserver: the load generator counts queue-policy rejections apart from errors.
 
 The cost model (20 ms per execution, batches of at most 2: about 90 requests/s) gets a queue policy that
-rejects requests queued longer than 60 ms; 300 requests/s overload it, 15 requests/s do not.
+rejects requests queued longer than 60 ms (two priority levels, the same policy on each: they must load
+on a real Triton); 300 requests/s overload it, 15 requests/s do not.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ SLO_MS = 200.0
 def shedding_server(tmp_path_factory):
     root = cost_repository(tmp_path_factory.mktemp("overload"), "slow", fixed_ms=20.0, per_item_ms=0.5,
                            max_batch_size=2, dynamic_batching=True)
-    policy = Candidate(2, 1, True, 0, (), "test").with_queue_policy(60_000)
+    policy = Candidate(2, 1, True, 0, (), "test").with_queue_policy(60_000, priority_levels=2)
     config = policy.apply(cost_config("slow", fixed_ms=20.0, per_item_ms=0.5, max_batch_size=2))
     with TritonServer(root) as server, TritonClient(server.url) as client:
         client.load("slow", config)
