@@ -156,6 +156,11 @@ class PolicySearch:
         for _ in range(3):
             candidate = self.batching.with_queue_policy(int(timeout * 1000), 0, self.priority_levels)
             point = self.try_policy(candidate)
+            if self._near_miss(point):
+                # on a shared machine one disturbed run should not halve the timeout: one more decides
+                self.notes.append(f"{candidate.key}: near miss (accepted p99 {point.overload.accepted_p99_ms:.1f} ms)"
+                                  ", measured again")
+                point = self.try_policy(candidate)
             if point.meets:
                 chosen = candidate
                 break
@@ -178,8 +183,13 @@ class PolicySearch:
             tuple(self.notes),
         )
 
+    def _near_miss(self, point: OverloadPoint) -> bool:
+        o = point.overload
+        return (not point.meets and o.valid and not o.errors and not point.sheds_normal_traffic
+                and o.accepted_p99_ms <= 1.25 * self.slo_ms and o.goodput_rps >= MIN_GOODPUT * self.capacity)
+
     def _try_max_queue(self, chosen: Candidate) -> Candidate:
-        base = next(p for p in self.points if p.candidate.key == chosen.key)
+        base = next(p for p in reversed(self.points) if p.candidate.key == chosen.key and p.meets)
         size = 2 * chosen.max_batch_size * chosen.instances
         if base.overload.rejected_fraction < MIN_SHED:
             # a bounded queue only shows its fault (the batcher stalls) when it fills: judged on a run
