@@ -52,7 +52,7 @@ def tuned(tmp_path_factory, triton):
 
 def test_chosen_config_met_the_slo_at_every_level_in_the_tuners_own_measurements(tuned):
     _, result = tuned
-    chosen = result.chosen
+    chosen = result.outcome.chosen  # the batching settings, before the queue policy
     assert chosen is not None
     chosen_points = [p for p in result.outcome.points if p.candidate == chosen.key and p.level != "remeasure"]
     levels = {p.level for p in chosen_points}
@@ -80,7 +80,7 @@ def test_written_version_has_the_same_files_the_chosen_config_and_its_tuning_rec
     tuning = new.tuning
     assert tuning["slo"]["p99_ms"] == SLO_MS and tuning["chosen"]["key"] == result.chosen.key
     assert tuning["environment"]["triton_version"] and tuning["environment"]["model_checksum"]
-    assert {e["key"] for e in tuning["candidates"]} >= {result.chosen.key}
+    assert {e["key"] for e in tuning["candidates"]} >= {result.outcome.chosen.key}
     assert tuning["points"] and all("p99_ms" in p for p in tuning["points"] if p["note"][:10] != "did not lo")
     # (version 1 may show a __pycache__ that the Python backend's stub wrote while the embedded server
     # served it from the repository: a known issue of serving Python models in place, not of tuning)
@@ -96,13 +96,33 @@ def test_written_version_has_the_same_files_the_chosen_config_and_its_tuning_rec
 def test_report_folder_has_table_json_and_plot(tuned):
     _, result = tuned
     folder = {f.rsplit("/", 1)[-1]: f for f in result.report_files}
-    assert set(folder) == {"tuning.json", "tuning.md", "p99_vs_throughput.png"}
+    assert set(folder) == {"tuning.json", "tuning.md", "p99_vs_throughput.png", "overload.png"}
     data = json.loads(Path(folder["tuning.json"]).read_text())
     assert data["chosen"]["key"] == result.chosen.key and data["written_version"] == 2
     assert {"low", "peak", "headroom"} <= {p["level"] for p in data["points"]}
     text = Path(folder["tuning.md"]).read_text()
     assert "**Chosen:**" in text and "| candidate | level | offered/s" in text and result.chosen.key in text
     assert Path(folder["p99_vs_throughput.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Overload" in text and "**Overload point**" in text
+    assert Path(folder["overload.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_written_version_carries_a_queue_policy_measured_under_twice_the_capacity(tuned):
+    settings, result = tuned
+    overload = result.overload
+    assert overload is not None and overload.factor == 2.0 and overload.chosen == result.chosen
+    assert overload.rate == round(2 * overload.capacity_rps, 1)
+    point = overload.chosen_point
+    assert point.meets and point.overload.errors == 0 and point.overload.accepted_p99_ms <= SLO_MS
+    assert point.recover_s is not None
+    config = cfg.parse_config(LocalRepository(settings.repository).manifest("ranker", 2).config)
+    policy = config.dynamic_batching.default_queue_policy
+    assert policy.timeout_action == policy.REJECT and 0 < policy.default_timeout_microseconds < SLO_MS * 1000
+    assert policy.allow_timeout_override
+    record = LocalRepository(settings.repository).manifest("ranker", 2).tuning["overload"]
+    assert record["overload_point"]["accepted_p99_ms"] <= SLO_MS
+    assert {"rejected_fraction", "rejection_p99_ms", "goodput_rps", "time_to_recover_s"} <= set(
+        record["overload_point"])
 
 
 def test_check_passes_on_the_tuned_version_and_fails_when_the_slo_is_tightened(tuned, capsys):
@@ -163,3 +183,6 @@ def test_down_server_and_unknown_model_are_clear_errors(tmp_path, capsys):
     bad = run_cli(capsys, "-q", "tune-batching", "m", "--repo", str(tmp_path / "repo"), "--p99-ms", "10",
                   "--low-rps", "50", "--peak-rps", "10")
     assert bad.code == 2
+    factor = run_cli(capsys, "-q", "tune-batching", "m", "--repo", str(tmp_path / "repo"), "--p99-ms", "10", *RATES,
+                     "--overload-factor", "0.5")
+    assert factor.code == 2 and "--overload-factor" in factor.err

@@ -16,6 +16,10 @@ Two tools, both over Triton's HTTP or gRPC API with asynchronous clients (``tran
   rule) and Triton's own statistics over the point (``ServerStats``: queue vs compute time, executed batch
   sizes); ``valid`` is False, with ``invalid_reason``, when the client could not keep the offered rate.
 
+**Phased traffic** (``schedule``): ``run_schedule(target, [Phase(rate, seconds), ...], workload)`` for
+overload runs (a spike, then normal traffic): every request's outcome is answered, **rejected** by the
+queue policy (counted apart from errors) or failed; ``Trace.phase_stats`` and ``Trace.recovery`` sum it up.
+
 **Background traffic** (``BackgroundLoad``) for rollouts: several clients sending until stopped, every
 request recorded with its outcome, the version that answered and a label from a ``check(outputs)``
 callback; ``summary()`` says how many failed and how the answering version changed over time. See
@@ -24,8 +28,10 @@ callback; ``summary()`` says how many failed and how the answering version chang
 
 from repo_manager.loadgen.background import BackgroundLoad, BackgroundSummary, RequestRecord
 from repo_manager.loadgen.measure import LoadSpec, Measurement, Target, arrival_offsets, measure
+from repo_manager.loadgen.schedule import Phase, PhaseStats, Trace, run_schedule
 from repo_manager.loadgen.stats import ServerStats, StatsSnapshot
-from repo_manager.loadgen.transport import PROTOCOLS, AsyncTriton, Workload
+from repo_manager.loadgen.transport import PROTOCOLS, AsyncTriton, Workload, is_rejection
 
-__all__ = ["AsyncTriton", "BackgroundLoad", "BackgroundSummary", "LoadSpec", "Measurement", "PROTOCOLS",
-           "RequestRecord", "ServerStats", "StatsSnapshot", "Target", "Workload", "arrival_offsets", "measure"]
+__all__ = ["AsyncTriton", "BackgroundLoad", "BackgroundSummary", "LoadSpec", "Measurement", "PROTOCOLS", "Phase",
+           "PhaseStats", "RequestRecord", "ServerStats", "StatsSnapshot", "Target", "Trace", "Workload",
+           "arrival_offsets", "is_rejection", "measure", "run_schedule"]

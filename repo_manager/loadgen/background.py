@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from repo_manager.errors import ServerError
-from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text
+from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text, is_rejection
 from repo_manager.triton.client import TritonClient
 
 Check = Callable[[dict[str, np.ndarray]], str]
@@ -51,6 +51,8 @@ class RequestRecord:
     """What ``check(outputs)`` returned; a check that raised gives ``"check failed: ..."``."""
     outputs: dict[str, np.ndarray] | None = None
     client: int = 0
+    rejected: bool = False
+    """Refused by the server's queue policy (overload shedding): failed, but not a wrong answer."""
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,13 @@ class BackgroundSummary:
     stale: int = 0
     """Requests answered by an older answer kind (label, else version) although they were sent after an
     answer of a newer kind had already arrived. 0 for a clean switch, whatever the concurrency."""
+    rejected: int = 0
+    """Of ``failed``, how many the server's queue policy rejected (shedding load, not a fault)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "failed": self.failed, "errors": list(self.errors),
                 "versions": list(self.versions), "labels": list(self.labels), "label_counts": self.label_counts,
-                "stale": self.stale}
+                "stale": self.stale, "rejected": self.rejected}
 
 
 def _stale(records: list[RequestRecord], kind) -> int:
@@ -148,7 +152,8 @@ class BackgroundLoad:
             errors=tuple(sorted(errors, key=errors.get, reverse=True)),
             versions=_runs([r.model_version for r in ok]),
             labels=_runs([r.label for r in ok]) if self.check else (), label_counts=labels,
-            stale=_stale(ok, (lambda r: r.label) if self.check else (lambda r: r.model_version)))
+            stale=_stale(ok, (lambda r: r.label) if self.check else (lambda r: r.model_version)),
+            rejected=sum(r.rejected for r in records))
 
     # ------------------------------------------------------------------------------------ control
     def __enter__(self) -> BackgroundLoad:
@@ -199,7 +204,8 @@ class BackgroundLoad:
                 record = RequestRecord(wall, time.perf_counter() - t0, True, None, version,
                                        self._label(outputs), outputs if self.keep_outputs else None, index)
             except Exception as exc:  # noqa: BLE001 - a failed request is a record, not a crash
-                record = RequestRecord(wall, time.perf_counter() - t0, False, error_text(exc), None, client=index)
+                record = RequestRecord(wall, time.perf_counter() - t0, False, error_text(exc), None, client=index,
+                                       rejected=is_rejection(exc))
             with self._lock:
                 self._records.append(record)
             if self.interval_s:

@@ -33,7 +33,7 @@ import tritonclient.http.aio as http_aio
 
 from repo_manager.errors import ServerError, UsageError
 from repo_manager.loadgen.stats import ServerStats, StatsSnapshot
-from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text
+from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text, is_rejection
 from repo_manager.triton.client import TritonClient, normalize_url
 
 ARRIVALS = ("poisson", "constant")
@@ -107,6 +107,7 @@ class Measurement:
     concurrency: int | None
     requests: int
     errors: int
+    """Failed requests, rejections by the queue policy not included."""
     error_samples: tuple[str, ...]
     duration_s: float
     send_rps: float
@@ -125,13 +126,22 @@ class Measurement:
     invalid_reason: str | None
     server: ServerStats | None
     latencies_ms: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
-    """Every measured request's latency in send order (not in ``to_dict``)."""
+    """Every measured request's latency in send order, inf for a failed or rejected one (not in ``to_dict``)."""
+    rejected: int = 0
+    """Requests the server shed by its queue policy (``Request timeout expired``, ``Exceeds maximum queue
+    size``): not errors, but not answers either, so ``p50_ms``..``max_ms`` count them as infinitely slow."""
+    accepted_p99_ms: float = math.inf
+    """p99 of the answered requests only: what the requests the server accepted experienced."""
+    rejection_p50_ms: float | None = None
+    rejection_p99_ms: float | None = None
+    """How long a rejected request waited for its refusal."""
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: getattr(self, k) for k in (
             "mode", "protocol", "offered_rps", "concurrency", "requests", "errors", "duration_s", "send_rps",
             "achieved_rps", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "lag_p95_ms", "lag_p99_ms",
-            "saturated", "valid", "invalid_reason")}
+            "saturated", "valid", "invalid_reason", "rejected", "accepted_p99_ms", "rejection_p50_ms",
+            "rejection_p99_ms")}
         data["error_samples"] = list(self.error_samples)
         data["window_p99_ms"] = list(self.window_p99_ms)
         data["server"] = self.server.to_dict() if self.server else None
@@ -185,6 +195,8 @@ class _Recorder:
         self.sent_at = np.full(total, np.nan)
         self.done_at = np.full(total, np.nan)
         self.ok = np.zeros(total, dtype=bool)
+        self.rejected = np.zeros(total, dtype=bool)
+        """Shed by the server's queue policy: counted apart from errors (an answer refused, not a fault)."""
         self.errors: dict[str, int] = {}
         self.in_flight = 0
 
@@ -195,8 +207,11 @@ class _Recorder:
             await sender.infer()
             self.ok[index] = True
         except Exception as exc:  # noqa: BLE001 - every failure is a recorded error, not a crash
-            text = error_text(exc)
-            self.errors[text] = self.errors.get(text, 0) + 1
+            if is_rejection(exc):
+                self.rejected[index] = True
+            else:
+                text = error_text(exc)
+                self.errors[text] = self.errors.get(text, 0) + 1
         finally:
             self.done_at[index] = time.perf_counter()
             self.in_flight -= 1
@@ -285,10 +300,11 @@ def _summarize(target: Target, spec: LoadSpec, rec: _Recorder, first: int, lags:
     sent = ~np.isnan(rec.sent_at)
     sent[:first] = False
     sent_at, done_at, ok = rec.sent_at[sent], rec.done_at[sent], rec.ok[sent]
+    rejected = rec.rejected[sent]
     latencies = (done_at - sent_at) * 1000.0
     ok_latencies = latencies[ok]
     count = int(sent.sum())
-    errors = count - int(ok.sum())
+    errors = count - int(ok.sum()) - int(rejected.sum())
     duration = float(np.nanmax(done_at) - np.nanmin(sent_at)) if count else 0.0
     send_span = float(np.nanmax(sent_at) - np.nanmin(sent_at)) if count > 1 else 0.0
     send_rps = (count - 1) / send_span if send_span > 0 else 0.0
@@ -325,4 +341,7 @@ def _summarize(target: Target, spec: LoadSpec, rec: _Recorder, first: int, lags:
         p50_ms=pct(scored, 50), p90_ms=pct(scored, 90), p99_ms=pct(scored, 99),
         max_ms=pct(scored, 100), mean_ms=round(float(ok_latencies.mean()), 3) if len(ok_latencies) else math.inf,
         lag_p95_ms=lag_p95, lag_p99_ms=lag_p99, window_p99_ms=windows, saturated=saturated, valid=reason is None,
-        invalid_reason=reason, server=server, latencies_ms=scored)
+        invalid_reason=reason, server=server, latencies_ms=scored, rejected=int(rejected.sum()),
+        accepted_p99_ms=pct(ok_latencies, 99),
+        rejection_p50_ms=pct(latencies[rejected], 50) if rejected.any() else None,
+        rejection_p99_ms=pct(latencies[rejected], 99) if rejected.any() else None)

@@ -112,6 +112,17 @@ class AsyncTriton:
         await self._client.close()
 
 
+REJECTION_MARKERS = ("Request timeout expired", "Exceeds maximum queue size")
+"""What Triton 2.x answers when its dynamic batcher's queue policy sheds a request: the queue timeout
+(``default_queue_policy { timeout_action: REJECT ... }``) or a full queue (``max_queue_size``)."""
+
+
+def is_rejection(exc: BaseException) -> bool:
+    """True when Triton refused the request by its queue policy (load shedding), not because it failed."""
+    message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+    return any(marker in str(message) for marker in REJECTION_MARKERS)
+
+
 def error_text(exc: BaseException) -> str:
     """One line that names the failure (Triton's message, or the exception type and text)."""
     message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)

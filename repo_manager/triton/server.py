@@ -177,7 +177,10 @@ class TritonServer:
                 f"--http-address={self.address}", f"--grpc-address={self.address}",
                 f"--metrics-address={self.address}",
                 f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
-                f"--metrics-port={self.ports['metrics']}", f"--log-verbose={self.log_verbose}"]
+                f"--metrics-port={self.ports['metrics']}", f"--log-verbose={self.log_verbose}",
+                # p50/p99 per model for `trm top` and the alert rules (Triton 2.51 has latency summaries;
+                # its histograms cover only decoupled models' first response)
+                "--metrics-config=summary_latencies=true"]
         if self._workdir and self.binary.bundled:
             cmd.append(f"--backend-directory={self._workdir / 'backends'}")
         cmd += [f"--load-model={m}" for m in self.models]

@@ -31,25 +31,51 @@ class Candidate:
     delay_us: int = 0
     preferred: tuple[int, ...] = ()
     origin: str = field(default="search", compare=False)
-    """Why it is a candidate: ``current``, ``plain`` (``dynamic_batching {}``), ``search``, ``grid``."""
+    """Why it is a candidate: ``current``, ``plain`` (``dynamic_batching {}``), ``search``, ``grid``,
+    ``overload`` (a queue policy tried under overload)."""
+    queue_timeout_us: int = 0
+    """The dynamic batcher's queue policy: a request queued longer than this is rejected (0: no timeout)."""
+    max_queue_size: int = 0
+    """Requests beyond this many queued are rejected at once (0: unbounded)."""
+    priority_levels: int = 0
+    """Priority levels (1 is the highest; requests without a priority get the lowest); 0: none."""
+
+    @property
+    def has_queue_policy(self) -> bool:
+        return bool(self.queue_timeout_us or self.max_queue_size or self.priority_levels)
 
     @property
     def key(self) -> str:
         if not self.dynamic:
             return f"b{self.max_batch_size}-i{self.instances}-nodb"
         pref = "-p" + "_".join(map(str, self.preferred)) if self.preferred else ""
-        return f"b{self.max_batch_size}-i{self.instances}-d{self.delay_us}{pref}"
+        policy = (f"-q{self.queue_timeout_us}" if self.queue_timeout_us else "") + \
+                 (f"-m{self.max_queue_size}" if self.max_queue_size else "") + \
+                 (f"-P{self.priority_levels}" if self.priority_levels else "")
+        return f"b{self.max_batch_size}-i{self.instances}-d{self.delay_us}{pref}{policy}"
 
     @property
     def label(self) -> str:
         if not self.dynamic:
             return f"max_batch {self.max_batch_size}, {self.instances} instance(s), no dynamic batching"
         pref = f", preferred {list(self.preferred)}" if self.preferred else ""
+        policy = (f", queue timeout {self.queue_timeout_us} us then reject" if self.queue_timeout_us else "") + \
+                 (f", max queue {self.max_queue_size}" if self.max_queue_size else "") + \
+                 (f", {self.priority_levels} priority levels" if self.priority_levels else "")
         return (f"max_batch {self.max_batch_size}, {self.instances} instance(s), "
-                f"delay {self.delay_us} us{pref}")
+                f"delay {self.delay_us} us{pref}{policy}")
 
     def with_delay(self, delay_us: int, origin: str = "search") -> Candidate:
         return Candidate(self.max_batch_size, self.instances, True, int(delay_us), self.preferred, origin)
+
+    def with_queue_policy(self, timeout_us: int, max_queue_size: int = 0, priority_levels: int = 0,
+                          origin: str = "overload") -> Candidate:
+        return Candidate(self.max_batch_size, self.instances, True, self.delay_us, self.preferred, origin,
+                         int(timeout_us), int(max_queue_size), int(priority_levels))
+
+    def without_queue_policy(self) -> Candidate:
+        return Candidate(self.max_batch_size, self.instances, self.dynamic, self.delay_us, self.preferred,
+                         self.origin)
 
     @classmethod
     def from_config(cls, config: cfg.ModelConfig, origin: str = "current") -> Candidate:
@@ -57,8 +83,11 @@ class Candidate:
         if not config.HasField("dynamic_batching"):
             return cls(config.max_batch_size, max(instances, 1), False, origin=origin)
         db = config.dynamic_batching
+        policy = db.default_queue_policy
+        timeout = policy.default_timeout_microseconds if policy.timeout_action == policy.REJECT else 0
         return cls(config.max_batch_size, max(instances, 1), True, db.max_queue_delay_microseconds,
-                   tuple(db.preferred_batch_size), origin)
+                   tuple(db.preferred_batch_size), origin, int(timeout), int(policy.max_queue_size),
+                   int(db.priority_levels))
 
     def apply(self, base: cfg.ModelConfig) -> cfg.ModelConfig:
         """A copy of ``base`` with these settings (everything else, version policy included, kept)."""
@@ -74,14 +103,35 @@ class Candidate:
             config.dynamic_batching.SetInParent()
             config.dynamic_batching.max_queue_delay_microseconds = self.delay_us
             config.dynamic_batching.preferred_batch_size.extend(self.preferred)
+            if self.has_queue_policy:
+                self._apply_queue_policy(config.dynamic_batching)
         for warmup in config.model_warmup:  # a warm-up batch larger than the new maximum would not load
             warmup.batch_size = min(warmup.batch_size, max(self.max_batch_size, 1))
         return config
 
+    def _apply_queue_policy(self, db: Any) -> None:
+        # REJECT on timeout, not DELAY: a delayed request still waits, which is the cascade to avoid.
+        # Clients may ask for a shorter timeout of their own (allow_timeout_override).
+        policies = [db.default_queue_policy]
+        if self.priority_levels:
+            db.priority_levels = self.priority_levels
+            db.default_priority_level = self.priority_levels
+            policies += [db.priority_queue_policy[level] for level in range(1, self.priority_levels + 1)]
+        for policy in policies:
+            policy.timeout_action = policy.REJECT
+            policy.default_timeout_microseconds = self.queue_timeout_us
+            policy.allow_timeout_override = True
+            policy.max_queue_size = self.max_queue_size
+
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "origin": self.origin, "max_batch_size": self.max_batch_size,
+        data = {"key": self.key, "origin": self.origin, "max_batch_size": self.max_batch_size,
                 "instances": self.instances, "dynamic_batching": self.dynamic,
                 "max_queue_delay_microseconds": self.delay_us, "preferred_batch_size": list(self.preferred)}
+        if self.has_queue_policy:
+            data["queue_policy"] = {"timeout_action": "REJECT", "default_timeout_microseconds": self.queue_timeout_us,
+                                    "allow_timeout_override": True, "max_queue_size": self.max_queue_size,
+                                    "priority_levels": self.priority_levels}
+        return data
 
 
 @dataclass(frozen=True)

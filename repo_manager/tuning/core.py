@@ -37,6 +37,7 @@ from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
 from repo_manager.triton.server import TritonServer
 from repo_manager.tuning.candidates import Candidate
+from repo_manager.tuning.overload import OverloadOutcome, PolicySearch
 from repo_manager.tuning.prober import Point, Prober, Progress
 from repo_manager.tuning.report import write_report
 from repo_manager.tuning.search import Outcome, Search
@@ -63,6 +64,13 @@ class TuneRequest:
     """Traffic at each point's rate before it is measured (the new config's first batches, connections)."""
     max_batch_limit: int = 64
     """The largest batch size profiled (and so the largest max_batch_size considered)."""
+    overload_factor: float = 2.0
+    """The queue policy must keep the SLO for accepted requests at this multiple of the measured
+    capacity (0: choose no queue policy)."""
+    priority_levels: int = 0
+    overload_s: float = 3.0
+    """Seconds of overload per queue-policy try (then ``recover_s`` at the peak rate)."""
+    recover_s: float = 2.0
 
     def check(self) -> None:
         if not self.p99_ms > 0:
@@ -73,6 +81,10 @@ class TuneRequest:
             raise UsageError(f"--headroom must be at least 1, not {self.headroom}")
         if not self.budget_s > 0:
             raise UsageError(f"--budget must be positive, not {self.budget_s}")
+        if self.overload_factor != 0 and not self.overload_factor > 1:
+            raise UsageError(f"--overload-factor must be above 1 (or 0: no queue policy), not {self.overload_factor}")
+        if self.priority_levels < 0:
+            raise UsageError(f"--priority-levels must be 0 or more, not {self.priority_levels}")
 
 
 @dataclass(frozen=True)
@@ -97,9 +109,14 @@ class TuneResult:
     seconds: float
     written_version: int | None = None
     report_files: tuple[str, ...] = ()
+    overload: OverloadOutcome | None = None
+    """The queue-policy choice under overload (None: ``overload_factor`` 0, or no batching choice)."""
 
     @property
     def chosen(self) -> Candidate | None:
+        """The whole choice: batching settings plus the queue policy (None when either part failed)."""
+        if self.overload is not None:
+            return self.overload.chosen
         return self.outcome.chosen
 
     def record(self) -> dict[str, Any]:
@@ -109,8 +126,10 @@ class TuneResult:
             "tool": "trm tune-batching", "created_at": now_iso(), "model": self.model,
             "tuned_from_version": self.version, "server": self.server, "slo": self.slo,
             "environment": self.environment, "search_seconds": round(self.seconds, 1),
-            "chosen": o.chosen.to_dict() if o.chosen else None,
+            "chosen": self.chosen.to_dict() if self.chosen else None,
+            "batching": o.chosen.to_dict() if o.chosen else None,
             "closest": o.closest.to_dict() if o.closest else None,
+            "overload": self.overload.to_dict() if self.overload else None,
             "evidence": o.evidence, "noise": round(o.noise, 4), "notes": list(o.notes),
             "profile": o.profile.to_dict(), "candidates": [e.to_dict() for e in o.evaluations],
             "pruned": [p.to_dict() for p in o.pruned], "points": [p.to_dict() for p in o.points],
@@ -202,18 +221,28 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
             profile = prober.profile(current, request.max_batch_limit)
             outcome = Search(prober, profile, current, request.p99_ms, request.low_rps, request.peak_rps,
                              request.headroom).run()
+            overload = None
+            if outcome.chosen is not None and request.overload_factor:
+                evaluation = outcome.evaluation(outcome.chosen.key)
+                capacity = evaluation.capacity_rps or request.peak_rps * request.headroom
+                overload = PolicySearch(prober, profile, outcome.chosen, capacity, request.p99_ms,
+                                        request.overload_factor, request.peak_rps, request.peak_rps * request.headroom,
+                                        priority_levels=request.priority_levels, overload_s=request.overload_s,
+                                        recover_s=request.recover_s,
+                                        capacity_note=evaluation.capacity_note).run()
         finally:
             progress("restoring the served config", prober.used_s, request.budget_s)
             prober.restore(served.original)
         slo = {"p99_ms": request.p99_ms, "low_rps": request.low_rps, "peak_rps": request.peak_rps,
-               "headroom": request.headroom, "headroom_rps": request.peak_rps * request.headroom}
+               "headroom": request.headroom, "headroom_rps": request.peak_rps * request.headroom,
+               "overload_factor": request.overload_factor}
         result = TuneResult(request.model, served.version, served.client.url, slo, env, outcome,
-                            time.monotonic() - started)
-    if request.write and outcome.chosen is not None:
+                            time.monotonic() - started, overload=overload)
+    if request.write and result.chosen is not None:
         version = write_tuned_version(LocalRepository(settings.repository), result)
         result = dataclasses.replace(result, written_version=version)
     if request.report_dir is not None:
-        files = write_report(Path(request.report_dir), result.to_dict(), list(outcome.points))
+        files = write_report(Path(request.report_dir), result.to_dict(), list(outcome.points), overload)
         result = dataclasses.replace(result, report_files=files)
     return result
 

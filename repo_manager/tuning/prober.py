@@ -68,6 +68,10 @@ class Prober:
         self._progress = progress
         self._workload = Workload.from_config(base)
 
+    @property
+    def workload(self) -> Workload:
+        return self._workload
+
     # ------------------------------------------------------------------------------------ budget
     @property
     def used_s(self) -> float:
@@ -156,6 +160,10 @@ class Prober:
         self.say(f"{level} {rate:.0f}/s: p99 {point.p99_ms:.1f} ms {verdict} the SLO: {candidate.label}")
         return point
 
+    def measure(self, spec: LoadSpec) -> Measurement:
+        """One load point on what is loaded, as measured (no SLO judgement, nothing recorded)."""
+        return self._measure(spec)
+
     def _measure(self, spec: LoadSpec) -> Measurement:
         try:
             return measure(self.target, spec, self._workload)
@@ -173,7 +181,7 @@ class Prober:
         return not windows[-1] > 1.5 * floor
 
     def _passes(self, result: Measurement, stable: bool) -> bool:
-        if not result.valid or result.saturated or result.errors:
+        if not result.valid or result.saturated or result.errors or result.rejected:
             return False
         if not stable:
             return max(result.window_p99_ms) <= self.slo_ms

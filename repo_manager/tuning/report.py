@@ -1,4 +1,6 @@
-"""The report folder of a tuning run: ``tuning.json``, ``tuning.md`` and ``p99_vs_throughput.png``.
+"""The report folder of a tuning run: ``tuning.json``, ``tuning.md``, ``p99_vs_throughput.png`` and, when
+a queue policy was tried under overload, ``overload.png`` (every request's latency over time, rejections
+marked, for each policy tried).
 
 The JSON is the full tuning record (the same one a written version's manifest carries). The markdown
 has one row per measured point, every candidate at every traffic level it was measured at (a
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager.config import atomic_write_bytes
+from repo_manager.tuning.overload import OverloadOutcome
 from repo_manager.tuning.prober import Point
 
 COLUMNS = ("candidate", "level", "offered/s", "achieved/s", "requests", "p50", "p90", "p99", "max", "mean batch",
@@ -59,6 +62,7 @@ def render_markdown(record: dict[str, Any], points: list[Point]) -> str:
         out += ["**No candidate met the SLO at every level.** Nothing was written.", ""]
         if closest:
             out += [f"Closest: `{closest['key']}` ({closest['origin']})."]
+    out += overload_section(record.get("overload"), slo["p99_ms"])
     out += ["", "## Candidates", "",
             markdown_table([[e["key"], e["origin"], "yes" if e["eligible"] else "no",
                              f"{e['capacity_rps']:.0f}" if e["capacity_rps"] else "-",
@@ -82,6 +86,74 @@ def render_markdown(record: dict[str, Any], points: list[Point]) -> str:
         out += ["## Notes", ""] + [f"- {n}" for n in record["notes"]] + [""]
     out += ["## Environment", "", "```json", json.dumps(record["environment"], indent=2), "```", ""]
     return "\n".join(out)
+
+
+def _opt_ms(value: float | None) -> str:
+    return "-" if value is None else _ms(value)
+
+
+def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str]:
+    if not overload:
+        return []
+    out = ["", "## Overload", "",
+           f"Open-loop Poisson traffic at {overload['factor']:g} x the measured capacity "
+           f"({overload['capacity_rps']:.0f}/s): {overload['offered_rps']:.0f}/s, then "
+           f"{overload['recover_rps']:.0f}/s (the load drops). Goodput: answers within the SLO per second.", ""]
+    rows = []
+    for p in overload["points"]:
+        o = p["overload"]
+        rows.append([p["candidate"], f"{o['offered_rps']:.0f}", f"{o['send_rps']:.0f}", _opt_ms(o["accepted_p99_ms"]),
+                     f"{o['rejected_fraction']:.1%}", _opt_ms(o["rejection_p50_ms"]), _opt_ms(o["rejection_p99_ms"]),
+                     f"{o['goodput_rps']:.0f}", str(o["errors"]),
+                     "-" if p["recover_s"] is None else f"{p['recover_s']:.2f}",
+                     "yes" if p["meets"] else "no", p["note"]])
+    out.append(markdown_table(rows, ("policy", "offered/s", "sent/s", "accepted p99 ms", "rejected",
+                                     "rejection p50 ms", "rejection p99 ms", "goodput/s", "errors",
+                                     "recover s", "keeps SLO", "note")))
+    point = overload.get("overload_point")
+    if point:
+        out += ["", f"**Overload point** ({overload['factor']:g} x capacity): accepted p99 "
+                    f"{_opt_ms(point['accepted_p99_ms'])} ms (SLO {slo_ms:g}), {point['rejected_fraction']:.1%} "
+                    f"rejected in {_opt_ms(point['rejection_p50_ms'])} ms (p50) / {_opt_ms(point['rejection_p99_ms'])}"
+                    f" ms (p99), goodput {point['goodput_rps']:.0f}/s, recovered {point['time_to_recover_s']:.2f} s "
+                    "after the load dropped."]
+    elif overload.get("closest"):
+        out += ["", f"**No queue policy kept the SLO under overload.** Closest: `{overload['closest']['key']}`."]
+    out += [f"- {n}" for n in overload.get("notes", [])]
+    return out
+
+
+def plot_overload(overload: OverloadOutcome, slo_ms: float, path: Path, title: str) -> None:
+    import matplotlib  # noqa: PLC0415 - only a report needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    traced = [p for p in overload.points if p.trace is not None]
+    fig, axes = plt.subplots(len(traced), 1, figsize=(9, 2.6 * len(traced) + 0.6), squeeze=False, sharex=True)
+    for ax, point in zip(axes[:, 0], traced):
+        trace = point.trace
+        assert trace is not None
+        for code, colour, label in ((0, "tab:blue", "answered"), (1, "tab:orange", "rejected"),
+                                    (2, "tab:red", "failed")):
+            mask = trace.outcome == code
+            if mask.any():
+                ax.scatter(trace.sent_s[mask], trace.latency_ms[mask], s=3, c=colour, label=label)
+        ax.axhline(slo_ms, color="red", linestyle="--", linewidth=1)
+        ax.axvline(trace.starts[1], color="grey", linestyle=":", linewidth=1)
+        ax.axvline(trace.starts[2], color="grey", linestyle=":", linewidth=1)
+        ax.set_yscale("log")
+        ax.set_ylabel("latency ms")
+        ax.set_title(f"{point.candidate.key}: {'keeps' if point.meets else 'misses'} the SLO", fontsize=9)
+        ax.legend(fontsize=7, loc="upper right", markerscale=3)
+    axes[-1, 0].set_xlabel(f"seconds ({overload.recover_rps:.0f}/s warm-up, {overload.rate:.0f}/s between the dotted "
+                           f"lines, then {overload.recover_rps:.0f}/s)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
 
 
 def plot(points: list[Point], slo_ms: float, path: Path, title: str) -> None:
@@ -113,11 +185,18 @@ def plot(points: list[Point], slo_ms: float, path: Path, title: str) -> None:
     tmp.replace(path)
 
 
-def write_report(folder: Path, record: dict[str, Any], points: list[Point]) -> tuple[str, ...]:
-    """Write the three files into ``folder`` (created); returns their paths."""
+def write_report(folder: Path, record: dict[str, Any], points: list[Point],
+                 overload: OverloadOutcome | None = None) -> tuple[str, ...]:
+    """Write the files into ``folder`` (created); returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path, png_path = folder / "tuning.json", folder / "tuning.md", folder / "p99_vs_throughput.png"
     atomic_write_bytes(json_path, (json.dumps(record, indent=2, default=str) + "\n").encode())
     atomic_write_bytes(md_path, render_markdown(record, points).encode())
     plot(points, record["slo"]["p99_ms"], png_path, f"{record['model']}: p99 vs throughput per candidate")
-    return str(json_path), str(md_path), str(png_path)
+    files = [str(json_path), str(md_path), str(png_path)]
+    if overload is not None and any(p.trace is not None for p in overload.points):
+        overload_png = folder / "overload.png"
+        plot_overload(overload, record["slo"]["p99_ms"], overload_png,
+                      f"{record['model']}: every request under {overload.factor:g} x capacity, then peak")
+        files.append(str(overload_png))
+    return tuple(files)

@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "plan": "llm",
     "doctor": "llm",
     "agent": "agent",
+    "observe": "observe",
+    "top": "observe",
 }
 
 # The first sentence of each command's docstring, as click would print it (a command missing here is
@@ -39,6 +41,10 @@ SHORT_HELP: dict[str, str] = {
              "config, verification).",
     "agent": "Keep the Triton server at --url serving what ENV in STORE says: sync through the node cache, roll "
              "out with zero failed requests, refuse versions that fail.",
+    "observe": "Alerting rules and dashboards for the models trm serves.",
+    "top": "Live view of Triton servers (http://host:8000, or a .../metrics URL; default: settings' triton_url): "
+           "per model and version, request rate, p50/p99, queue vs compute time, pending requests, executed batch "
+           "sizes, rejections and failures.",
     "diff": "What changed between versions A and B of NAME: config fields, files, source, verification, "
             "tuning.",
     "export": "Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), "

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import click
 
+from repo_manager import metrics
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 
 
@@ -14,23 +17,34 @@ from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 @click.option("--metrics-port", type=int, help="Default: settings metrics_port (8002).")
 @click.option("--model", "models", multiple=True, help="Load only these models (default: all).")
 @click.option("--tritonserver", help="tritonserver binary (default: $PATH, then nvidia-pytriton's).")
+@click.option("--trm-metrics-port", type=int,
+              help="Export trm's own metrics (operations, served versions) on this port (0: a free one).")
 @json_option
 @pass_ctx
 def serve_command(ctx: Context, repository: str | None, http_port: int | None, grpc_port: int | None,
-                  metrics_port: int | None, models: tuple[str, ...], tritonserver: str | None) -> None:
+                  metrics_port: int | None, models: tuple[str, ...], tritonserver: str | None,
+                  trm_metrics_port: int | None) -> None:
     """Start a real tritonserver (explicit model control) on the repository until Ctrl-C / SIGTERM."""
     from repo_manager.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
     ctx.progress(f"starting tritonserver on {settings.repository}")
-    with embedded_server(settings, list(models), http_port=http_port, grpc_port=grpc_port,
-                         metrics_port=metrics_port) as info:
+    with ExitStack() as stack:
+        exporter = None
+        if trm_metrics_port is not None:
+            exporter = metrics.start_exporter(trm_metrics_port, settings.bind_address)
+            stack.callback(exporter.stop)
+        with metrics.operation("serve_start"):
+            info = stack.enter_context(embedded_server(settings, list(models), http_port=http_port,
+                                                       grpc_port=grpc_port, metrics_port=metrics_port))
+        metrics.set_serving(info.models)
         loaded = ", ".join(f"{m}:{v}" for m, v in info.models.items()) or "none"
         text = (f"Triton ready  http {info.endpoints.http}  grpc {info.endpoints.grpc}  "
-                f"metrics {info.endpoints.metrics}\nmodels: {loaded}\nlog: {info.log}\nCtrl-C to stop")
+                f"metrics {info.endpoints.metrics}\nmodels: {loaded}\nlog: {info.log}\n"
+                + (f"trm metrics: {exporter.url}\n" if exporter else "") + "Ctrl-C to stop")
 
         def announce() -> None:
-            ctx.emit({"status": "ready", **info.to_dict()}, text)
+            ctx.emit({"status": "ready", **info.to_dict(), "trm_metrics": exporter.url if exporter else None}, text)
 
         signum = wait_for_signal(announce)
         ctx.progress(f"signal {signum}: stopping (in-flight requests finish)")

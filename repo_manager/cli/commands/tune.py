@@ -49,6 +49,11 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
               help="Seconds the search may take (a soft limit: optional steps are skipped to fit).")
 @click.option("--requests", type=int, default=1000, show_default=True,
               help="Requests per measured point (at most 15 s of traffic at low rates).")
+@click.option("--overload-factor", type=float, default=2.0, show_default=True,
+              help="Choose a queue policy that keeps the SLO for accepted requests at this multiple of the "
+                   "measured capacity and rejects the excess fast (0: no queue policy).")
+@click.option("--priority-levels", type=int, default=0, show_default=True,
+              help="Give the dynamic batcher this many priority levels (requests without one get the lowest).")
 @click.option("--write", is_flag=True, help="Publish the choice as a new version (default: dry run).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Write tuning.md, tuning.json and p99_vs_throughput.png here.")
@@ -58,8 +63,8 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @pass_ctx
 def tune_batching_command(ctx: Context, name: str, repository: str | None, triton_url: str | None,
                           p99_ms: float | None, low_rps: float | None, peak_rps: float | None, headroom: float,
-                          budget_s: float, requests: int, write: bool, report_dir: str | None,
-                          check_only: bool) -> None:
+                          budget_s: float, requests: int, overload_factor: float, priority_levels: int,
+                          write: bool, report_dir: str | None, check_only: bool) -> None:
     """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
     measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
     from repo_manager.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
@@ -81,10 +86,22 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     if p99_ms is None or low_rps is None or peak_rps is None:
         raise UsageError("tune-batching needs --p99-ms, --low-rps and --peak-rps")
     request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s, write=write,
-                          requests=requests, report_dir=Path(report_dir) if report_dir else None)
+                          requests=requests, report_dir=Path(report_dir) if report_dir else None,
+                          overload_factor=overload_factor, priority_levels=priority_levels)
     with live_progress(ctx, budget_s) as progress:
         result = tune_batching(settings, request, progress)
     ctx.emit(result.to_dict(), _tune_text(result))
+    if result.chosen is None and result.overload is not None:
+        closest_policy = result.overload.closest
+        why = next((p.note for p in result.overload.points if closest_policy and p.candidate == closest_policy), "")
+        error = GateError(f"no queue policy kept p99 <= {p99_ms:g} ms for accepted requests at "
+                          f"{result.overload.factor:g} x capacity ({result.overload.rate:.0f}/s); closest: "
+                          f"{closest_policy.label if closest_policy else 'none measured'}"
+                          f"{f' ({why})' if why else ''}; nothing was written",
+                          hint="relax the SLO, lower --overload-factor, or add capacity (instances, hardware)",
+                          model=name)
+        error.reported = True
+        raise error
     if result.chosen is None:
         closest = result.outcome.closest
         error = GateError(f"no candidate met p99 <= {p99_ms:g} ms at every level; closest: "
@@ -101,11 +118,15 @@ def _tune_text(result: TuneResult) -> str:
         capacity = f"{e.capacity_rps:.0f}/s" if e.capacity_rps else "-"
         lines.append(f"{e.candidate.key:<28} {e.candidate.origin:<8} {cells[0]:>8} {cells[1]:>9} {cells[2]:>9} "
                      f"{capacity:>9}")
-    if result.chosen:
-        lines += ["", f"chosen: {result.chosen.label}"]
+    if result.outcome.chosen:
+        lines += ["", f"batching: {result.outcome.chosen.label}"]
         lines += [f"  {k}: {v}" for k, v in result.outcome.evidence.items()]
     else:
         lines += ["", "no candidate met the SLO at every level"]
+    if result.overload is not None:
+        lines += ["", _overload_text(result)]
+    if result.chosen:
+        lines += ["", f"chosen: {result.chosen.label}"]
     lines += [f"note: {n}" for n in result.outcome.notes]
     if result.written_version:
         lines.append(f"written: {result.model} version {result.written_version}")
@@ -114,6 +135,20 @@ def _tune_text(result: TuneResult) -> str:
     if result.report_files:
         lines.append(f"report: {Path(result.report_files[0]).parent}")
     lines.append(f"search took {result.seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def _overload_text(result: TuneResult) -> str:
+    o = result.overload
+    assert o is not None
+    lines = [f"overload {o.rate:.0f}/s ({o.factor:g} x capacity {o.capacity_rps:.0f}/s), then {o.recover_rps:.0f}/s:",
+             f"  {'policy':<34} {'acc p99':>8} {'rejected':>9} {'rej p99':>8} {'goodput':>8} {'recover':>8}"]
+    for p in o.points:
+        rej = "-" if p.overload.rejection_p99_ms is None else f"{p.overload.rejection_p99_ms:.1f}"
+        recover = "-" if p.recover_s is None else f"{p.recover_s:.2f}s"
+        lines.append(f"  {p.candidate.key:<34} {p.overload.accepted_p99_ms:>8.1f} {p.overload.rejected_fraction:>9.1%} "
+                     f"{rej:>8} {p.overload.goodput_rps:>7.0f}/s {recover:>8} {'ok' if p.meets else 'MISS: ' + p.note}")
+    lines += [f"  note: {n}" for n in o.notes]
     return "\n".join(lines)
 
 

@@ -1,0 +1,117 @@
+"""`trm observe rules` (alert rules + dashboard as files) and `trm top` (a live view of Triton servers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.cli.commands.store import endpoint_option
+from repo_manager.errors import ServerError, UsageError
+
+
+@cli.group()
+def observe() -> None:
+    """Alerting rules and dashboards for the models trm serves."""
+
+
+@observe.command("rules")
+@click.argument("env", required=False)
+@click.option("--model", "models", multiple=True, help="NAME or NAME:VERSION (repeatable); with ENV: only these. "
+              "Without ENV: models of the local repository (default: all, latest versions).")
+@click.option("--store", help="Store of ENV (default: its store in configs/).")
+@endpoint_option
+@repo_option
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="observability", show_default=True,
+              help="Folder for trm-rules.yml and trm-dashboard.json.")
+@click.option("--p99-ms", type=float, help="p99 SLO for every model (default: each version's tuning record).")
+@click.option("--queue-per-replica", type=float, default=1.0, show_default=True,
+              help="Queued requests per Triton server that raise TrmQueueBacklog.")
+@click.option("--queue-for", default="1m", show_default=True, help="How long the backlog must last.")
+@click.option("--samples", type=int, default=3, show_default=True,
+              help="Evaluations in a row with p99 above the SLO before TrmLatencyAboveSLO fires.")
+@click.option("--evaluation-interval", "interval_s", type=float, default=15.0, show_default=True,
+              help="Seconds between rule evaluations (the rule groups' interval).")
+@click.option("--max-rejected", type=float, default=0.01, show_default=True,
+              help="Share of requests the queue policy may reject before TrmRequestsRejected fires.")
+@click.option("--rejected-for", default="1m", show_default=True)
+@click.option("--not-ready-for", default="1m", show_default=True)
+@click.option("--versions-for", default="15m", show_default=True,
+              help="How long versions may differ across the fleet (longer than a rollout).")
+@click.option("--rate-window", default="1m", show_default=True, help="Range of rate() in the rules and panels.")
+@click.option("--selector", default="", help='Extra label matchers for every series, e.g. job="triton".')
+@json_option
+@pass_ctx
+def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store: str | None,
+                  s3_endpoint_url: str | None, repository: str | None, out_dir: str, p99_ms: float | None,
+                  queue_per_replica: float, queue_for: str, samples: int, interval_s: float, max_rejected: float,
+                  rejected_for: str, not_ready_for: str, versions_for: str, rate_window: str, selector: str) -> None:
+    """Write Prometheus alerting rules and a Grafana dashboard for the models ENV serves (or --model ...)."""
+    from repo_manager.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
+        Thresholds,
+        watches_from_env,
+        watches_from_repo,
+        write_artifacts,
+    )
+
+    settings = ctx.settings.replace(repository=repository, s3_endpoint_url=s3_endpoint_url)
+    if p99_ms is not None and not p99_ms > 0:
+        raise UsageError(f"--p99-ms must be positive, not {p99_ms}")
+    thresholds = Thresholds(queue_per_replica, queue_for, samples, interval_s, max_rejected, rejected_for,
+                            not_ready_for, versions_for, rate_window, selector)
+    if env:
+        watches = watches_from_env(settings, env, store, p99_ms, tuple(m.split(":")[0] for m in models))
+    else:
+        watches = watches_from_repo(Path(settings.repository), models, p99_ms)
+    result = write_artifacts(Path(out_dir), watches, thresholds, env)
+    lines = [f"{m.name}{' v' + str(m.version) if m.version else ''}: p99 SLO "
+             f"{f'{m.p99_ms:g} ms ({m.slo_source})' if m.p99_ms is not None else 'none'}, max batch "
+             f"{m.max_batch_size}, {m.instances} instance(s)" for m in result.models]
+    lines += [f"alerts: {', '.join(result.alerts)}"] + [f"note: {n}" for n in result.notes]
+    lines += [f"wrote {f}" for f in result.files]
+    lines.append(f"check: promtool check rules {result.files[0]}")
+    ctx.emit(result.to_dict(), "\n".join(lines))
+
+
+@cli.command("top")
+@click.argument("servers", nargs=-1)
+@click.option("--metrics-port", type=int, default=8002, show_default=True,
+              help="Triton's metrics port, for servers given by their HTTP URL.")
+@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one view (two scrapes, --interval apart) and exit.")
+@json_option
+@pass_ctx
+def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, interval_s: float, once: bool) -> None:
+    """Live view of Triton servers (http://host:8000, or a .../metrics URL; default: settings' triton_url):
+    per model and version, request rate, p50/p99, queue vs compute time, pending requests, executed batch
+    sizes, rejections and failures. --json prints one snapshot."""
+    from repo_manager.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
+
+    if not interval_s > 0:
+        raise UsageError(f"--interval must be positive, not {interval_s}")
+    targets = list(servers) or ([ctx.settings.triton_url] if ctx.settings.triton_url else [])
+    if not targets:
+        raise UsageError("name a server to watch", hint="trm top http://127.0.0.1:8000 [URL ...]")
+    parsed = [Server.parse(t, metrics_port) for t in targets]
+    if ctx.json or once:
+        view = snapshot(parsed, interval_s)
+        ctx.emit(view.to_dict(), render(view))
+        return
+    from rich.console import Console  # noqa: PLC0415
+    from rich.live import Live  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    watcher = Watcher(parsed)
+    first = watcher.view()
+    if len(first.problems) == len(parsed):
+        raise ServerError("; ".join(first.problems))
+    import time  # noqa: PLC0415
+
+    with Live(Text("reading metrics ..."), console=Console(), refresh_per_second=4, screen=False) as live:
+        try:
+            while True:
+                time.sleep(interval_s)
+                live.update(Text(render(watcher.view()) + "\n(Ctrl-C to quit)"))
+        except KeyboardInterrupt:
+            return

@@ -1,0 +1,294 @@
+"""`trm observe rules`: Prometheus alerting rules and a Grafana dashboard for the models an environment serves.
+
+Per model (thresholds from the version's tuning record where it has one):
+
+* ``TrmQueueBacklog``: queued requests per replica (Triton server) above ``queue_per_replica`` (1, the
+  seed's scale-up rule of thumb) for ``queue_for``: the cascade starts here, before p99 moves;
+* ``TrmLatencyAboveSLO``: p99 (Triton's ``nv_inference_request_summary_us``) above the SLO recorded by
+  ``trm tune-batching`` for ``samples`` evaluations in a row;
+* ``TrmRequestsRejected``: the share of requests the queue policy sheds above ``max_rejected``;
+* ``TrmInferenceFailures``: failures other than rejections;
+* ``TrmModelNotReady``: a scraped server that is up but does not serve the model;
+* ``TrmVersionsDiffer``: more than one version answering across the fleet for ``versions_for`` (longer
+  than a rollout takes); with an environment, ``TrmVersionNotInEnv``: a server answering with a version
+  other than the environment's.
+
+The dashboard has the seed's three panels (queue depth per replica, pending batch ratio, utilisation
+slope) plus latency (p50/p99, queue vs compute) and executed batch size, rejections and failures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from repo_manager import config as cfg
+from repo_manager.config import atomic_write_bytes
+from repo_manager.errors import UsageError
+from repo_manager.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    queue_per_replica: float = 1.0
+    queue_for: str = "1m"
+    samples: int = 3
+    """Consecutive evaluations p99 must stay above the SLO before the alert fires."""
+    evaluation_interval_s: float = 15.0
+    max_rejected: float = 0.01
+    rejected_for: str = "1m"
+    not_ready_for: str = "1m"
+    versions_for: str = "15m"
+    rate_window: str = "1m"
+    selector: str = ""
+    """Extra label matchers for every series, e.g. ``job="triton"``."""
+
+    def check(self) -> None:
+        if self.queue_per_replica < 0 or self.samples < 1 or not 0 <= self.max_rejected <= 1:
+            raise UsageError("need --queue-per-replica >= 0, --samples >= 1 and 0 <= --max-rejected <= 1")
+        if self.evaluation_interval_s <= 0:
+            raise UsageError("--evaluation-interval must be positive")
+
+
+@dataclass(frozen=True)
+class ModelWatch:
+    """One model to watch: its version (where known), its SLO and its batching shape."""
+
+    name: str
+    version: int | None = None
+    p99_ms: float | None = None
+    """From the tuning record (or given); None: no latency rule for this model."""
+    max_batch_size: int = 0
+    instances: int = 1
+    slo_source: str = ""
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, p99_ms: float | None = None) -> ModelWatch:
+        config = cfg.parse_config(manifest.config, f"manifest of {manifest.model}/{manifest.version}")
+        instances = config.instance_group[0].count if config.instance_group else 1
+        tuned = ((manifest.tuning or {}).get("slo") or {}).get("p99_ms")
+        slo = p99_ms if p99_ms is not None else tuned
+        source = "--p99-ms" if p99_ms is not None else ("tuning record" if tuned is not None else "")
+        return cls(manifest.model, manifest.version, float(slo) if slo is not None else None,
+                   int(config.max_batch_size), max(int(instances), 1), source)
+
+
+@dataclass(frozen=True)
+class RulesResult:
+    env: str | None
+    models: tuple[ModelWatch, ...]
+    files: tuple[str, ...]
+    alerts: tuple[str, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"env": self.env, "files": list(self.files), "alerts": list(self.alerts), "notes": list(self.notes),
+                "models": [{"name": m.name, "version": m.version, "p99_slo_ms": m.p99_ms, "slo_source": m.slo_source,
+                            "max_batch_size": m.max_batch_size, "instances": m.instances} for m in self.models]}
+
+
+Q50, Q99 = 'quantile="0.5"', 'quantile="0.99"'
+REJECTED, NOT_REJECTED = 'reason="REJECTED"', 'reason!="REJECTED"'
+
+
+def _sel(model: str, t: Thresholds, extra: str = "") -> str:
+    matchers = [f'model="{model}"'] + ([t.selector] if t.selector else []) + ([extra] if extra else [])
+    return "{" + ",".join(matchers) + "}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{int(seconds * 1000)}ms"
+
+
+def model_rules(m: ModelWatch, t: Thresholds, env: str | None) -> list[dict[str, Any]]:
+    s, w = (lambda extra="": _sel(m.name, t, extra)), t.rate_window
+    labels = {"model": m.name, "source": "trm"}
+    pending = f"nv_inference_pending_request_count{s()}"
+    rules: list[dict[str, Any]] = [{
+        "alert": "TrmQueueBacklog",
+        "expr": f"sum by (model) ({pending}) / count by (model) (max by (model, instance) ({pending})) "
+                f"> {t.queue_per_replica:g}",
+        "for": t.queue_for, "labels": {**labels, "severity": "warning"},
+        "annotations": {"summary": f"{m.name}: more than {t.queue_per_replica:g} queued request(s) per replica",
+                        "description": "{{ $value | printf \"%.1f\" }} requests queued per Triton server for "
+                                       f"{t.queue_for}: add replicas before p99 follows (the seed's cascade "
+                                       "started at a queue depth of 12)."}}]
+    if m.p99_ms is not None:
+        rules.append({
+            "alert": "TrmLatencyAboveSLO",
+            "expr": f"max by (model) (nv_inference_request_summary_us{s(Q99)}) / 1000 > {m.p99_ms:g}",
+            "for": _duration(t.samples * t.evaluation_interval_s), "labels": {**labels, "severity": "critical"},
+            "annotations": {"summary": f"{m.name}: p99 above its SLO of {m.p99_ms:g} ms",
+                            "description": "p99 {{ $value | printf \"%.1f\" }} ms for "
+                                           f"{t.samples} evaluations in a row (SLO: {m.slo_source})."}})
+    rejected = f'sum by (model) (rate(nv_inference_request_failure{s(REJECTED)}[{w}]))'
+    success = f"sum by (model) (rate(nv_inference_request_success{s()}[{w}]))"
+    rules.append({
+        "alert": "TrmRequestsRejected",
+        "expr": f"{rejected} / clamp_min({success} + {rejected}, 1e-9) > {t.max_rejected:g}",
+        "for": t.rejected_for, "labels": {**labels, "severity": "warning"},
+        "annotations": {"summary": f"{m.name}: the queue policy sheds more than {t.max_rejected:.0%} of requests",
+                        "description": "{{ $value | humanizePercentage }} of requests rejected: offered load is "
+                                       "above capacity; add replicas."}})
+    rules.append({
+        "alert": "TrmInferenceFailures",
+        "expr": f'sum by (model) (rate(nv_inference_request_failure{s(NOT_REJECTED)}[{w}])) > 0',
+        "for": t.rejected_for, "labels": {**labels, "severity": "critical"},
+        "annotations": {"summary": f"{m.name}: requests failing (not rejections)",
+                        "description": "{{ $value | printf \"%.2f\" }} failed requests/s."}})
+    up = "up" + ("{" + t.selector + "}" if t.selector else "")
+    serving = f"count(count by (instance) (nv_inference_request_success{s()}))"
+    rules.append({
+        "alert": "TrmModelNotReady",
+        "expr": f'label_replace((count({up} == 1) or vector(0)) - ({serving} or vector(0)), "model", '
+                f'"{m.name}", "", "") > 0',
+        "for": t.not_ready_for, "labels": {**labels, "severity": "critical"},
+        "annotations": {"summary": f"{m.name} is not ready on {{{{ $value }}}} server(s) that are up",
+                        "description": "A scraped Triton server is up but has no loaded version of "
+                                       f"{m.name}: load failed, or it was unloaded."}})
+    rules.append({
+        "alert": "TrmVersionsDiffer",
+        "expr": f"count by (model) (count by (model, version) (nv_inference_request_success{s()})) > 1",
+        "for": t.versions_for, "labels": {**labels, "severity": "warning"},
+        "annotations": {"summary": f"{m.name}: {{{{ $value }}}} versions loaded across the fleet",
+                        "description": f"Longer than {t.versions_for}: a rollout stopped half way or a server "
+                                       "did not converge."}})
+    if env and m.version is not None:
+        other = f'version!="{m.version}"'
+        rules.append({
+            "alert": "TrmVersionNotInEnv",
+            "expr": f"count by (model) (nv_inference_request_success{s(other)}) > 0",
+            "for": t.versions_for, "labels": {**labels, "severity": "warning", "env": env},
+            "annotations": {"summary": f"{m.name}: a server serves a version other than {env}'s {m.version}",
+                            "description": f"{env} says {m.name} version {m.version}."}})
+    return rules
+
+
+def rule_file(models: list[ModelWatch], t: Thresholds, env: str | None) -> dict[str, Any]:
+    interval = _duration(t.evaluation_interval_s)
+    return {"groups": [{"name": f"trm-{m.name}", "interval": interval, "rules": model_rules(m, t, env)}
+                       for m in models]}
+
+
+# ------------------------------------------------------------------------------------------ dashboard
+
+def _panel(pid: int, title: str, exprs: list[tuple[str, str]], unit: str, x: int, y: int,
+           description: str = "") -> dict[str, Any]:
+    return {"id": pid, "type": "timeseries", "title": title, "description": description,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+            "targets": [{"refId": chr(65 + i), "expr": expr, "legendFormat": legend}
+                        for i, (expr, legend) in enumerate(exprs)]}
+
+
+def dashboard(models: list[ModelWatch], t: Thresholds, env: str | None) -> dict[str, Any]:
+    sel = '{model=~"$model"' + ("," + t.selector if t.selector else "") + "}"
+    w = t.rate_window
+
+    def s(extra: str) -> str:
+        return sel[:-1] + "," + extra + "}"
+
+    pending = f"nv_inference_pending_request_count{sel}"
+    batch = (f"(sum by (model) (rate(nv_inference_count{sel}[{w}])) / "
+             f"sum by (model) (rate(nv_inference_exec_count{sel}[{w}])))")
+    # busy time of the instances: every request of a batch is charged the batch's compute time
+    busy = (f"(sum by (model) (rate(nv_inference_compute_infer_duration_us{sel}[{w}])) / 1e6 / {batch})")
+    capacity = {m.name: m.max_batch_size * m.instances for m in models}
+    instances = {m.name: m.instances for m in models}
+    # per-model constants enter PromQL as a small vector: one label_replace(vector(k)) per model
+    def constant(values: dict[str, float]) -> str:
+        return " or ".join(f'label_replace(vector({v:g}), "model", "{k}", "", "")' for k, v in values.items()) \
+            or "vector(1)"
+
+    replicas = f"count by (model) (max by (model, instance) ({pending}))"
+    panels = [
+        _panel(1, "Queue depth per replica", [(f"sum by (model) ({pending}) / {replicas}", "{{model}}"),
+                                               (f"{t.queue_per_replica:g} + 0 * sum by (model) ({pending})",
+                                                "alert threshold")], "short", 0, 0,
+               "Queued requests per Triton server; the seed's rule: scale up at one per replica."),
+        _panel(2, "Pending batch ratio", [(f"sum by (model) ({pending}) / on (model) group_left () "
+                                           f"({replicas} * on (model) ({constant(capacity)}))", "{{model}}")],
+               "percentunit", 12, 0, "Queued requests as a share of one full batch on every instance."),
+        _panel(3, "Utilisation slope", [(f"deriv(({busy} / on (model) ({constant(instances)}))[5m:30s])",
+                                         "{{model}}")], "percentunit", 0, 8,
+               "Change per second of the instances' busy share: positive and steady means capacity runs out."),
+        _panel(4, "Latency p50 / p99 (ms)",
+               [(f"max by (model) (nv_inference_request_summary_us{s(Q50)}) / 1000", "{{model}} p50"),
+                (f"max by (model) (nv_inference_request_summary_us{s(Q99)}) / 1000", "{{model}} p99")], "ms", 12, 8),
+        _panel(5, "Queue vs compute time per request (ms)",
+               [(f"sum by (model) (rate(nv_inference_queue_duration_us{sel}[{w}])) / "
+                 f"sum by (model) (rate(nv_inference_request_success{sel}[{w}])) / 1000", "{{model}} queue"),
+                (f"sum by (model) (rate(nv_inference_compute_infer_duration_us{sel}[{w}])) / "
+                 f"sum by (model) (rate(nv_inference_request_success{sel}[{w}])) / 1000", "{{model}} compute")],
+               "ms", 0, 16),
+        _panel(6, "Executed batch size (mean)", [(batch, "{{model}}")], "short", 12, 16),
+        _panel(7, "Requests, rejections, failures per second",
+               [(f"sum by (model) (rate(nv_inference_request_success{sel}[{w}]))", "{{model}} answered"),
+                (f"sum by (model) (rate(nv_inference_request_failure{s(REJECTED)}[{w}]))",
+                 "{{model}} rejected"),
+                (f"sum by (model) (rate(nv_inference_request_failure{s(NOT_REJECTED)}[{w}]))",
+                 "{{model}} failed")], "reqps", 0, 24),
+    ]
+    names = [m.name for m in models]
+    return {
+        "title": f"trm: Triton models{' (' + env + ')' if env else ''}", "uid": f"trm-{env or 'models'}"[:40],
+        "schemaVersion": 39, "version": 1, "editable": True, "refresh": "10s", "time": {"from": "now-1h", "to": "now"},
+        "tags": ["trm", "triton"],
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+            {"name": "model", "type": "custom", "query": ",".join(names), "multi": True, "includeAll": True,
+             "current": {"text": "All", "value": "$__all"},
+             "options": [{"text": n, "value": n, "selected": False} for n in names]}]},
+        "panels": panels,
+    }
+
+
+def write_artifacts(folder: Path, models: list[ModelWatch], t: Thresholds, env: str | None) -> RulesResult:
+    t.check()
+    if not models:
+        raise UsageError("no models to watch", hint="name an environment that serves models, or pass --model")
+    folder.mkdir(parents=True, exist_ok=True)
+    rules = rule_file(models, t, env)
+    rules_path, dash_path = folder / "trm-rules.yml", folder / "trm-dashboard.json"
+    header = (f"# Prometheus alerting rules written by `trm observe rules`{' for ' + env if env else ''}.\n"
+              "# Check: promtool check rules trm-rules.yml\n")
+    atomic_write_bytes(rules_path, (header + yaml.safe_dump(rules, sort_keys=False, width=200)).encode())
+    atomic_write_bytes(dash_path, (json.dumps(dashboard(models, t, env), indent=2) + "\n").encode())
+    alerts = tuple(sorted({r["alert"] for g in rules["groups"] for r in g["rules"]}))
+    notes = tuple(f"{m.name}: no p99 SLO (no tuning record; pass --p99-ms): no latency alert"
+                  for m in models if m.p99_ms is None)
+    return RulesResult(env, tuple(models), (str(rules_path), str(dash_path)), alerts, notes)
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+def watches_from_env(settings: Any, env: str, store: str | None = None, p99_ms: float | None = None,
+                     only: tuple[str, ...] = ()) -> list[ModelWatch]:
+    """The models ``env`` serves, at its versions, with the SLOs of those versions' tuning records."""
+    from repo_manager.promote.envs import env_store  # noqa: PLC0415 - a store only when an env is named
+    from repo_manager.storage import open_store  # noqa: PLC0415
+
+    opened = open_store(env_store(settings, env, store), settings)
+    pointer = opened.get_env(env)
+    names = [n for n in sorted(pointer.models) if not only or n in only]
+    return [ModelWatch.from_manifest(opened.get_manifest(n, pointer.models[n]), p99_ms) for n in names]
+
+
+def watches_from_repo(repository: Path, names: tuple[str, ...], p99_ms: float | None = None) -> list[ModelWatch]:
+    """Models of the local repository (``NAME`` or ``NAME:VERSION``; default the latest version)."""
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+    repo = LocalRepository(repository)
+    watches = []
+    for item in names or tuple(repo.models()):
+        name, _, version = item.partition(":")
+        if version and not version.isdigit():
+            raise UsageError(f"--model {item}: the version must be a number")
+        watches.append(ModelWatch.from_manifest(repo.manifest(name, int(version) if version else None), p99_ms))
+    return watches

@@ -1,0 +1,247 @@
+"""`trm top`: per model and version, what one or more Triton servers are doing, from their own metrics.
+
+Triton's Prometheus endpoint (``/metrics``, port 8002 by default) has cumulative counters per model and
+version (requests, failures by reason, executions, inferences, queue and compute time) and a gauge of
+pending requests; with ``--metrics-config=summary_latencies=true`` (trm's launcher sets it) also latency
+summaries with p50/p99. Rates and means per request need two scrapes: a ``View`` is the difference
+between two ``Scrape`` s of each server. Where the server's HTTP API is known too, its statistics add
+the histogram of executed batch sizes over the same interval.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from repo_manager.errors import ServerError
+
+LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+COUNTERS = {"nv_inference_request_success": "success", "nv_inference_count": "inferences",
+            "nv_inference_exec_count": "executions", "nv_inference_request_duration_us": "request_us",
+            "nv_inference_queue_duration_us": "queue_us", "nv_inference_compute_input_duration_us": "compute_us",
+            "nv_inference_compute_infer_duration_us": "compute_us", "nv_inference_compute_output_duration_us":
+            "compute_us"}
+Key = tuple[str, str]
+"""(model, version)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server to watch: its metrics URL and, if known, its HTTP API (for batch-size statistics)."""
+
+    metrics_url: str
+    http_url: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, metrics_port: int = 8002) -> Server:
+        """``http://host:8000`` (metrics on ``metrics_port`` of the same host) or a URL ending in /metrics."""
+        url = text if "://" in text else f"http://{text}"
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.path.rstrip("/").endswith("/metrics"):
+            return cls(url)
+        return cls(f"{parsed.scheme}://{parsed.hostname}:{metrics_port}/metrics", url.rstrip("/"))
+
+
+@dataclass(frozen=True)
+class Scrape:
+    server: Server
+    at: float
+    counters: dict[Key, dict[str, float]]
+    pending: dict[Key, float]
+    quantiles: dict[Key, dict[str, float]]
+    """p50/p99 of the whole request (ms) from Triton's summary; empty when summaries are off."""
+    batches: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per model: executed batch size -> executions (cumulative), from the statistics API."""
+
+
+def parse_metrics(text: str) -> tuple[dict[Key, dict[str, float]], dict[Key, float], dict[Key, dict[str, float]]]:
+    counters: dict[Key, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    pending: dict[Key, float] = {}
+    quantiles: dict[Key, dict[str, float]] = defaultdict(dict)
+    for line in text.splitlines():
+        match = LINE.match(line)
+        if not match or line.startswith("#"):
+            continue
+        name, labels_text, value_text = match.groups()
+        labels = dict(LABEL.findall(labels_text or ""))
+        if "model" not in labels:
+            continue
+        key = (labels["model"], labels.get("version", ""))
+        try:
+            value = float(value_text)
+        except ValueError:
+            continue
+        if name in COUNTERS:
+            counters[key][COUNTERS[name]] += value
+        elif name == "nv_inference_request_failure":
+            counters[key]["rejected" if labels.get("reason") == "REJECTED" else "failed"] += value
+        elif name == "nv_inference_pending_request_count":
+            pending[key] = value
+        elif name == "nv_inference_request_summary_us" and labels.get("quantile") in ("0.5", "0.99"):
+            quantiles[key]["p50" if labels["quantile"] == "0.5" else "p99"] = value / 1000.0
+    return ({k: dict(v) for k, v in counters.items()}, pending, {k: v for k, v in quantiles.items()})
+
+
+def scrape(server: Server, timeout_s: float = 3.0) -> Scrape:
+    """One read of a server's metrics (and statistics). ServerError when metrics are off or unreachable."""
+    try:
+        with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as response:
+            text = response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerError(f"{server.http_url or server.metrics_url}: no metrics at {server.metrics_url} "
+                          f"(metrics disabled, or not reachable: {getattr(exc, 'reason', exc)})",
+                          hint="start tritonserver with --allow-metrics=true (and --metrics-port), or pass "
+                               "the metrics URL", url=server.metrics_url) from exc
+    at = time.monotonic()
+    counters, pending, quantiles = parse_metrics(text)
+    return Scrape(server, at, counters, pending, quantiles, _batches(server, timeout_s))
+
+
+def _batches(server: Server, timeout_s: float) -> dict[str, dict[int, int]]:
+    if not server.http_url:
+        return {}
+    from repo_manager.loadgen.stats import StatsSnapshot  # noqa: PLC0415 - tritonclient only when asked
+    from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
+    try:
+        with TritonClient(server.http_url, timeout_s=timeout_s) as client:
+            entries = client.statistics()
+    except Exception:  # noqa: BLE001 - statistics are an extra; metrics alone still make the view
+        return {}
+    by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in entries:
+        by_model[entry.get("name", "")].append(entry)
+    return {name: StatsSnapshot.parse(items).batch_count for name, items in by_model.items()}
+
+
+@dataclass(frozen=True)
+class Row:
+    server: str
+    model: str
+    version: str
+    rate_rps: float
+    p50_ms: float | None
+    p99_ms: float | None
+    queue_ms: float | None
+    """Mean queue time per request over the interval."""
+    compute_ms: float | None
+    pending: float
+    mean_batch: float | None
+    batch_sizes: dict[int, int]
+    failed_rps: float
+    rejected_rps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class View:
+    rows: tuple[Row, ...]
+    interval_s: float
+    problems: tuple[str, ...]
+    """One line per server that could not be read (metrics disabled or unreachable)."""
+    summaries_off: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interval_s": round(self.interval_s, 3), "rows": [r.to_dict() for r in self.rows],
+                "problems": list(self.problems), "summaries_off": list(self.summaries_off)}
+
+
+def between(before: Scrape, after: Scrape) -> list[Row]:
+    dt = max(after.at - before.at, 1e-6)
+    rows = []
+    for key in sorted(after.counters):
+        now, then = after.counters[key], before.counters.get(key, {})
+
+        def delta(name: str, now: dict = now, then: dict = then) -> float:
+            return max(now.get(name, 0.0) - then.get(name, 0.0), 0.0)
+
+        success, executions = delta("success"), delta("executions")
+        model = key[0]
+        sizes = {size: count - before.batches.get(model, {}).get(size, 0)
+                 for size, count in after.batches.get(model, {}).items()}
+        quant = after.quantiles.get(key, {})
+        rows.append(Row(
+            server=after.server.http_url or after.server.metrics_url, model=model, version=key[1],
+            rate_rps=round(success / dt, 1), p50_ms=_round(quant.get("p50")), p99_ms=_round(quant.get("p99")),
+            queue_ms=round(delta("queue_us") / success / 1000, 2) if success else None,
+            compute_ms=round(delta("compute_us") / success / 1000, 2) if success else None,
+            pending=after.pending.get(key, 0.0),
+            mean_batch=round(delta("inferences") / executions, 2) if executions else None,
+            batch_sizes={s: c for s, c in sorted(sizes.items()) if c > 0},
+            failed_rps=round(delta("failed") / dt, 2), rejected_rps=round(delta("rejected") / dt, 2)))
+    return rows
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, 2)
+
+
+class Watcher:
+    """Keeps the last scrape of every server; ``view()`` scrapes again and returns the difference."""
+
+    def __init__(self, servers: list[Server]) -> None:
+        self.servers = servers
+        self.last: dict[str, Scrape] = {}
+
+    def view(self) -> View:
+        rows: list[Row] = []
+        problems: list[str] = []
+        off: list[str] = []
+        interval = 0.0
+        for server in self.servers:
+            try:
+                current = scrape(server)
+            except ServerError as exc:
+                problems.append(exc.message)
+                self.last.pop(server.metrics_url, None)
+                continue
+            previous = self.last.get(server.metrics_url)
+            self.last[server.metrics_url] = current
+            if previous is None:
+                continue
+            interval = current.at - previous.at
+            rows += between(previous, current)
+            if current.counters and not current.quantiles:
+                off.append(server.http_url or server.metrics_url)
+        return View(tuple(rows), interval, tuple(problems), tuple(off))
+
+
+def snapshot(servers: list[Server], interval_s: float = 1.0) -> View:
+    """Two scrapes ``interval_s`` apart: one view (``trm top --json``)."""
+    watcher = Watcher(servers)
+    first = watcher.view()
+    if len(first.problems) == len(servers):
+        raise ServerError(first.problems[0] if len(servers) == 1 else "; ".join(first.problems))
+    time.sleep(interval_s)
+    return watcher.view()
+
+
+def render(view: View) -> str:
+    """Plain text table (one line per server, model and version)."""
+    head = (f"{'server':<24} {'model':<18} {'ver':>3} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'queue ms':>8} "
+            f"{'compute':>8} {'pending':>7} {'batch':>5} {'rej/s':>6} {'fail/s':>6}  batch sizes")
+    lines = [head]
+
+    def cell(value: float | None, width: int, fmt: str = ".1f") -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
+
+    for r in view.rows:
+        sizes = " ".join(f"{s}:{c}" for s, c in r.batch_sizes.items())
+        server = r.server.split("://")[-1][:24]
+        lines.append(f"{server:<24} {r.model[:18]:<18} {r.version:>3} {r.rate_rps:>7.1f} {cell(r.p50_ms, 7)} "
+                     f"{cell(r.p99_ms, 7)} {cell(r.queue_ms, 8, '.2f')} {cell(r.compute_ms, 8, '.2f')} "
+                     f"{r.pending:>7.0f} {cell(r.mean_batch, 5)} {r.rejected_rps:>6.1f} {r.failed_rps:>6.1f}  {sizes}")
+    lines += [f"{p}" for p in view.problems]
+    lines += [f"{s}: no latency summaries (start tritonserver with --metrics-config=summary_latencies=true)"
+              for s in view.summaries_off]
+    return "\n".join(lines)
