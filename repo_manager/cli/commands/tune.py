@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
 from repo_manager.errors import GateError, UsageError
 from repo_manager.tuning import CheckResult, TuneRequest, TuneResult, check_batching, tune_batching
+from repo_manager.tuning.core import check_measure_arguments
 
 
 @contextmanager
@@ -62,6 +63,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     if check_only:
         if write:
             raise UsageError("--check measures only; it cannot be combined with --write")
+        check_measure_arguments(p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps, requests=requests)
         with live_progress(ctx, 60.0) as progress:
             checked = check_batching(settings, name, p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps,
                                      requests=requests, progress=progress)
@@ -76,6 +78,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         raise UsageError("tune-batching needs --p99-ms, --low-rps and --peak-rps")
     request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s, write=write,
                           requests=requests, report_dir=Path(report_dir) if report_dir else None)
+    request.check_target(settings)  # refused before the progress display starts
     with live_progress(ctx, budget_s) as progress:
         result = tune_batching(settings, request, progress)
     ctx.emit(result.to_dict(), _tune_text(result))
