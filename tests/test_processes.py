@@ -77,6 +77,19 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
+def server_workdirs(tree: dict[int, tuple[str, str]]) -> list[Path]:
+    """The temporary folders of the servers in ``tree`` (trm removes them when it stops a server itself,
+    not when the kernel kills the server for it)."""
+    folders = []
+    for pid in servers_in(tree):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except FileNotFoundError:
+            continue
+        folders += [Path(a.split("=", 1)[1]).parent for a in args if a.startswith("--backend-directory=")]
+    return folders
+
+
 def descendants(pid: int) -> dict[int, tuple[str, str]]:
     """Every live descendant of ``pid`` (all threads' children), with its start time and program."""
     found: dict[int, tuple[str, str]] = {}
@@ -155,11 +168,14 @@ def read_ready(proc: subprocess.Popen) -> dict:
 
 # ------------------------------------------------------------------------------------------- tests
 
-@pytest.mark.parametrize("moment", ["server starting", "verifying"])
-def test_sigkilled_publish_leaves_no_server(tmp_path, moment):
-    """`trm publish` starts its own tritonserver to verify; a SIGKILL to trm takes it (and its stubs)."""
+@pytest.mark.parametrize("moment, signum", [("server starting", signal.SIGKILL), ("verifying", signal.SIGKILL),
+                                           ("verifying", signal.SIGTERM)])
+def test_publish_ended_by_a_signal_leaves_no_server_and_no_staging(tmp_path, moment, signum):
+    """`trm publish` starts its own tritonserver to verify; ending trm takes it (and its stubs) along.
+    SIGTERM goes through trm's cleanup: the server is stopped and the staging folder removed."""
     source = om.linear(tmp_path / "m.onnx")
-    proc = trm("publish", "model", source, "--name", "lin", "--repo", tmp_path / "repo",
+    repo = tmp_path / "repo"
+    proc = trm("publish", "model", source, "--name", "lin", "--repo", repo,
                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if moment == "server starting":
@@ -167,12 +183,19 @@ def test_sigkilled_publish_leaves_no_server(tmp_path, moment):
         else:  # a stub is a child of the server: the candidate is loading or answering
             wait_for(lambda: len(descendants(proc.pid)) >= 2, "the model's stub to start")
         tree = descendants(proc.pid)
+        workdirs = server_workdirs(tree)
+        proc.send_signal(signum)
+        code = proc.wait(60)
     finally:
         proc.kill()
         proc.wait()
-    assert servers_in(tree)
+    assert servers_in(tree) and workdirs
     assert_all_gone(tree)
-    assert not list((tmp_path / "repo").glob("lin/1"))
+    assert not list(repo.glob("lin/1"))
+    if signum == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM
+        assert not list(repo.rglob(".trm-tmp-*"))
+        assert not any(folder.exists() for folder in workdirs)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL, signal.SIGHUP])
@@ -184,14 +207,17 @@ def test_serve_ended_while_loading_leaves_no_server(tmp_path, signum):
     try:
         wait_for(lambda: (markers / "loading").exists(), "the model to start loading")
         tree = descendants(proc.pid)
+        workdirs = server_workdirs(tree)
         proc.send_signal(signum)
         code = proc.wait(60)
     finally:
         proc.kill()
         proc.communicate()
-    assert servers_in(tree)
+    assert servers_in(tree) and workdirs
     assert code == (-signal.SIGKILL if signum == signal.SIGKILL else 128 + signum)
     assert_all_gone(tree)
+    if signum != signal.SIGKILL:  # stopped by trm itself, not only by the kernel
+        assert not any(folder.exists() for folder in workdirs)
 
 
 def test_serve_stops_after_in_flight_requests_finish(tmp_path):
