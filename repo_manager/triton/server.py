@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from repo_manager.errors import ServerStartError
+from repo_manager.errors import ServerStartError, TrmError
 from repo_manager.process import ManagedProcess
 
 BACKENDS_SRC = Path(__file__).parent / "backends"
@@ -257,7 +257,6 @@ class TritonServer:
         new requests are refused meanwhile. Ensembles go first so that their members outlive their
         in-flight requests. Models still loading are left to the exit timeout.
         """
-        from repo_manager.errors import TrmError  # noqa: PLC0415
         from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
 
         if self._process is None or not self._process.running():
@@ -300,8 +299,6 @@ class TritonServer:
 
 
 def _is_ensemble(client, model: str) -> bool:
-    from repo_manager.errors import TrmError  # noqa: PLC0415
-
     try:
         return client.model_config(model).platform == "ensemble"
     except TrmError:
