@@ -257,6 +257,35 @@ def test_serve_stops_after_in_flight_requests_finish(tmp_path):
     assert_all_gone(tree)
 
 
+def test_serve_stop_lets_an_ensemble_request_in_flight_finish(tmp_path):
+    """A request still in an ensemble's first step when the stop begins gets its answer: Triton keeps
+    the second step's model until the ensemble's in-flight requests are done, although trm unloads all."""
+    import rollout_models as rm  # noqa: PLC0415
+
+    repo = tmp_path / "repo"
+    rm.ensemble(repo, 1, pre_delay=3.0)
+    proc = serve(repo, tmp_path)
+    answers: list = []
+    try:
+        url = read_ready(proc)["endpoints"]["http"]
+
+        def request() -> None:
+            with TritonClient(url) as client:
+                answers.append(client.infer("pipe", {"X": np.ones((1, rm.FEATURES), np.float32)}))
+
+        sender = threading.Thread(target=request)
+        sender.start()
+        time.sleep(1.0)  # the request is in `pre` (3 s) when the stop begins
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        sender.join(30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert code == 0
+    assert len(answers) == 1 and answers[0]["Y"].tolist() == [[2.0] * rm.FEATURES]
+
+
 def test_server_started_from_a_short_lived_thread_survives_the_thread(tmp_path):
     """Linux sends the parent-death signal when the forking *thread* ends: trm forks from a thread
     that lives as long as the process, so a server started by a worker thread keeps running."""

@@ -254,8 +254,8 @@ class TritonServer:
         Triton's own SIGTERM path first waits for every open HTTP connection to close, idle keep-alive
         ones included, for its whole exit timeout, and then gives loaded models no time at all. Unloading
         first waits exactly for in-flight requests (Triton frees a model when its last request is done);
-        new requests are refused meanwhile. Ensembles go first so that their members outlive their
-        in-flight requests. Models still loading are left to the exit timeout.
+        new requests are refused meanwhile (an ensemble's in-flight requests finish too: tested). Models
+        still loading are left to the exit timeout.
         """
         from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
 
@@ -264,15 +264,13 @@ class TritonServer:
         deadline = time.monotonic() + (self.drain_timeout_s if timeout_s is None else timeout_s)
         try:
             with TritonClient(self.url, timeout_s=5.0) as client:
-                ready = sorted({e["name"] for e in client.repository_index() if e.get("state") == "READY"})
-                ensembles = [m for m in ready if _is_ensemble(client, m)]
-                for group in (ensembles, [m for m in ready if m not in ensembles]):
-                    for model in group:
-                        client.unload(model)
-                    while time.monotonic() < deadline and any(
-                            e.get("name") in group and e.get("state") in ("READY", "UNLOADING")
-                            for e in client.repository_index()):
-                        time.sleep(0.1)
+                ready = {e["name"] for e in client.repository_index() if e.get("state") == "READY"}
+                for model in sorted(ready):
+                    client.unload(model)
+                while time.monotonic() < deadline and any(
+                        e.get("name") in ready and e.get("state") in ("READY", "UNLOADING")
+                        for e in client.repository_index()):
+                    time.sleep(0.1)
         except TrmError:
             pass  # not answering: the stop signal and SIGKILL remain
 
@@ -297,9 +295,3 @@ class TritonServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def _is_ensemble(client, model: str) -> bool:
-    try:
-        return client.model_config(model).platform == "ensemble"
-    except TrmError:
-        return False
