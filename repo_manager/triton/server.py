@@ -282,7 +282,8 @@ class TritonServer:
         code = None
         if self._process is not None:
             self.drain(timeout_s)
-            code = self._process.stop(timeout_s=self.exit_timeout_s + 10.0)
+            # Triton ends at its exit timeout, but a model still loading can hold it: SIGKILL after a margin
+            code = self._process.stop(timeout_s=self.exit_timeout_s + 5.0)
             self._process = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
