@@ -142,6 +142,11 @@ class ManagedProcess:
                              death_signal=self.death_signal)
         return self
 
+    def wait(self) -> int:
+        """Until the process exits; its exit code. Stop it in a ``finally`` (an interrupt leaves it running)."""
+        assert self.process is not None
+        return self.process.wait()
+
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.exists():
             return ""

@@ -304,6 +304,28 @@ def test_server_started_from_a_short_lived_thread_survives_the_thread(tmp_path):
         server.stop()
 
 
+def test_sigkilled_publish_takes_its_engine_builder_with_it(tmp_path):
+    """An engine build (minutes on a GPU) runs as a managed process too: it dies with trm."""
+    import llm_fixtures as fx  # noqa: PLC0415
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    builder = tmp_path / "slow_builder.py"
+    builder.write_text("import time\ntime.sleep(300)\n")
+    proc = trm("publish", "model", checkpoint, "--name", "llm", "--format", "tensorrt-llm", "--repo",
+               tmp_path / "repo", "--gpu-memory", "24", "--max-seq-len", "128", "--builder",
+               f"{sys.executable} {builder}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any("slow_builder" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+                             for pid in descendants(proc.pid) if Path(f"/proc/{pid}/cmdline").exists()),
+                 "the builder to start")
+        tree = descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert tree
+    assert_all_gone(tree)
+
+
 def test_sigkilled_owner_takes_seaweed_with_it(tmp_path):
     """The test S3 server goes through the same managed-process helper."""
     script = ("import sys, time; sys.path.insert(0, sys.argv[1]); from seaweed import SeaweedServer; "
