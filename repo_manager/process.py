@@ -1,7 +1,7 @@
 """Child processes that cannot outlive trm, and trm's own ending on a signal.
 
-Every long-running process trm starts (tritonserver; SeaweedFS in the tests) goes through
-``ManagedProcess``:
+Every long-running process trm starts (tritonserver, a TensorRT-LLM engine build; SeaweedFS in the tests)
+goes through ``ManagedProcess``:
 
 * it runs in a new session (a Ctrl-C in the terminal reaches trm only, which then stops it in order),
   with its output in a log file whose tail goes into errors;
