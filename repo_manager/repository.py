@@ -87,6 +87,7 @@ class Problem:
 class LocalRepository:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._staged: list[Path] = []
 
     # ------------------------------------------------------------------------------------ reading
     def model_dir(self, model: str) -> Path:
@@ -206,10 +207,17 @@ class LocalRepository:
         except OSError as exc:
             raise InputError(f"cannot write a version into {folder}: {exc.strerror}",
                              hint="pass a writable folder to --repo") from exc
+        self._staged.append(staging)
         return staging
+
+    def open_staging(self) -> list[Path]:
+        """Staging folders this object created that are neither committed nor discarded yet."""
+        return [s for s in self._staged if s.exists()]
 
     def discard(self, staging: Path) -> None:
         """Remove a staging folder; drop the model folder too if it holds nothing else."""
+        if staging in self._staged:
+            self._staged.remove(staging)
         shutil.rmtree(staging, ignore_errors=True)
         model_dir = staging.parent
         try:

@@ -13,6 +13,7 @@ import numpy as np
 
 from repo_manager import config as cfg
 from repo_manager.errors import InputError, ModelLoadError, NotFoundError
+from repo_manager.process import stopping
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
@@ -97,15 +98,16 @@ def embedded_server(settings: Settings, models: list[str] | None = None, *, http
 
 
 def wait_for_signal(ready: Callable[[], None] | None = None) -> int:
-    """Block until SIGINT or SIGTERM; returns the signal number."""
+    """Block until SIGINT, SIGTERM or SIGHUP; returns the signal number."""
     received: list[int] = []
     event = threading.Event()
 
     def handler(signum, _frame) -> None:
         received.append(signum)
+        stopping()
         event.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         if ready:
             ready()

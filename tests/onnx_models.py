@@ -59,3 +59,32 @@ def static_fp16(path: Path) -> Path:
         [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [2, 3])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [2, 3])])
     return _save(graph, path)
+
+
+def external_data(path: Path, location: str = "weights.bin") -> Path:
+    """``linear`` with its initializers in a separate file ``location`` (relative to the model)."""
+    model = onnx.load(str(linear(path, in_features=32, out_features=16)))
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    if location != "weights.bin":  # onnx refuses to write a hostile location itself: edit the reference
+        model = onnx.load(str(path), load_external_data=False)
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+        onnx.save(model, str(path))
+    return path
+
+
+def custom_operator(path: Path, domain: str = "com.example.trm", op_type: str = "Frobnicate") -> Path:
+    """A valid ONNX graph whose one node is an operator in a custom domain onnxruntime does not know."""
+    graph = helper.make_graph(
+        [helper.make_node(op_type, ["X"], ["Y"], domain=domain)], "custom",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)],
+                              producer_name="trm-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

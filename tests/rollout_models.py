@@ -86,7 +86,7 @@ def tagged(repo_root: Path, name: str, tag: int, **behaviour) -> int:
     return result.version
 
 
-def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2.0) -> int:
+def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2.0, pre_delay: float = 0.005) -> int:
     """Publish the next versions of ``pre``, ``post`` and the ensemble ``name`` pinning them.
 
     The pipeline computes ``Y = X * factor``; a factor other than 2 is a version that answers wrongly.
@@ -94,7 +94,7 @@ def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2
     settings = Settings(repository=repo_root)
 
     def build(repo, _name: str) -> list[Staged]:
-        pre = _stage_python(repo, "pre", tag, output_name="MID", tag_output="PRE_TAG", delay=0.005,
+        pre = _stage_python(repo, "pre", tag, output_name="MID", tag_output="PRE_TAG", delay=pre_delay,
                             factor=factor)
         post = _stage_python(repo, "post", tag, input_name="MID", output_name="Y", tag_output="POST_TAG",
                              factor=1.0)

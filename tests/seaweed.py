@@ -2,7 +2,8 @@
 
 Used by the test fixtures and by bench/bench_sync.py. Every port ``weed mini`` opens is chosen free
 (other engineers run tests on the same machine), it binds to 127.0.0.1 only, the S3 keys are set in its
-environment when it starts, and a start-up failure raises with the tail of its log.
+environment when it starts, and a start-up failure raises with the tail of its log. The process is a
+``repo_manager.process.ManagedProcess``, like tritonserver: it dies with the process that started it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from repo_manager.process import ManagedProcess
 
 ACCESS_KEY = "trm-test-access"
 SECRET_KEY = "trm-test-secret-key"  # a throwaway key for a local test server, never a real credential
@@ -57,7 +59,7 @@ class SeaweedServer:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="trm-weed-"))
         self.buckets = buckets
         self.start_timeout_s = start_timeout_s
-        self.process: subprocess.Popen | None = None
+        self._process: ManagedProcess | None = None
         self.ports: dict[str, int] = {}
         self.log_path = self.data_dir / "weed.log"
 
@@ -71,10 +73,12 @@ class SeaweedServer:
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": self.endpoint}
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
     def log_tail(self, lines: int = 30) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return self._process.log_tail(lines) if self._process else ""
 
     def start(self) -> SeaweedServer:
         self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
@@ -84,9 +88,10 @@ class SeaweedServer:
                    f"-bucket={','.join(self.buckets)}", "-admin.ui=false"]
         command += [f"-{flag}={port}" for flag, port in self.ports.items()]
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, start_new_session=True, cwd=self.data_dir)
+        # weed stops promptly on SIGINT (its Ctrl-C path); on SIGTERM it lingers
+        self._process = ManagedProcess(command, log_path=self.log_path, env=env, cwd=self.data_dir,
+                                       stop_signal=signal.SIGINT)
+        self._process.start()
         try:
             self._wait_ready()
         except BaseException:
@@ -97,9 +102,9 @@ class SeaweedServer:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"weed mini exited with code {self.process.returncode}:\n{self.log_tail()}")
+            assert self._process is not None
+            if not self._process.running():
+                raise RuntimeError(f"weed mini exited with code {self._process.returncode}:\n{self.log_tail()}")
             if self._buckets_ready():
                 return
             time.sleep(0.2)
@@ -127,18 +132,9 @@ class SeaweedServer:
         return True
 
     def stop(self, kill: bool = False) -> None:
-        if self.process is not None and self.process.poll() is None:
-            try:
-                # weed stops promptly on SIGINT (its Ctrl-C path); on SIGTERM it lingers
-                os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGINT)
-            except ProcessLookupError:
-                pass
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
+        if self._process is not None:
+            self._process.stop(timeout_s=5, stop_signal=signal.SIGKILL if kill else None)
+        self._process = None
 
     def close(self) -> None:
         self.stop()

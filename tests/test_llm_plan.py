@@ -17,7 +17,7 @@ from helpers import run_cli
 
 from repo_manager.errors import CompatibilityError, InputError
 from repo_manager.llm.plan import GB, PlanRequest, kv_bytes_per_token, plan_memory, require_fit
-from repo_manager.llm.shape import load_shape, parameter_breakdown, shape_from_config
+from repo_manager.llm.shape import FAMILY_DEFAULTS, load_shape, parameter_breakdown, shape_from_config
 
 DATA = Path(__file__).parent / "data" / "llm"
 LLAMA8 = DATA / "llama-3.1-8b.json"
@@ -175,3 +175,64 @@ def test_plan_of_an_engine_folder_takes_the_engines_limits(tmp_path, capsys):
 def test_fp32_weights_take_four_bytes():
     plan = plan_memory(load_shape(QWEN05), PlanRequest(24, dtype="fp32"))
     assert plan.weight_bytes == 4 * plan.parameters.total and plan.kv_cache_dtype == "fp32"
+
+
+# ------------------------------------------------------------- family defaults, against transformers itself
+
+GEMMA2 = DATA / "gemma-2-9b.json"  # google/gemma-2-9b's config.json: no tie_word_embeddings (tied by default)
+FAMILIES = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+            "gemma3_text", "phi3", "olmo", "olmo2", "granite"]
+
+
+def _transformers_count(data: dict) -> int:
+    """Parameters of the model transformers builds from ``data``, on the meta device (no memory)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(data["model_type"],
+                                               **{k: v for k, v in data.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())  # a tied lm_head is the embedding's own tensor: once
+
+
+def test_gemma2_without_tie_word_embeddings_is_tied_as_transformers_defaults_it():
+    data = json.loads(GEMMA2.read_text())
+    assert "tie_word_embeddings" not in data
+    shape = load_shape(GEMMA2)
+    assert shape.tied_embeddings and parameter_breakdown(shape).lm_head == 0
+    assert parameter_breakdown(shape).total == _transformers_count(data)  # 9.24B, Google's published figure
+    # the whole 8k context fits a 24 GB GPU at BF16 (an untied head, +0.92B parameters, would not leave room)
+    assert plan_memory(shape, PlanRequest(24, dtype="bf16")).fits
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json")), ids=lambda p: p.stem)
+def test_published_configs_count_like_transformers(path):
+    assert parameter_breakdown(load_shape(path)).total == _transformers_count(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_counts_like_transformers_when_its_config_omits_every_default(family):
+    """A small model of each family, its config.json written with every value equal to the family's
+    default left out (as save_pretrained does): trm fills the same defaults and counts the same."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, vocab_size=512, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    config = transformers.AutoConfig.for_model(family, **small)
+    if hasattr(config, "moe_intermediate_size"):
+        config.moe_intermediate_size = 48
+    defaults = transformers.CONFIG_MAPPING[family]().to_dict()
+    data = {k: v for k, v in config.to_dict().items() if k not in defaults or defaults[k] != v}
+    data["model_type"] = family
+    assert parameter_breakdown(shape_from_config(data)).total == _transformers_count(data)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_DEFAULTS))
+def test_family_defaults_are_transformers_own(family):
+    import inspect  # noqa: PLC0415
+
+    transformers = pytest.importorskip("transformers")
+    config_class = transformers.CONFIG_MAPPING[family]
+    parameters = inspect.signature(config_class.__init__).parameters
+    for key, value in FAMILY_DEFAULTS[family].items():
+        theirs = parameters[key].default if key in parameters else getattr(config_class(), key)
+        assert theirs == value, (family, key)

@@ -195,11 +195,16 @@ def test_publish_killed_at_any_moment_leaves_no_partial_version(tmp_path, triton
     repo_root = tmp_path / "repo"
     source = om.linear(tmp_path / "big.onnx", in_features=1024, out_features=2048)  # ~8 MB
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    delays = [0.3, 0.8, 1.2, 1.6, 2.0, 2.5, 3.0]
+    # delays counted from the moment staging began (start-up time varies with the machine's load)
+    delays = [0.0, 0.05, 0.2, 0.5, 1.0, 1.5, 2.5]
     for delay in delays:
         proc = subprocess.Popen([sys.executable, "-m", "repo_manager", "publish", "model", str(source),
                                  "--name", "big", "--repo", str(repo_root), "--url", triton.url],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while (proc.poll() is None and time.monotonic() < deadline
+               and not list(repo_root.glob(f"big/.trm-tmp-{proc.pid}-*"))):
+            time.sleep(0.01)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

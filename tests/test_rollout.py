@@ -191,14 +191,18 @@ def test_bad_v3_is_rolled_back_and_v2_keeps_serving(capsys, tmp_path, repo_root,
         summary = load.summary()
         assert result.code == 10, result.err
         data = result.json()
-        assert data["error"]["reason"] == reason and data["outcome"] == "rolled_back"
+        # the pre-check refuses before the live model is touched: nothing changed, nothing rolled back
+        outcome = "refused" if precheck == "--precheck" else "rolled_back"
+        assert data["error"]["reason"] == reason and data["outcome"] == outcome
+        assert [s["outcome"] for s in data["servers"]] == [outcome]
         assert summary.failed == 0, summary.errors
         assert summary.labels[-1] == "v2"
         if precheck == "--precheck":  # caught before the live model was touched: nobody saw v3
             assert summary.labels == ("v2",)
         with TritonClient(server.url) as client:
             assert served_versions(client, ["m"]) == {"m": (2,)}
-        assert read_records(repo_root)[-1]["server_outcome"] == "rolled_back"
+        assert read_records(repo_root)[-1]["server_outcome"] == outcome
+        assert read_records(repo_root)[-1]["rollout_outcome"] == outcome
     finally:
         server.stop()
 

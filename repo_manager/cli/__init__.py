@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import click
 
 from repo_manager import __version__
 from repo_manager.errors import TrmError, UsageError
+from repo_manager.process import Terminated, terminate_on_signals
 from repo_manager.redact import printable, redact_data
 from repo_manager.settings import Settings, load_settings
 
@@ -199,7 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     want_json = "--json" in args
     verbose = "-v" in args or "--verbose" in args
     try:
-        cli.main(args=args, prog_name="trm", standalone_mode=False)
+        with terminate_on_signals():
+            cli.main(args=args, prog_name="trm", standalone_mode=False)
+    except Terminated as exc:
+        click.echo(f"error: terminated by {signal.Signals(exc.signum).name}", err=True)
+        sys.exit(exc.code)
     except TrmError as exc:
         _fail(exc, want_json, verbose)
     except click.exceptions.Abort:

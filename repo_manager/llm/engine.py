@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 from repo_manager.errors import CompatibilityError, InputError
 from repo_manager.llm.plan import DEFAULT_UTILIZATION, MemoryPlan, PlanRequest, plan_memory
 from repo_manager.llm.shape import ModelShape, read_config_json, shape_from_config
+from repo_manager.process import ManagedProcess
 
 FINGERPRINT_FILE = "trm-build.json"
 """Written next to an engine by trm's builder: the node facts of the build (Triton ignores it)."""
@@ -263,15 +263,21 @@ def builder_command(builder: str | None, checkpoint: Path, output: Path, options
 def run_builder(command: list[str], output: Path, log: Path) -> EngineConfig:
     """Run the build; its output goes to ``log`` and its tail into the error when it fails."""
     output.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    # a managed process: a build (minutes, a GPU) never outlives trm, whatever ends trm
+    builder = ManagedProcess(command, log_path=log)
     try:
-        with open(log, "wb") as handle:
-            proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
+        builder.start()
     except FileNotFoundError as exc:
         raise InputError(f"engine builder {command[0]!r} not found",
                          hint="install TensorRT-LLM (pip install 'trm[trtllm]') on a GPU machine, pass "
                               "--builder 'docker run --gpus all … trtllm-build', or --engine-dir") from exc
-    if proc.returncode != 0:
+    try:
+        code = builder.wait()
+    finally:
+        builder.stop()
+    if code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise CompatibilityError(f"engine build failed (exit {proc.returncode}): {shlex.join(command)}\n{tail}",
+        raise CompatibilityError(f"engine build failed (exit {code}): {shlex.join(command)}\n{tail}",
                        hint="TensorRT-LLM builds need an NVIDIA GPU; see the log above")
     return read_engine(output)

@@ -29,6 +29,62 @@ _GATED_ACTS = {"silu", "swiglu", "geglu", "gelu_pytorch_tanh"}
 # Qwen2 has a bias on its q, k and v projections without saying so in config.json.
 _QKV_BIAS_MODEL_TYPES = {"qwen2", "qwen2_moe"}
 
+# The defaults of transformers' own config classes (``LlamaConfig.__init__`` …) for the keys that change
+# the parameter count. ``save_pretrained`` leaves out what equals them, so a published config.json may
+# omit them: google/gemma-2-9b's has no ``tie_word_embeddings``, and Gemma2Config defaults it to true.
+# tests/test_llm_plan.py checks every value against transformers itself. A family not listed here takes
+# them from transformers when it is installed (``family_defaults``).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
+    "mistral": {"tie_word_embeddings": False},
+    "mixtral": {"tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2": {"tie_word_embeddings": False},
+    "qwen2_moe": {"tie_word_embeddings": False, "num_experts": 60, "num_experts_per_tok": 4,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
+    "qwen3": {"tie_word_embeddings": False, "head_dim": 128, "attention_bias": False},
+    "qwen3_moe": {"tie_word_embeddings": False, "attention_bias": False, "num_experts": 128,
+                  "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False},
+    "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False},
+    "phi3": {"tie_word_embeddings": False},
+    "olmo": {"tie_word_embeddings": False, "attention_bias": False},
+    "olmo2": {"tie_word_embeddings": False, "attention_bias": False},
+    "granite": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
+}
+_DEFAULT_KEYS = ("tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "num_local_experts",
+                 "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+# What a family's modeling code has beyond the Llama layout (read in transformers' modeling_*.py):
+# Gemma2/3 norm before and after both the attention and the MLP (4 per layer); Qwen3 and Gemma3 normalise
+# q and k per head, OLMo2 over their full width; OLMo's LayerNorm has no weights; Qwen2-MoE gates its
+# shared expert with a (hidden -> 1) projection.
+_STRUCTURE: dict[str, dict[str, Any]] = {
+    "gemma2": {"norms_per_layer": 4},
+    "gemma3_text": {"norms_per_layer": 4, "qk_norm": "head"},
+    "qwen3": {"qk_norm": "head"},
+    "qwen3_moe": {"qk_norm": "head"},
+    "olmo2": {"qk_norm": "full"},
+    "olmo": {"norm_weights": False},
+    "qwen2_moe": {"shared_expert_gate": True},
+}
+
+
+def family_defaults(model_type: str) -> dict[str, Any]:
+    """The defaults transformers' config class for ``model_type`` gives the keys that change the count."""
+    if model_type in FAMILY_DEFAULTS:
+        return FAMILY_DEFAULTS[model_type]
+    try:
+        import inspect  # noqa: PLC0415
+
+        from transformers import CONFIG_MAPPING  # noqa: PLC0415 - optional, slow: only for other families
+
+        parameters = inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters
+    except (ImportError, KeyError):
+        return {}
+    return {k: parameters[k].default for k in _DEFAULT_KEYS
+            if k in parameters and parameters[k].default is not inspect.Parameter.empty}
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -47,6 +103,14 @@ class ModelShape:
     tied_embeddings: bool = False
     gated_mlp: bool = True
     qkv_bias: bool = False
+    out_bias: bool = False
+    """A bias on the attention output projection (``attention_bias`` in Llama-style families)."""
+    mlp_bias: bool = False
+    norms_per_layer: int = 2
+    qk_norm: str = ""
+    """"head": q and k normalised per head (head_dim weights each); "full": over their whole width."""
+    norm_weights: bool = True
+    shared_expert_gate: bool = False
     num_experts: int = 0
     """Routed experts per MoE layer; 0 for a dense model."""
     experts_per_token: int = 0
@@ -101,6 +165,10 @@ def shape_from_config(data: dict[str, Any], origin: str = "config.json") -> Mode
         data = {**data, **text}
     architecture = data.get("architecture") or (data.get("architectures") or ["unknown"])[0]
     model_type = str(data.get("model_type") or _model_type_from_architecture(str(architecture)))
+    hugging_face = "architecture" not in data  # a TensorRT-LLM config names its one architecture
+    if hugging_face:  # what the config leaves out, transformers' config class fills in
+        data = {**family_defaults(model_type), **{k: v for k, v in data.items() if v is not None}}
+    structure = _STRUCTURE.get(model_type, {})
     hidden = _int(data, "hidden_size", "n_embd", "d_model", origin=origin)
     layers = _int(data, "num_hidden_layers", "n_layer", "num_layers", origin=origin)
     heads = _int(data, "num_attention_heads", "n_head", origin=origin)
@@ -125,12 +193,16 @@ def shape_from_config(data: dict[str, Any], origin: str = "config.json") -> Mode
         raise InputError(f"{origin}: layers, heads, hidden size and vocabulary must be positive")
     if heads % kv_heads:
         raise InputError(f"{origin}: {heads} attention heads are not a multiple of {kv_heads} KV heads")
-    tied = bool(data.get("tie_word_embeddings", data.get("share_embedding_table", False)))
+    tied = bool(data.get("tie_word_embeddings") if hugging_face else data.get("share_embedding_table", False))
+    attention_bias = bool(data.get("attention_bias"))
     return ModelShape(
         architecture=str(architecture), model_type=model_type, hidden_size=hidden, num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
         vocab_size=vocab, max_position_embeddings=max_pos, tied_embeddings=tied, gated_mlp=gated,
-        qkv_bias=bool(data.get("attention_bias")) or model_type in _QKV_BIAS_MODEL_TYPES,
+        qkv_bias=attention_bias or model_type in _QKV_BIAS_MODEL_TYPES, out_bias=attention_bias,
+        mlp_bias=bool(data.get("mlp_bias")), norms_per_layer=structure.get("norms_per_layer", 2),
+        qk_norm=structure.get("qk_norm", ""), norm_weights=structure.get("norm_weights", True),
+        shared_expert_gate=structure.get("shared_expert_gate", False) and shared > 0,
         num_experts=experts, experts_per_token=top_k if experts else 0,
         moe_intermediate_size=moe_inter if experts else 0, shared_expert_intermediate_size=shared,
         torch_dtype=str(data.get("torch_dtype") or data.get("dtype") or "bfloat16"))
@@ -138,7 +210,7 @@ def shape_from_config(data: dict[str, Any], origin: str = "config.json") -> Mode
 
 def _model_type_from_architecture(architecture: str) -> str:
     lowered = architecture.lower()
-    for candidate in ("mixtral", "mistral", "qwen2", "llama", "gemma", "phi3"):
+    for candidate in ("mixtral", "mistral", "qwen2", "llama", "gemma2", "gemma", "phi3"):
         if candidate in lowered:
             return candidate
     return lowered.removesuffix("forcausallm")
@@ -184,15 +256,21 @@ def parameter_breakdown(shape: ModelShape) -> Parameters:
     attention = h * q_width + 2 * h * kv_width + q_width * h
     if shape.qkv_bias:
         attention += q_width + 2 * kv_width
+    if shape.out_bias:
+        attention += h
     matrices = 3 if shape.gated_mlp else 2
     if shape.num_experts:
         mlp = shape.num_experts * matrices * h * shape.moe_intermediate_size
         mlp += matrices * h * shape.shared_expert_intermediate_size
-        router = h * shape.num_experts
+        router = h * shape.num_experts + (h if shape.shared_expert_gate else 0)
     else:
         mlp = matrices * h * shape.intermediate_size
+        if shape.mlp_bias:
+            mlp += (matrices - 1) * shape.intermediate_size + h
         router = 0
+    norms = shape.norms_per_layer * h
+    norms += {"head": 2 * shape.head_dim, "full": q_width + kv_width}.get(shape.qk_norm, 0)
     embedding = shape.vocab_size * h
     return Parameters(embedding=embedding, lm_head=0 if shape.tied_embeddings else embedding,
                       attention=layers * attention, mlp=layers * mlp, router=layers * router,
-                      norms=layers * 2 * h + h)
+                      norms=(layers * norms + h) if shape.norm_weights else 0)

@@ -7,7 +7,8 @@ Steps, for every source format:
 3. verify on a real Triton (``verify``) unless disabled;
 4. write the manifest last and rename the folder into place (``LocalRepository.commit``).
 
-Any failure (including Ctrl-C) removes the staging folder: the repository keeps no half version.
+Any failure (including Ctrl-C, SIGTERM and SIGHUP) removes every staging folder the publish created, also
+those of a converter that failed half-way: the repository keeps no half version.
 A converter for a source format returns a ``Staged`` model (or several, for an ensemble).
 """
 
@@ -161,9 +162,10 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
             progress(f"committed {item.name} version {version}")
         timings["write"] = round(time.monotonic() - t0, 3)
     except BaseException:
-        for item in staged:
-            if item.folder.exists():
-                repo.discard(item.folder)
+        # every folder staged so far, including those of a converter that failed half-way
+        for folder in {*(item.folder for item in staged), *repo.open_staging()}:
+            if folder.exists():
+                repo.discard(folder)
         raise
     files = scan_files(result_path)
     return PublishResult(model=entry.name, version=committed[entry.name], path=str(result_path),

@@ -8,6 +8,7 @@ tensor: non-tensor types (sequences, maps), element types without a Triton type,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,8 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     if not model.graph.output:
         raise InputError(f"{path} is not an ONNX model: its graph has no outputs (corrupt or truncated?)")
     try:
-        onnx.checker.check_model(model)
+        # by path, so that external data is looked up beside the model (not in the working directory)
+        onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
         raise InputError(f"{path} fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
     return model
@@ -111,8 +113,11 @@ def build_onnx(source: Path, options: cfg.ConfigOptions):
 
     if source.is_dir():
         source = next(source.glob("*.onnx"))
+    source = source.absolute()  # external data and the reference resolve beside the model, whatever the cwd
     model = load_onnx(source)
     sig = signature(model)
+    data_files = external_data_files(source, sig.external_data)
+    reference = onnx_reference(source)  # before staging: a model onnxruntime cannot load stages nothing
 
     def build(repo, name: str) -> list[Staged]:
         config = onnx_config(name, sig, options)
@@ -120,24 +125,56 @@ def build_onnx(source: Path, options: cfg.ConfigOptions):
         staged = Staged(name, staging, config,
                         source_record(source, "onnx", opset=sig.opset, producer=sig.producer,
                                       converter="copy"),
-                        reference=onnx_reference(source))
+                        reference=reference)
         copy_into(staging, source, "model.onnx")
-        for rel in sig.external_data:
-            data = source.parent / rel
-            if not data.is_file() or ".." in Path(rel).parts or Path(rel).is_absolute():
-                repo.discard(staging)
-                raise InputError(f"{source} needs external data {rel!r}, which is missing or outside its folder")
+        for rel, data in data_files.items():
             copy_into(staging, data, rel)
         return [staged]
 
     return build
 
 
+def external_data_files(source: Path, locations: tuple[str, ...]) -> dict[str, Path]:
+    """Each external-data file the graph names, resolved beside the model file; a location that leaves
+    the model's folder, or a file that is missing, is bad input."""
+    folder = source.parent.resolve()
+    files: dict[str, Path] = {}
+    for rel in locations:
+        data = (folder / rel).resolve()
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not data.is_relative_to(folder):
+            raise InputError(f"{source} names external data {rel!r}, outside its folder",
+                             hint="keep external-data files in the model's folder (onnx.save_model(..., "
+                                  "location='weights.bin'))")
+        if not data.is_file():
+            raise InputError(f"{source} needs external data {rel!r}, which is missing from {folder}")
+        files[rel] = data
+    return files
+
+
+_UNKNOWN_OP = re.compile(r"(?P<domain>[\w.]*):(?P<op>\w+)\(-?\d+\) is not a registered function/op")
+
+
 def onnx_reference(path: Path):
-    """onnxruntime run directly on the source: the reference Triton's answers are compared with."""
+    """onnxruntime run directly on the source: the reference Triton's answers are compared with.
+
+    A model onnxruntime cannot load (an operator or domain it does not know, a bad graph) is bad input,
+    named in one line: neither trm's backend nor Triton's official one could serve it.
+    """
     import onnxruntime as ort  # noqa: PLC0415 - heavy import, only when verifying
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's pybind errors share no useful base class
+        message = str(exc)
+        unknown = _UNKNOWN_OP.search(message)
+        if unknown:
+            domain = unknown["domain"] or "ai.onnx"
+            raise InputError(f"{path} uses operator {unknown['op']} of domain {domain}, which onnxruntime "
+                             f"{ort.__version__} does not know",
+                             hint="export with standard ONNX operators, or register the custom op library "
+                                  "on the server") from exc
+        detail = message.split(":", 3)[-1].strip().splitlines()[0] if message else type(exc).__name__
+        raise InputError(f"onnxruntime cannot load {path}: {detail}") from exc
     names = [o.name for o in session.get_outputs()]
 
     def run(inputs):

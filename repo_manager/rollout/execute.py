@@ -72,7 +72,8 @@ class ServerResult:
     url: str
     strategy: str
     outcome: str
-    """done, skipped, rolled_back, failed (unreachable) or not_started."""
+    """done, skipped, refused (the pre-check refused the version, nothing changed), rolled_back, failed
+    (unreachable) or not_started."""
     before: Sets
     after: Sets
     steps: tuple[StepRecord, ...] = ()
@@ -307,9 +308,11 @@ class Executor:
 
     def _failed(self, server: ServerPlan, reason: str, exc: TrmError, *, changed: bool) -> RolledBackError:
         where = "rolled back" if changed else "nothing was changed"
-        return RolledBackError(f"rollout of {self.target.model} {self.target.version} on {server.url}: "
-                               f"{exc.message.splitlines()[0]} ({where})", reason=reason, url=server.url,
-                               model=self.target.model, version=self.target.version)
+        error = RolledBackError(f"rollout of {self.target.model} {self.target.version} on {server.url}: "
+                                f"{exc.message.splitlines()[0]} ({where})", reason=reason, url=server.url,
+                                model=self.target.model, version=self.target.version)
+        error.changed = changed  # type: ignore[attr-defined]
+        return error
 
     def _run_command(self, command: str | None, server: ServerPlan, log: StepLog, what: str) -> None:
         if not command:
@@ -376,8 +379,10 @@ def execute(plan: RolloutPlan, repo: LocalRepository, progress: Progress = quiet
         for server in plan.servers:
             _one_server(executor, server, result, changed)
     except RolledBackError as exc:
+        # refused: the pre-check stopped the first server before anything changed anywhere
+        touched = bool(changed) or getattr(exc, "changed", True)
         _roll_back_all(executor, changed, result, progress)
-        result.outcome, result.reason = "rolled_back", str(exc.facts.get("reason"))
+        result.outcome, result.reason = "rolled_back" if touched else "refused", str(exc.facts.get("reason"))
         _finish(result, started, repo)
         exc.result = result  # type: ignore[attr-defined]
         raise
@@ -417,8 +422,9 @@ def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
                 baseline = checks.watch(server.url, plan.target.model, min(max(1.0, opts.soak_s / 2), 5.0))
                 info["detail"] = f"p99 {baseline.p99_ms or 0:.1f} ms"
         executor.move(server, log)
-    except RolledBackError:
-        result.servers.append(ServerResult(server.url, server.strategy, "rolled_back", server.before,
+    except RolledBackError as exc:
+        outcome = "rolled_back" if getattr(exc, "changed", True) else "refused"
+        result.servers.append(ServerResult(server.url, server.strategy, outcome, server.before,
                                            server.before, tuple(log.steps), seconds=time.monotonic() - t0))
         raise
     except ServerError as exc:

@@ -7,15 +7,17 @@ stub for the running Python, and trm's Python-based ``onnxruntime`` backend, so 
 official onnxruntime backend load unchanged. A server from $PATH keeps its own backends.
 
 The server always runs in explicit model-control mode (never polling, which can read half-written
-folders), in a new process session, with its log in a file whose tail goes into any start-up error.
-Stopping sends SIGTERM (Triton lets in-flight requests finish, up to its exit timeout), then SIGKILL.
+folders), as a ``repo_manager.process.ManagedProcess``: in a new process session, killed by the kernel
+if trm dies (its Python stubs notice their parent is gone and exit within a second), with its log in a
+file whose tail goes into any start-up error. Stopping drains first (every model unloaded, so in-flight
+requests finish and nothing else holds the server), then SIGTERM (Triton's short exit timeout only
+covers idle connections by then), then SIGKILL.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from repo_manager.errors import ServerStartError
+from repo_manager.errors import ServerStartError, TrmError
+from repo_manager.process import ManagedProcess
 
 BACKENDS_SRC = Path(__file__).parent / "backends"
 
@@ -123,14 +126,16 @@ class Endpoints:
 class TritonServer:
     """A real tritonserver process. Use as ``with TritonServer(repo) as server: server.url``.
 
-    Ports set to 0 are chosen free. ``models`` are loaded at start-up (explicit mode).
+    Ports set to 0 are chosen free. ``models`` are loaded at start-up (explicit mode). ``drain_timeout_s``
+    bounds how long a stop waits for in-flight requests; ``exit_timeout_s`` is Triton's own exit timeout.
     """
 
     def __init__(self, repository: str | Path | list[str | Path], *, binary: str | None = None,
                  http_port: int = 0, grpc_port: int = 0, metrics_port: int = 0,
                  address: str = "127.0.0.1", models: list[str] | tuple[str, ...] = (),
                  start_timeout_s: float = 120.0, log_verbose: int = 0,
-                 extra_args: list[str] | tuple[str, ...] = ()) -> None:
+                 extra_args: list[str] | tuple[str, ...] = (), drain_timeout_s: float = 30.0,
+                 exit_timeout_s: int = 3) -> None:
         repos = repository if isinstance(repository, list) else [repository]
         self.repositories = [Path(r).resolve() for r in repos]
         self.binary = find_tritonserver(binary)
@@ -140,7 +145,9 @@ class TritonServer:
         self.start_timeout_s = start_timeout_s
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args)
-        self.process: subprocess.Popen | None = None
+        self.drain_timeout_s = drain_timeout_s
+        self.exit_timeout_s = exit_timeout_s
+        self._process: ManagedProcess | None = None
         self._workdir: Path | None = None
         self.log_path: Path | None = None
 
@@ -161,7 +168,11 @@ class TritonServer:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process else None
+        return self._process.pid if self._process else None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self._process.process if self._process else None
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path or not self.log_path.exists():
@@ -173,7 +184,8 @@ class TritonServer:
     def command(self) -> list[str]:
         cmd = [str(self.binary.path)]
         cmd += [f"--model-repository={r}" for r in self.repositories]
-        cmd += ["--model-control-mode=explicit", "--strict-readiness=false", "--exit-timeout-secs=30",
+        cmd += ["--model-control-mode=explicit", "--strict-readiness=false",
+                f"--exit-timeout-secs={self.exit_timeout_s}",
                 f"--http-address={self.address}", f"--grpc-address={self.address}",
                 f"--metrics-address={self.address}",
                 f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
@@ -209,14 +221,12 @@ class TritonServer:
                                        hint=f"stop what uses it, or pass --{kind}-port with a free port",
                                        port=port)
         self._workdir = Path(tempfile.mkdtemp(prefix="trm-triton-"))
-        if self.binary.bundled:
-            assemble_backends(self.binary, self._workdir / "backends")
-        self.log_path = self._workdir / "tritonserver.log"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self._environment(),
-                                            start_new_session=True)
         try:
+            if self.binary.bundled:
+                assemble_backends(self.binary, self._workdir / "backends")
+            self.log_path = self._workdir / "tritonserver.log"
+            self._process = ManagedProcess(self.command(), log_path=self.log_path, env=self._environment())
+            self._process.start()
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -226,15 +236,14 @@ class TritonServer:
     def _wait_ready(self) -> None:
         from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
 
-        # closed on the way out: an open keep-alive connection makes tritonserver wait its full exit
-        # timeout (30 s) at shutdown
+        # closed on the way out: an open keep-alive connection holds tritonserver's shutdown
         with TritonClient(self.url, timeout_s=2.0) as client:
             deadline = time.monotonic() + self.start_timeout_s
             while time.monotonic() < deadline:
-                assert self.process is not None
-                if self.process.poll() is not None:
+                assert self._process is not None
+                if not self._process.running():
                     raise ServerStartError(
-                        f"tritonserver exited with code {self.process.returncode} during start-up:\n"
+                        f"tritonserver exited with code {self._process.returncode} during start-up:\n"
                         f"{self.log_tail()}", log=self.log_path)
                 if client.is_ready():
                     return
@@ -242,22 +251,43 @@ class TritonServer:
         raise ServerStartError(f"tritonserver was not ready after {self.start_timeout_s:.0f} s:\n"
                                f"{self.log_tail()}", log=self.log_path)
 
-    def stop(self, timeout_s: float = 40.0) -> int | None:
-        """SIGTERM, wait (in-flight requests finish), then SIGKILL. Returns the exit code."""
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Unload every model and wait until their in-flight requests are done (at most ``timeout_s``).
+
+        Triton's own SIGTERM path first waits for every open HTTP connection to close, idle keep-alive
+        ones included, for its whole exit timeout, and then gives loaded models no time at all. Unloading
+        first waits exactly for in-flight requests (Triton frees a model when its last request is done);
+        new requests are refused meanwhile (an ensemble's in-flight requests finish too: tested). Models
+        still loading are left to the exit timeout.
+        """
+        from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
+
+        if self._process is None or not self._process.running():
+            return
+        deadline = time.monotonic() + (self.drain_timeout_s if timeout_s is None else timeout_s)
+        try:
+            with TritonClient(self.url, timeout_s=5.0) as client:
+                ready = {e["name"] for e in client.repository_index() if e.get("state") == "READY"}
+                for model in sorted(ready):
+                    client.unload(model)
+                while time.monotonic() < deadline and any(
+                        e.get("name") in ready and e.get("state") in ("READY", "UNLOADING")
+                        for e in client.repository_index()):
+                    time.sleep(0.1)
+        except TrmError:
+            pass  # not answering: the stop signal and SIGKILL remain
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """Drain (in-flight requests finish), SIGTERM, wait for Triton's exit, then SIGKILL.
+
+        Returns the exit code. ``timeout_s`` bounds the drain (default ``drain_timeout_s``).
+        """
         code = None
-        if self.process is not None:
-            if self.process.poll() is None:
-                try:
-                    os.killpg(self.process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                try:
-                    self.process.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                    self.process.wait()
-            code = self.process.returncode
-            self.process = None
+        if self._process is not None:
+            self.drain(timeout_s)
+            # Triton ends at its exit timeout, but a model still loading can hold it: SIGKILL after a margin
+            code = self._process.stop(timeout_s=self.exit_timeout_s + 5.0)
+            self._process = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -268,3 +298,4 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+

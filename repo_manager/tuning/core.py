@@ -85,6 +85,28 @@ class TuneRequest:
             raise UsageError(f"--overload-factor must be above 1 (or 0: no queue policy), not {self.overload_factor}")
         if self.priority_levels < 0:
             raise UsageError(f"--priority-levels must be 0 or more, not {self.priority_levels}")
+        check_measure_arguments(requests=self.requests)
+
+    def check_target(self, settings: Settings) -> None:
+        """Everything that can be refused before a server starts: the arguments and the --write target."""
+        self.check()
+        if self.write and self.model not in LocalRepository(settings.repository).models():
+            raise NotFoundError(f"--write needs {self.model} in the repository {settings.repository}",
+                                hint="pass --repo with the repository the model was published to", model=self.model)
+
+
+def check_measure_arguments(*, p99_ms: float | None = None, low_rps: float | None = None,
+                            peak_rps: float | None = None, requests: int = 1000) -> None:
+    """The SLO and load arguments that are given must make sense (``--check`` takes the rest from the record)."""
+    if p99_ms is not None and not p99_ms > 0:
+        raise UsageError(f"--p99-ms must be positive, not {p99_ms}")
+    for flag, value in (("--low-rps", low_rps), ("--peak-rps", peak_rps)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} must be positive, not {value}")
+    if low_rps is not None and peak_rps is not None and low_rps > peak_rps:
+        raise UsageError(f"need 0 < --low-rps <= --peak-rps (got {low_rps} and {peak_rps})")
+    if requests < 1:
+        raise UsageError(f"--requests must be at least 1, not {requests}")
 
 
 @dataclass(frozen=True)
@@ -202,10 +224,7 @@ def _gpus() -> list[str]:
 
 def tune_batching(settings: Settings, request: TuneRequest, progress: Progress = _quiet) -> TuneResult:
     """Measure candidates and choose one; with ``request.write`` publish it as a new version."""
-    request.check()
-    if request.write and request.model not in LocalRepository(settings.repository).models():
-        raise NotFoundError(f"--write needs {request.model} in the repository {settings.repository}",
-                            hint="pass --repo with the repository the model was published to", model=request.model)
+    request.check_target(settings)
     started = time.monotonic()
     with served_model(settings, request.model) as served:
         if served.base.max_batch_size <= 0:
@@ -303,6 +322,7 @@ class CheckResult:
 def check_batching(settings: Settings, model: str, *, p99_ms: float | None = None, low_rps: float | None = None,
                    peak_rps: float | None = None, requests: int = 1000, progress: Progress = _quiet) -> CheckResult:
     """Re-measure the served config at low and peak; compare the environment with the tuning record."""
+    check_measure_arguments(p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps, requests=requests)
     with served_model(settings, model) as served:
         record = (served.manifest.tuning if served.manifest else None) or {}
         slo = {**record.get("slo", {})}

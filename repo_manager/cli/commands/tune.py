@@ -68,11 +68,13 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
     measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
     from repo_manager.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
+    from repo_manager.tuning.core import check_measure_arguments  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     if check_only:
         if write:
             raise UsageError("--check measures only; it cannot be combined with --write")
+        check_measure_arguments(p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps, requests=requests)
         with live_progress(ctx, 60.0) as progress:
             checked = check_batching(settings, name, p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps,
                                      requests=requests, progress=progress)
@@ -88,6 +90,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s, write=write,
                           requests=requests, report_dir=Path(report_dir) if report_dir else None,
                           overload_factor=overload_factor, priority_levels=priority_levels)
+    request.check_target(settings)  # refused before the progress display starts
     with live_progress(ctx, budget_s) as progress:
         result = tune_batching(settings, request, progress)
     ctx.emit(result.to_dict(), _tune_text(result))

@@ -1,0 +1,213 @@
+"""Child processes that cannot outlive trm, and trm's own ending on a signal.
+
+Every long-running process trm starts (tritonserver, a TensorRT-LLM engine build; SeaweedFS in the tests)
+goes through ``ManagedProcess``:
+
+* it runs in a new session (a Ctrl-C in the terminal reaches trm only, which then stops it in order),
+  with its output in a log file whose tail goes into errors;
+* the kernel sends it a **parent-death signal** (``PR_SET_PDEATHSIG``, SIGKILL by default) when trm
+  dies without cleaning up (SIGKILL, a crash). Linux sends that signal when the *thread* that forked the
+  child exits, so children are always forked by a thread that lives as long as trm: the main thread, or
+  one long-lived launcher thread when the caller is another thread;
+* ``stop()`` sends the stop signal to the whole process group, waits, then SIGKILLs the group.
+
+``terminate_on_signals()`` (installed by ``cli.main``) turns SIGTERM and SIGHUP into ``Terminated``, a
+``SystemExit``, so every ``finally`` and context manager on the way out runs: servers are stopped and
+staging folders removed, as for Ctrl-C. A second signal during that cleanup is ignored (the cleanup is
+bounded by timeouts); a SIGKILL is covered by the parent-death signal.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(SystemExit):
+    """trm was asked to stop by a signal (exit code 128 + signal number)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@functools.cache
+def _libc_prctl() -> Callable[..., int] | None:
+    import ctypes  # noqa: PLC0415 - only when a child is started
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, cleanup paths only
+        return None
+
+
+def _death_signal_setter(death_signal: int) -> Callable[[], None] | None:
+    prctl = _libc_prctl()  # resolved in the parent: the forked child only calls it
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
+        if os.getppid() != parent:  # trm died before the signal was armed
+            os.kill(os.getpid(), death_signal)
+
+    return set_death_signal
+
+
+class _Launcher:
+    """One thread that lives as long as trm and forks children for callers on other threads."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, function: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="trm-process-launcher", daemon=True)
+                self._thread.start()
+        done: queue.Queue = queue.Queue(maxsize=1)
+        self._jobs.put((function, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    def _serve(self) -> None:
+        while True:
+            function, done = self._jobs.get()
+            try:
+                done.put((True, function()))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+                done.put((False, exc))
+
+
+_launcher = _Launcher()
+
+
+def spawn(command: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+          cwd: str | Path | None = None, death_signal: int = signal.SIGKILL) -> subprocess.Popen:
+    """Start ``command`` in a new session, output appended to ``log_path``, killed with trm."""
+    setter = _death_signal_setter(death_signal)
+
+    def popen() -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None,
+                                    cwd=cwd, start_new_session=True, preexec_fn=setter)
+
+    if threading.current_thread() is threading.main_thread():
+        return popen()
+    return _launcher.run(popen)
+
+
+class ManagedProcess:
+    """A child process with a log file, stopped as a whole process group. See the module docstring."""
+
+    def __init__(self, command: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+                 cwd: str | Path | None = None, stop_signal: int = signal.SIGTERM,
+                 death_signal: int = signal.SIGKILL) -> None:
+        self.command = list(command)
+        self.log_path = Path(log_path)
+        self.env = env
+        self.cwd = cwd
+        self.stop_signal = stop_signal
+        self.death_signal = death_signal
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode if self.process else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> ManagedProcess:
+        self.process = spawn(self.command, log_path=self.log_path, env=self.env, cwd=self.cwd,
+                             death_signal=self.death_signal)
+        return self
+
+    def wait(self) -> int:
+        """Until the process exits; its exit code. Stop it in a ``finally`` (an interrupt leaves it running)."""
+        assert self.process is not None
+        return self.process.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 10.0, stop_signal: int | None = None) -> int | None:
+        """The stop signal to the process group, wait up to ``timeout_s``, then SIGKILL. Returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self._signal_group(self.stop_signal if stop_signal is None else stop_signal)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait()
+        # children it left behind in its group (a server's helpers) go with it
+        self._signal_group(signal.SIGKILL)
+        return self.process.returncode
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> ManagedProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_stopping = threading.Event()
+
+
+def stopping() -> None:
+    """trm is stopping on request (``trm serve`` got its signal): further SIGTERM/SIGHUP are ignored
+    so that the stop, bounded by its own timeouts, is not cut short."""
+    _stopping.set()
+
+
+@contextmanager
+def terminate_on_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise ``Terminated`` in the main thread (once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _stopping.clear()
+
+    def handler(signum: int, _frame: object) -> None:
+        if _stopping.is_set():
+            return  # already cleaning up; a SIGKILL remains for the impatient
+        _stopping.set()
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,343 @@
+"""No child process outlives the trm process that started it, whatever signal ends trm.
+
+Real `trm publish` / `trm serve` processes are killed at several moments (server starting, model
+loading, serving, a request in flight). Their process trees are read from /proc (children of that
+one process, never a global search: other people's servers run on the same machine), and every pid
+seen (tritonserver and its Python stubs) must be gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx_models as om
+import pytest
+
+from repo_manager import config as cfg
+from repo_manager.publish.core import Staged, run_publish
+from repo_manager.settings import Settings
+from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
+
+SLOW_MODEL_PY = '''
+import os, pathlib, time
+import triton_python_backend_utils as pb_utils
+
+MARKERS = os.environ.get("TRM_TEST_MARKERS")
+
+
+def mark(name):
+    if MARKERS:
+        pathlib.Path(MARKERS, name).touch()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        mark("loading")
+        time.sleep({load_s})
+
+    def execute(self, requests):
+        mark("executing")
+        time.sleep({execute_s})
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+
+
+def slow_model(repo_root: Path, name: str = "slow", *, load_s: float = 0.0, execute_s: float = 0.0) -> None:
+    """A Python model that sleeps while loading and while answering, and says when it starts each."""
+    def build(repo, _name: str) -> list[Staged]:
+        staging = repo.stage(name)
+        (staging / "model.py").write_text(SLOW_MODEL_PY.format(load_s=load_s, execute_s=execute_s))
+        config = cfg.build_config(name, "python", [cfg.TensorSpec("X", "FP32", (2,))],
+                                  [cfg.TensorSpec("Y", "FP32", (2,))], True,
+                                  cfg.ConfigOptions(max_batch_size=4, instance_count=1, warmup=False))
+        return [Staged(name, staging, config, {"kind": "test"})]
+
+    run_publish(Settings(repository=repo_root), name, build, verify_model=False)
+
+
+# ------------------------------------------------------------------------------------ process trees
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a process from a later one reusing its pid), or None
+    when it is gone or a zombie (exited, only waiting to be reaped)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def server_workdirs(tree: dict[int, tuple[str, str]]) -> list[Path]:
+    """The temporary folders of the servers in ``tree`` (trm removes them when it stops a server itself,
+    not when the kernel kills the server for it)."""
+    folders = []
+    for pid in servers_in(tree):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except FileNotFoundError:
+            continue
+        folders += [Path(a.split("=", 1)[1]).parent for a in args if a.startswith("--backend-directory=")]
+    return folders
+
+
+def descendants(pid: int) -> dict[int, tuple[str, str]]:
+    """Every live descendant of ``pid`` (all threads' children), with its start time and program."""
+    found: dict[int, tuple[str, str]] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in map(int, children):
+            started = _start_time(child)
+            if started is not None:
+                found[child] = (started, command_name(child))
+                found.update(descendants(child))
+    return found
+
+
+def command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def servers_in(tree: dict[int, tuple[str, str]]) -> list[int]:
+    return [pid for pid, (_, name) in tree.items() if name.endswith("tritonserver")]
+
+
+def assert_all_gone(tree: dict[int, tuple[str, str]], timeout_s: float = 30.0) -> None:
+    """Every process of ``tree`` exits (the kernel's parent-death signal needs no help from anyone)."""
+    def gone() -> bool:
+        return all(_start_time(pid) != started for pid, (started, _) in tree.items())
+    try:
+        wait_for(gone, "the processes to exit", timeout_s)
+    except AssertionError:
+        alive = {pid: name for pid, (started, name) in tree.items() if _start_time(pid) == started}
+        for pid in alive:  # do not leave them running for the next test
+            os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"processes outlived trm: {alive}") from None
+
+
+def trm(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "repo_manager", *map(str, args)], env=full_env, **popen)
+
+
+def serve(repo: Path, markers: Path, *extra: str) -> subprocess.Popen:
+    return trm("--json", "serve", "--repo", repo, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+               *extra, env={"TRM_TEST_MARKERS": str(markers)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+               text=True)
+
+
+def read_ready(proc: subprocess.Popen) -> dict:
+    decoder, text = json.JSONDecoder(), ""
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"trm serve ended before it was ready: {proc.stderr.read()}"
+        text += line
+        try:
+            return decoder.decode(text)
+        except json.JSONDecodeError:
+            continue
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("moment, signum", [("server starting", signal.SIGKILL), ("verifying", signal.SIGKILL),
+                                           ("verifying", signal.SIGTERM)])
+def test_publish_ended_by_a_signal_leaves_no_server_and_no_staging(tmp_path, moment, signum):
+    """`trm publish` starts its own tritonserver to verify; ending trm takes it (and its stubs) along.
+    SIGTERM goes through trm's cleanup: the server is stopped and the staging folder removed."""
+    source = om.linear(tmp_path / "m.onnx")
+    repo = tmp_path / "repo"
+    proc = trm("publish", "model", source, "--name", "lin", "--repo", repo,
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if moment == "server starting":
+            wait_for(lambda: servers_in(descendants(proc.pid)), "tritonserver to start")
+        else:  # a stub is a child of the server: the candidate is loading or answering
+            wait_for(lambda: len(descendants(proc.pid)) >= 2, "the model's stub to start")
+        tree = descendants(proc.pid)
+        workdirs = server_workdirs(tree)
+        proc.send_signal(signum)
+        code = proc.wait(60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert servers_in(tree) and workdirs
+    assert_all_gone(tree)
+    assert not list(repo.glob("lin/1"))
+    if signum == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM
+        assert not list(repo.rglob(".trm-tmp-*"))
+        assert not any(folder.exists() for folder in workdirs)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL, signal.SIGHUP])
+def test_serve_ended_while_loading_leaves_no_server(tmp_path, signum):
+    repo, markers = tmp_path / "repo", tmp_path / "markers"
+    markers.mkdir()
+    slow_model(repo, load_s=30)
+    proc = serve(repo, markers)
+    try:
+        wait_for(lambda: (markers / "loading").exists(), "the model to start loading")
+        tree = descendants(proc.pid)
+        workdirs = server_workdirs(tree)
+        proc.send_signal(signum)
+        code = proc.wait(60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert servers_in(tree) and workdirs
+    assert code == (-signal.SIGKILL if signum == signal.SIGKILL else 128 + signum)
+    assert_all_gone(tree)
+    if signum != signal.SIGKILL:  # stopped by trm itself, not only by the kernel
+        assert not any(folder.exists() for folder in workdirs)
+
+
+def test_serve_stops_after_in_flight_requests_finish(tmp_path):
+    """SIGTERM with a request in flight and an idle keep-alive client connected: the request is answered,
+    then trm serve exits 0 without waiting out Triton's exit timeout for the idle connection, and takes
+    every child with it."""
+    repo, markers = tmp_path / "repo", tmp_path / "markers"
+    markers.mkdir()
+    slow_model(repo, execute_s=3)
+    proc = serve(repo, markers)
+    answers: list = []
+    try:
+        info = read_ready(proc)
+        tree = descendants(proc.pid)
+        url = info["endpoints"]["http"]
+        idle = TritonClient(url)
+        assert idle.is_ready()  # keeps its connection open through the stop
+
+        def request() -> None:
+            with TritonClient(url) as client:
+                answers.append(client.infer("slow", {"X": np.ones((1, 2), np.float32)})["Y"])
+
+        sender = threading.Thread(target=request)
+        sender.start()
+        wait_for(lambda: (markers / "executing").exists(), "the request to reach the model")
+        proc.send_signal(signal.SIGTERM)
+        # Triton's own stop would hold the idle connection for its whole exit timeout (30 s before);
+        # a generous bound, not a measurement (bench figures are in docs/rollout.md)
+        code = proc.wait(25)
+        sender.join(30)
+        idle.close()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert code == 0
+    assert len(answers) == 1 and answers[0].tolist() == [[1.0, 1.0]]
+    assert_all_gone(tree)
+
+
+def test_serve_stop_lets_an_ensemble_request_in_flight_finish(tmp_path):
+    """A request still in an ensemble's first step when the stop begins gets its answer: Triton keeps
+    the second step's model until the ensemble's in-flight requests are done, although trm unloads all."""
+    import rollout_models as rm  # noqa: PLC0415
+
+    repo = tmp_path / "repo"
+    rm.ensemble(repo, 1, pre_delay=3.0)
+    proc = serve(repo, tmp_path)
+    answers: list = []
+    try:
+        url = read_ready(proc)["endpoints"]["http"]
+
+        def request() -> None:
+            with TritonClient(url) as client:
+                answers.append(client.infer("pipe", {"X": np.ones((1, rm.FEATURES), np.float32)}))
+
+        sender = threading.Thread(target=request)
+        sender.start()
+        time.sleep(1.0)  # the request is in `pre` (3 s) when the stop begins
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        sender.join(30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert code == 0
+    assert len(answers) == 1 and answers[0]["Y"].tolist() == [[2.0] * rm.FEATURES]
+
+
+def test_server_started_from_a_short_lived_thread_survives_the_thread(tmp_path):
+    """Linux sends the parent-death signal when the forking *thread* ends: trm forks from a thread
+    that lives as long as the process, so a server started by a worker thread keeps running."""
+    (tmp_path / "repo").mkdir()
+    started: list[TritonServer] = []
+    worker = threading.Thread(target=lambda: started.append(TritonServer(tmp_path / "repo").start()))
+    worker.start()
+    worker.join()
+    server = started[0]
+    try:
+        time.sleep(0.5)
+        assert server.process is not None and server.process.poll() is None
+        with TritonClient(server.url) as client:
+            assert client.is_ready()
+    finally:
+        server.stop()
+
+
+def test_sigkilled_publish_takes_its_engine_builder_with_it(tmp_path):
+    """An engine build (minutes on a GPU) runs as a managed process too: it dies with trm."""
+    import llm_fixtures as fx  # noqa: PLC0415
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    builder = tmp_path / "slow_builder.py"
+    builder.write_text("import time\ntime.sleep(300)\n")
+    proc = trm("publish", "model", checkpoint, "--name", "llm", "--format", "tensorrt-llm", "--repo",
+               tmp_path / "repo", "--gpu-memory", "24", "--max-seq-len", "128", "--builder",
+               f"{sys.executable} {builder}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any("slow_builder" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+                             for pid in descendants(proc.pid) if Path(f"/proc/{pid}/cmdline").exists()),
+                 "the builder to start")
+        tree = descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert tree
+    assert_all_gone(tree)
+
+
+def test_sigkilled_owner_takes_seaweed_with_it(tmp_path):
+    """The test S3 server goes through the same managed-process helper."""
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); from seaweed import SeaweedServer; "
+              "s = SeaweedServer(__import__('pathlib').Path(sys.argv[2])).start(); print(s.pid, flush=True); "
+              "time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "weed")],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(owner.stdout.readline())
+        tree = descendants(owner.pid)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert pid in tree and tree[pid][1].endswith("weed")
+    assert_all_gone(tree)
