@@ -118,9 +118,13 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
 
 def _check_config(model: ModelPlan) -> cfg.ModelConfig:
     """The config as Triton would load it here: GPU instance groups become CPU ones, since the embedded
-    server has no GPU (recorded in the verification record)."""
+    server has no GPU (recorded in the verification record), and label files are left out."""
     config = cfg.parse_config(model.config_text)
     config.name = model.name
+    for output in config.output:
+        # Triton reads label files from the model folder, which a verification load does not have; the
+        # plan has read and checked them, and answers do not depend on them
+        output.ClearField("label_filename")
     for group in config.instance_group:
         if group.kind in (cfg.mc.ModelInstanceGroup.KIND_GPU, cfg.mc.ModelInstanceGroup.KIND_AUTO):
             group.kind = cfg.mc.ModelInstanceGroup.KIND_CPU
@@ -201,7 +205,7 @@ def _manifest(model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ..
     return Manifest(model=model.name, version=version.version, files=files, config=model.config_text,
                     source=source, environment=package_versions("tritonclient", "onnxruntime"),
                     verification=verification, members=dict(model.members.get(version.version, {})),
-                    created_at=now_iso())
+                    labels=dict(model.labels), created_at=now_iso())
 
 
 def _write(plan: AdoptPlan, model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ...],

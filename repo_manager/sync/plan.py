@@ -189,7 +189,8 @@ def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None
 
 def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
     try:
-        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != repo.installed_config(manifest)
+        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != repo.installed_config(manifest) \
+            or repo.labels_differ(manifest)
     except (OSError, UnicodeDecodeError):
         return True
 

@@ -161,7 +161,11 @@ class TritonClient:
             raise ServerError(f"Triton at {self.url} is not reachable (infer {name}): {exc}",
                               url=self.url) from exc
         response = result.get_response()
-        return {out["name"]: result.as_numpy(out["name"]) for out in response.get("outputs", [])}
+        try:
+            return {out["name"]: result.as_numpy(out["name"]) for out in response.get("outputs", [])}
+        except (ValueError, TypeError, KeyError) as exc:  # an answer whose data does not fit its own shape
+            raise ServerError(f"Triton's answer from {name} at {self.url} is malformed: {exc}",
+                              model=name, url=self.url) from exc
 
 
 def build_inputs(inputs: Mapping[str, np.ndarray], module: Any = httpclient) -> list[Any]:
