@@ -351,6 +351,51 @@ def test_hostile_layouts_are_refused(capsys, tmp_path):
     assert _adopt(capsys, repo, "--into", repo / "inside", "--dry-run").code == 3
 
 
+def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path):
+    """Whatever a model folder holds, adopt answers with a refusal naming the file (exit 3), never a crash."""
+    repo = tmp_path / "repo"
+    python = 'backend: "python"\n'
+    labelled = python + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "%s" } ]\n'
+    for name, config in {"empty": "", "garbage": os.urandom(3000), "nul": 'backend: "python"\x00\n',
+                         "deep": python + "x { " * 3000, "latin1": 'backend: "python" # caf\xe9\n'.encode("latin-1"),
+                         "label_missing": labelled % "labels.txt", "label_escapes": labelled % "../../etc/hostname",
+                         "label_binary": labelled % "labels.txt", "label_in_version": labelled % "1/labels.txt",
+                         "--help": python, "my model": python, "modèle": python, "real": python,
+                         "warm": python + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" '
+                                          'value: { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "raw" } } } ]'
+                         }.items():
+        _write(repo / name / "config.pbtxt", config)
+        _write(repo / name / "1" / "model.py", DOUBLER)
+    _write(repo / "label_binary" / "labels.txt", b"\xff\xfe" + os.urandom(64))
+    _write(repo / "label_in_version" / "1" / "labels.txt", "a\n")
+    _write(repo / "warm" / "warmup" / "raw", os.urandom(4))
+    (repo / "alias").symlink_to("real")  # Triton serves a linked model folder: refused, not skipped
+    (repo / "real" / "2").symlink_to("1")  # and a linked version folder
+    _write(repo / "fifo" / "1" / "model.py", DOUBLER)
+    os.mkfifo(repo / "fifo" / "config.pbtxt")
+    before = tree_digest(repo)
+    result = _adopt(capsys, repo, "--no-verify")
+    assert result.code == 3 and tree_digest(repo) == before
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 3
+    refused = {m["model"]: m.get("refused") or " ".join(v.get("reason", "") for v in m["versions"])
+               for m in plan.json()["models"]}
+    assert set(refused) == {"empty", "garbage", "nul", "deep", "latin1", "label_missing", "label_escapes",
+                            "label_binary", "label_in_version", "--help", "my model", "modèle", "real", "warm",
+                            "alias", "fifo"}
+    assert all(refused.values()), refused
+    for name in ("empty", "garbage", "nul", "deep", "latin1", "label_missing", "warm", "fifo"):
+        assert str(repo / name / "config.pbtxt") in refused[name], refused[name]
+    assert f"{repo / 'deep' / 'config.pbtxt'}:2:" in refused["deep"]
+    assert "does not exist (Triton fails to load the model)" in refused["label_missing"]
+    assert "not UTF-8" in refused["label_binary"] and "warmup/raw" in refused["warm"]
+    assert "symbolic link" in refused["alias"] and "real/2: a symbolic link" in refused["real"]
+    assert plan.json()["counts"]["refused"] == len(refused)
+    # --skip-broken adopts what is left: version 1 of the model behind the links
+    rest = _adopt(capsys, repo, "--no-verify", "--skip-broken")
+    assert rest.code == 0 and [(a["model"], a["version"]) for a in rest.json()["adopted"]] == [("real", 1)]
+
+
 def test_sigkill_during_adoption_never_leaves_a_partial_manifest(tmp_path):
     repo = tmp_path / "repo"
     for model in range(6):

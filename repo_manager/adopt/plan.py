@@ -283,7 +283,8 @@ def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]
         try:
             check_label_path(path)
         except IntegrityError:
-            return {}, f"{where} is outside the model folder or clashes with what it holds"
+            return {}, (f"{where}: trm carries label files in the model folder only (not outside it, not "
+                        "in a version folder, not config.pbtxt)")
         file = folder / path
         if file.is_symlink() or (file.exists() and not file.is_file()):
             return {}, f"{where}: {file} is not a regular file"
