@@ -466,6 +466,10 @@ def _plan_ensemble(plan: ModelPlan, plans: dict[str, ModelPlan], target: Path | 
     pins: dict[str, int] = {}
     for step in config.ensemble_scheduling.step:
         available = member_versions[step.model_name]
+        policy = member_configs[step.model_name].version_policy
+        if step.model_version <= 0 and policy.HasField("specific"):
+            # -1 is the newest version Triton serves, and a specific policy serves only the versions it lists
+            available = sorted(set(available) & set(policy.specific.versions))
         wanted = step.model_version if step.model_version > 0 else (available[-1] if available else 0)
         if wanted not in available:
             asked = step.model_version if step.model_version > 0 else "latest"
