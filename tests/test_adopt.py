@@ -105,7 +105,19 @@ UPPER = (
 LABELS = "tench\ngoldfish\ngreat white shark\n"
 
 
-def triton_docs_layout(root: Path) -> Path:
+def _ensemble_over_policy(root: Path) -> Path:
+    """An ensemble stepping into onnx_named at model_version -1: Triton resolves it within the member's
+    version_policy (version 1), not to the newest folder (2)."""
+    _write(root / "policy_pipeline" / "config.pbtxt", 'platform: "ensemble"\nmax_batch_size: 8\n'
+           'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+           'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+           'ensemble_scheduling { step [ { model_name: "onnx_named" model_version: -1\n'
+           '  input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n')
+    (root / "policy_pipeline" / "1").mkdir(parents=True)
+    return root
+
+
+def triton_docs_layout(root: Path, *, ensemble: bool = True) -> Path:
     """Models laid out the way Triton's model_repository.md, model_configuration.md and the python_backend
     README describe them: a label file beside config.pbtxt, `platform` or `backend` (or both), no `name`,
     `version_policy`, `default_model_filename`, a SavedModel directory, TYPE_STRING, no max_batch_size."""
@@ -139,12 +151,8 @@ output [
            'instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n')
     linear(root / "onnx_named" / "1" / "linear.onnx", seed=13)
     linear(root / "onnx_named" / "2" / "linear.onnx", seed=14)  # on disk, not served: the policy lists 1
-    _write(root / "policy_pipeline" / "config.pbtxt", 'platform: "ensemble"\nmax_batch_size: 8\n'
-           'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-           'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
-           'ensemble_scheduling { step [ { model_name: "onnx_named" model_version: -1\n'
-           '  input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n')
-    (root / "policy_pipeline" / "1").mkdir(parents=True)
+    if ensemble:
+        _ensemble_over_policy(root)
     _write(root / "py_nobatch" / "config.pbtxt", 'name: "py_nobatch"\nbackend: "python"\n'
            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
@@ -228,20 +236,19 @@ def test_dry_run_lists_every_refusal_with_file_and_line_and_writes_nothing(capsy
 
 
 def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_path, triton):
-    repo = triton_docs_layout(hand_made(tmp_path / "repo"))
+    repo = triton_docs_layout(hand_made(tmp_path / "repo"), ensemble=False)
     before = tree_digest(repo)
     result = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
     assert result.code == 0, result.err
     adopted = {(a["model"], a["version"]): a for a in result.json()["adopted"]}
     docs_layout = {("densenet_onnx", 1), ("densenet_onnx", 2), ("onnx_named", 1), ("onnx_named", 2),
-                   ("policy_pipeline", 1), ("py_nobatch", 1),
+                   ("py_nobatch", 1),
                    ("py_string", 1), ("trt_labels", 1), ("torch_platform", 1), ("tf_saved", 1), ("tf_graphdef", 1)}
     assert set(adopted) == {("text_onnx", 1), ("text_onnx", 3), ("doubler", 1), ("trt_model", 1),
                             ("torch_model", 1), ("pipeline", 1), ("odd", 2)} | docs_layout
     for model in ("densenet_onnx", "onnx_named", "py_nobatch", "py_string"):  # answered on Triton
         assert adopted[(model, 1)]["verified"], adopted[(model, 1)]
     assert read_manifest(repo / "densenet_onnx" / "2").labels == {"densenet_labels.txt": LABELS}
-    assert read_manifest(repo / "policy_pipeline" / "1").members == {"onnx_named": 1}  # what Triton's -1 serves
     after = tree_digest(repo)
     assert {k: v for k, v in after.items() if not k.endswith(MANIFEST_NAME)} == before  # nothing else touched
     assert len(after) - len(before) == len(adopted)
@@ -263,7 +270,7 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
     # adopting twice changes nothing
     manifests = {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)}
     again = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
-    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 18
+    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 17
     assert {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)} == manifests
     _write(repo / "densenet_onnx" / "densenet_labels.txt", LABELS + "hammerhead\n")  # labels edited afterwards
     changed = _adopt(capsys, repo, "--dry-run")
@@ -297,6 +304,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     densenet = read_manifest(target / "densenet_onnx" / "1")
     assert densenet.labels == {"densenet_labels.txt": LABELS} and densenet.source["kind"] == "adopted"
     assert (target / "trt_labels" / "labels" / "classes.txt").read_text() == LABELS
+    assert read_manifest(target / "policy_pipeline" / "1").members == {"onnx_named": 1}  # what Triton's -1 serves
     assert {f.path for f in read_manifest(target / "tf_saved" / "1").files} == {
         "model.savedmodel/saved_model.pb", "model.savedmodel/variables/variables.index",
         "model.savedmodel/variables/variables.data-00000-of-00001"}
