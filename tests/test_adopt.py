@@ -446,9 +446,12 @@ def run_cli_validate(repo: Path) -> bool:
 
 
 def test_adopted_versions_roll_out_with_zero_failed_requests(capsys, tmp_path):
-    """What a team adopted moves like anything trm published: `trm rollout` from version 1 to 2 under load."""
+    """What a team adopted moves like anything trm published: `trm rollout` from version 1 to 2 under load,
+    with the label file its output names (the rollout's pre-check loads the version with it)."""
     repo = tmp_path / "repo"
-    _write(repo / "lin" / "config.pbtxt", ONNX_CONFIG.format(name="lin").replace("KIND_GPU", "KIND_CPU"))
+    config = ONNX_CONFIG.format(name="lin").replace("KIND_GPU", "KIND_CPU")
+    _write(repo / "lin" / "config.pbtxt", config.replace("dims: [ 3 ] }", 'dims: [ 3 ] label_filename: "l.txt" }'))
+    _write(repo / "lin" / "l.txt", LABELS)
     linear(repo / "lin" / "1" / "model.onnx", seed=1)
     linear(repo / "lin" / "2" / "model.onnx", seed=2)
     assert _adopt(capsys, repo, "--no-verify").code == 0

@@ -118,13 +118,9 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
 
 def _check_config(model: ModelPlan) -> cfg.ModelConfig:
     """The config as Triton would load it here: GPU instance groups become CPU ones, since the embedded
-    server has no GPU (recorded in the verification record), and label files are left out."""
+    server has no GPU (recorded in the verification record)."""
     config = cfg.parse_config(model.config_text)
     config.name = model.name
-    for output in config.output:
-        # Triton reads label files from the model folder, which a verification load does not have; the
-        # plan has read and checked them, and answers do not depend on them
-        output.ClearField("label_filename")
     for group in config.instance_group:
         if group.kind in (cfg.mc.ModelInstanceGroup.KIND_GPU, cfg.mc.ModelInstanceGroup.KIND_AUTO):
             group.kind = cfg.mc.ModelInstanceGroup.KIND_CPU
@@ -148,7 +144,7 @@ def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progre
     else:
         record = {"reference": "config", "checked": "every declared output present with its type and shape"}
     try:
-        report = verify(client, [Candidate(model.name, config, files)], model.name,
+        report = verify(client, [Candidate(model.name, config, files, model.labels)], model.name,
                         verification_samples(config), reference)
     except TrmError as exc:
         progress(f"{model.name}/{version.version} failed: {exc.message}")
@@ -167,11 +163,11 @@ def _verify_ensemble(settings: Settings, model: ModelPlan, version: VersionPlan,
                     "reason": f"member {member} cannot run on the embedded server: adopted unverified"}
         if member_record is not None and not member_record.get("passed"):
             return {"passed": False, "skipped": True, "reason": f"member {member}/{member_version} is unverified"}
-    candidates = [Candidate(model.name, _check_config(model), {})]
+    candidates = [Candidate(model.name, _check_config(model), {}, model.labels)]
     for member, member_version in pins.items():
         folder = plans[member].folder / str(member_version)
         candidates.append(Candidate(member, _check_config(plans[member]),
-                                    {rel: folder / rel for rel in _entries_paths(folder)}))
+                                    {rel: folder / rel for rel in _entries_paths(folder)}, plans[member].labels))
     progress(f"verifying ensemble {model.name}/{version.version} on an embedded server")
     # an ensemble loads its members from the server's repository folder: a scratch one, outside the source
     with tempfile.TemporaryDirectory(prefix="trm-adopt-") as scratch:
