@@ -382,6 +382,8 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
                          "label_missing": labelled % "labels.txt", "label_escapes": labelled % "../../etc/hostname",
                          "label_binary": labelled % "labels.txt", "label_in_version": labelled % "1/labels.txt",
                          "--help": python, "my model": python, "modèle": python, "real": python,
+                         "env": python + 'parameters: { key: "EXECUTION_ENV_PATH", value: { string_value: '
+                                         '"$$TRITON_MODEL_DIRECTORY/py310.tar.gz" } }',
                          "warm": python + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" '
                                           'value: { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "raw" } } } ]'
                          }.items():
@@ -402,7 +404,7 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
     refused = {m["model"]: m.get("refused") or " ".join(v.get("reason", "") for v in m["versions"])
                for m in plan.json()["models"]}
     assert set(refused) == {"empty", "garbage", "nul", "deep", "latin1", "label_missing", "label_escapes",
-                            "label_binary", "label_in_version", "--help", "my model", "modèle", "real", "warm",
+                            "label_binary", "label_in_version", "--help", "my model", "modèle", "real", "warm", "env",
                             "alias", "fifo"}
     assert all(refused.values()), refused
     for name in ("empty", "garbage", "nul", "deep", "latin1", "label_missing", "warm", "fifo"):
@@ -410,6 +412,7 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
     assert f"{repo / 'deep' / 'config.pbtxt'}:2:" in refused["deep"]
     assert "does not exist (Triton fails to load the model)" in refused["label_missing"]
     assert "not UTF-8" in refused["label_binary"] and "warmup/raw" in refused["warm"]
+    assert "'EXECUTION_ENV_PATH' reads py310.tar.gz from the model folder" in refused["env"]
     assert "symbolic link" in refused["alias"] and "real/2: a symbolic link" in refused["real"]
     assert plan.json()["counts"]["refused"] == len(refused)
     # --skip-broken adopts what is left: version 1 of the model behind the links

@@ -265,7 +265,8 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
                                         "version number" + (f" (rename it to {number})" if number else
                                                             " (trm versions start at 1)")))
         else:
-            notes.append(f"{child.name}: ignored by Triton (not config.pbtxt or a version folder)")
+            notes.append(f"{child.name}: ignored by Triton (not config.pbtxt or a version folder), not carried by "
+                         "trm")
     if not versions:
         notes.append("no version folder: nothing to adopt")
     return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels)
@@ -311,6 +312,12 @@ def _model_level_data(folder: Path, config: cfg.ModelConfig) -> str:
             if tensor.input_data_file:
                 return (f"{folder / CONFIG_NAME}: model_warmup {warmup.name!r} input {name!r} reads "
                         f"warmup/{tensor.input_data_file}, which trm does not carry (use random_data or zero_data)")
+    for key, parameter in config.parameters.items():
+        # the python backend's EXECUTION_ENV_PATH (and any backend parameter) may name a model-folder file
+        for found in re.finditer(r"\$\$TRITON_MODEL_DIRECTORY/([^\s\"']+)", parameter.string_value):
+            if not found.group(1).split("/")[0].isdigit():
+                return (f"{folder / CONFIG_NAME}: parameter {key!r} reads {found.group(1)} from the model folder, "
+                        "which trm does not carry (move it into the version folder)")
     for state in config.sequence_batching.state:
         for initial in state.initial_state:
             if initial.data_file:
