@@ -153,6 +153,10 @@ output [
     linear(root / "onnx_named" / "2" / "linear.onnx", seed=14)  # on disk, not served: the policy lists 1
     if ensemble:
         _ensemble_over_policy(root)
+    _write(root / "onnx_dir" / "config.pbtxt", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n')
+    linear(root / "onnx_dir" / "1" / "model.onnx" / "model.onnx")  # the directory form of an ONNX model
     _write(root / "py_nobatch" / "config.pbtxt", 'name: "py_nobatch"\nbackend: "python"\n'
            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
@@ -242,13 +246,14 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
     assert result.code == 0, result.err
     adopted = {(a["model"], a["version"]): a for a in result.json()["adopted"]}
     docs_layout = {("densenet_onnx", 1), ("densenet_onnx", 2), ("onnx_named", 1), ("onnx_named", 2),
-                   ("py_nobatch", 1),
+                   ("onnx_dir", 1), ("py_nobatch", 1),
                    ("py_string", 1), ("trt_labels", 1), ("torch_platform", 1), ("tf_saved", 1), ("tf_graphdef", 1)}
     assert set(adopted) == {("text_onnx", 1), ("text_onnx", 3), ("doubler", 1), ("trt_model", 1),
                             ("torch_model", 1), ("pipeline", 1), ("odd", 2)} | docs_layout
     for model in ("densenet_onnx", "onnx_named", "py_nobatch", "py_string"):  # answered on Triton
         assert adopted[(model, 1)]["verified"], adopted[(model, 1)]
     assert read_manifest(repo / "densenet_onnx" / "2").labels == {"densenet_labels.txt": LABELS}
+    assert "ONNX model directory" in read_manifest(repo / "onnx_dir" / "1").verification["reason"]
     after = tree_digest(repo)
     assert {k: v for k, v in after.items() if not k.endswith(MANIFEST_NAME)} == before  # nothing else touched
     assert len(after) - len(before) == len(adopted)
@@ -270,7 +275,7 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
     # adopting twice changes nothing
     manifests = {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)}
     again = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
-    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 17
+    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 18
     assert {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)} == manifests
     _write(repo / "densenet_onnx" / "densenet_labels.txt", LABELS + "hammerhead\n")  # labels edited afterwards
     changed = _adopt(capsys, repo, "--dry-run")
@@ -281,9 +286,11 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
 def test_a_model_that_does_not_answer_is_refused_and_nothing_is_written(capsys, tmp_path, triton):
     repo = good_models(tmp_path / "repo")
     _write(repo / "doubler" / "1" / "model.py", DOUBLER.replace("* 2)", "* 2)[:, :2]"))  # answers [batch, 2]
+    _write(repo / "not_onnx" / "config.pbtxt", ONNX_CONFIG.format(name="not_onnx"))
+    _write(repo / "not_onnx" / "1" / "model.onnx", os.urandom(512))  # onnxruntime refuses it: exit 5, not 1
     before = tree_digest(repo)
     result = _adopt(capsys, repo, "--url", triton.url)
-    assert result.code == 5 and "doubler/1" in result.err
+    assert result.code == 5 and "doubler/1" in result.err and "2 version(s) did not answer" in result.err
     assert tree_digest(repo) == before
 
 
@@ -296,7 +303,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     target = tmp_path / "trm-repo"
     result = _adopt(capsys, source, "--into", target, "--no-verify")
     assert result.code == 0, result.err
-    assert len(result.json()["adopted"]) == 17
+    assert len(result.json()["adopted"]) == 18
     assert tree_digest(source) == before and not list(source.rglob(MANIFEST_NAME))
     assert run_cli(capsys, "validate", target, "--json").json()["ok"]
     for model in ("text_onnx", "densenet_onnx", "onnx_named", "tf_saved"):  # the author's text, byte for byte
@@ -311,7 +318,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     shown = run_cli(capsys, "show", "onnx_named", "--repo", target, "--json")
     assert shown.code == 0 and shown.json()["versions"] == [1, 2]
     # into the same target again: identical versions are left alone
-    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 17
+    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 18
     # a different version 1 already in the target is refused by name
     linear(source / "text_onnx" / "1" / "model.onnx", seed=99)
     clash = _adopt(capsys, source, "--into", target, "--dry-run")

@@ -78,6 +78,11 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
                 "passed": False, "skipped": True,
                 "reason": f"backend {model.backend} cannot run on the embedded server (it runs python and "
                           "onnxruntime models on CPU): adopted unverified"}
+        elif model.backend == "onnxruntime" and _onnx_directory(model, version):
+            records[(model.name, version.version)] = {
+                "passed": False, "skipped": True,
+                "reason": "an ONNX model directory (model.onnx/ with external data): the embedded server's "
+                          "onnxruntime backend loads single files only: adopted unverified"}
     runnable = [(m, v) for m, v in work if (m.name, v.version) not in records and m.backend != "ensemble"]
     if runnable:
         progress(f"verifying {len(runnable)} version(s) on Triton")
@@ -128,6 +133,11 @@ def _check_config(model: ModelPlan) -> cfg.ModelConfig:
     return config
 
 
+def _onnx_directory(model: ModelPlan, version: VersionPlan) -> bool:
+    return (model.folder / str(version.version) / (model_file(cfg.parse_config(model.config_text))
+                                                   or "model.onnx")).is_dir()
+
+
 def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progress) -> dict[str, Any]:
     folder = model.folder / str(version.version)
     config = _check_config(model)
@@ -139,7 +149,13 @@ def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progre
 
         from repo_manager.publish.onnx import onnx_reference  # noqa: PLC0415 - onnxruntime, only here
 
-        reference = onnx_reference(folder / (model_file(config) or "model.onnx"))
+        path = folder / (model_file(config) or "model.onnx")
+        try:
+            reference = onnx_reference(path)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for a file it cannot load
+            progress(f"{model.name}/{version.version} failed: onnxruntime cannot load {path}")
+            return {"passed": False, "failed": True,
+                    "reason": f"onnxruntime cannot load {path}: {str(exc).splitlines()[0][:300]}"}
         record = {"reference": "onnxruntime", "reference_version": onnxruntime.__version__}
     else:
         record = {"reference": "config", "checked": "every declared output present with its type and shape"}
