@@ -277,9 +277,13 @@ class LocalRepository:
         versions = self.versions(name)
         if versions and config_path.exists():
             try:
-                if self.installed_config(read_manifest(model_dir / str(versions[-1]))) != config_path.read_text():
+                newest = read_manifest(model_dir / str(versions[-1]))
+                if self.installed_config(newest) != config_path.read_text():
                     problems.append(Problem(name, None, f"config.pbtxt differs from the config version "
                                                         f"{versions[-1]} was validated with"))
+                if self.labels_differ(newest):
+                    problems.append(Problem(name, None, f"a label file is missing or differs from what version "
+                                                        f"{versions[-1]} carries (`trm validate --fix` rewrites it)"))
             except IntegrityError:
                 pass  # reported by the version check
         return problems

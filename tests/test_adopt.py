@@ -333,6 +333,10 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     assert sha256_file(node / onnx_file) == sha256_file(target / onnx_file)
     assert (node / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
     assert run_cli(capsys, "validate", node, "--json").json()["ok"]
+    (node / "densenet_onnx" / "densenet_labels.txt").unlink()  # Triton would fail the load: validate says so
+    assert not run_cli(capsys, "validate", node, "--json").json()["ok"]
+    assert run_cli(capsys, "validate", node, "--fix", "--json").json()["ok"]
+    assert (node / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
     again = run_cli(capsys, "sync", s3_location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache",
                     "--json")
     assert again.code == 0 and again.json()["installed"] == [] and again.json()["configs_replaced"] == []
