@@ -56,6 +56,20 @@ def check_relative_path(path: object) -> str:
     return path  # type: ignore[return-value]
 
 
+# Label files travel inside the manifest (they are small text files Triton reads from the model folder).
+MAX_LABEL_BYTES = 16 * 1024 * 1024
+
+
+def check_label_path(path: str) -> str:
+    """A label file's path inside a model folder (``label_filename``): relative, and clear of what trm
+    owns there (config.pbtxt, version folders, hidden and staging names)."""
+    check_relative_path(path)
+    first = path.split("/")[0]
+    if path == "config.pbtxt" or first.isdigit() or first.startswith("."):
+        raise IntegrityError(f"label file path {path!r} is not allowed in a model folder")
+    return path
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -103,12 +117,16 @@ class Manifest:
     tuning: dict[str, Any] | None = None
     members: dict[str, int] = field(default_factory=dict)
     """For ensembles: composing model -> the version it was verified with."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Label files (``label_filename``) Triton reads from the model folder: path there -> text."""
     created_at: str = ""
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
+        if not self.labels:
+            del data["labels"]  # manifests without label files read as they always did
         return data
 
     def to_json(self) -> bytes:
@@ -158,10 +176,16 @@ class Manifest:
                 check_version(member_version)
         except InputError as exc:
             raise IntegrityError(f"{origin} names a bad ensemble member: {exc.message}") from exc
+        labels = data.get("labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(t, str) for t in labels.values()) \
+                or sum(len(t) for t in labels.values()) > MAX_LABEL_BYTES:
+            raise IntegrityError(f"{origin} is malformed: labels is not a mapping of path -> text")
+        for path in labels:
+            check_label_path(path)
         return cls(model=model, version=version, files=files, config=config,
                    source=records["source"], environment=records["environment"],
                    verification=records["verification"], tuning=data.get("tuning"),
-                   members=dict(records["members"]), created_at=str(data.get("created_at", "")))
+                   members=dict(records["members"]), labels=dict(labels), created_at=str(data.get("created_at", "")))
 
     @classmethod
     def from_json(cls, payload: bytes | str, origin: str = "manifest") -> Manifest:

@@ -30,6 +30,7 @@ from repo_manager.manifest import (
     MANIFEST_NAME,
     MAX_VERSION,
     Manifest,
+    check_label_path,
     check_model_name,
     read_manifest,
     sha256_file,
@@ -189,6 +190,31 @@ class LocalRepository:
             return text  # published into this repository: keep the exact validated text
         return cfg.config_to_text(localized)
 
+    def labels_differ(self, manifest: Manifest) -> bool:
+        """True when a label file the manifest carries is missing or different in the model folder."""
+        folder = self.model_dir(manifest.model)
+        for path, text in manifest.labels.items():
+            try:
+                if (folder / path).is_symlink() or (folder / path).read_bytes() != text.encode():
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def install_labels(self, manifest: Manifest) -> bool:
+        """Write, atomically, the label files the manifest carries beside config.pbtxt (Triton reads
+        ``label_filename`` from the model folder, and fails the load when it is missing). True if any changed."""
+        if not self.labels_differ(manifest):
+            return False
+        folder = self.model_dir(manifest.model)
+        for path, text in manifest.labels.items():
+            check_label_path(path)
+            target = paths.check_within(self.root, folder / path)  # no link anywhere on the way
+            if not target.is_file() or target.read_bytes() != text.encode():
+                paths.make_dirs(self.root, target.parent)
+                cfg.atomic_write_bytes(target, text.encode())
+        return True
+
     def next_version(self, model: str) -> int:
         """Highest version folder present (complete or not) + 1, so a number is never reused."""
         numbers = self._numeric_dirs(model)
@@ -266,7 +292,9 @@ class LocalRepository:
             versions = self.versions(model)
             if not versions:
                 return changed
-            wanted = self.installed_config(read_manifest(self.version_dir(model, versions[-1])))
+            newest = read_manifest(self.version_dir(model, versions[-1]))
+            changed = self.install_labels(newest) or changed
+            wanted = self.installed_config(newest)
             if path.exists() and path.read_text() == wanted:
                 return changed
             # the exact validated text (an adopted version keeps its author's), checked through the schema
@@ -366,9 +394,13 @@ class LocalRepository:
         versions = self.versions(name)
         if versions and config_path.exists():
             try:
-                if self.installed_config(read_manifest(model_dir / str(versions[-1]))) != config_path.read_text():
+                newest = read_manifest(model_dir / str(versions[-1]))
+                if self.installed_config(newest) != config_path.read_text():
                     problems.append(Problem(name, None, f"config.pbtxt differs from the config version "
                                                         f"{versions[-1]} was validated with"))
+                if self.labels_differ(newest):
+                    problems.append(Problem(name, None, f"a label file is missing or differs from what version "
+                                                        f"{versions[-1]} carries (`trm validate --fix` rewrites it)"))
             except IntegrityError:
                 pass  # reported by the version check
         return problems

@@ -78,6 +78,116 @@ ensemble_scheduling { step [
     return root
 
 
+PY_BACKEND_README_MODEL = (  # the shape of the python_backend README's example: initialize, execute, finalize
+    "import json\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+    "class TritonPythonModel:\n"
+    "    def initialize(self, args):\n"
+    "        self.model_config = json.loads(args['model_config'])\n\n"
+    "    def execute(self, requests):\n"
+    "        responses = []\n"
+    "        for request in requests:\n"
+    "            in_0 = pb_utils.get_input_tensor_by_name(request, 'INPUT0')\n"
+    "            out_0 = pb_utils.Tensor('OUTPUT0', (in_0.as_numpy() + 1).astype(np.float32))\n"
+    "            responses.append(pb_utils.InferenceResponse(output_tensors=[out_0]))\n"
+    "        return responses\n\n"
+    "    def finalize(self):\n"
+    "        pass\n")
+UPPER = (
+    "import numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+    "class TritonPythonModel:\n"
+    "    def execute(self, requests):\n"
+    "        responses = []\n"
+    "        for request in requests:\n"
+    "            text = pb_utils.get_input_tensor_by_name(request, 'TEXT').as_numpy()\n"
+    "            upper = np.array([t.upper() for t in text.reshape(-1)], dtype=np.object_).reshape(text.shape)\n"
+    "            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor('UPPER', upper)]))\n"
+    "        return responses\n")
+LABELS = "tench\ngoldfish\ngreat white shark\n"
+
+
+def _ensemble_over_policy(root: Path) -> Path:
+    """An ensemble stepping into onnx_named at model_version -1: Triton resolves it within the member's
+    version_policy (version 1), not to the newest folder (2)."""
+    _write(root / "policy_pipeline" / "config.pbtxt", 'platform: "ensemble"\nmax_batch_size: 8\n'
+           'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+           'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+           'ensemble_scheduling { step [ { model_name: "onnx_named" model_version: -1\n'
+           '  input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n')
+    (root / "policy_pipeline" / "1").mkdir(parents=True)
+    return root
+
+
+def triton_docs_layout(root: Path, *, ensemble: bool = True) -> Path:
+    """Models laid out the way Triton's model_repository.md, model_configuration.md and the python_backend
+    README describe them: a label file beside config.pbtxt, `platform` or `backend` (or both), no `name`,
+    `version_policy`, `default_model_filename`, a SavedModel directory, TYPE_STRING, no max_batch_size."""
+    _write(root / "densenet_onnx" / "config.pbtxt", """name: "densenet_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size : 0
+version_policy: { latest: { num_versions: 1 } }
+input [
+  {
+    name: "X"
+    data_type: TYPE_FP32
+    dims: [ -1, 4 ]
+  }
+]
+output [
+  {
+    name: "Y"
+    data_type: TYPE_FP32
+    dims: [ -1, 3 ]
+    label_filename: "densenet_labels.txt"
+  }
+]
+""")
+    _write(root / "densenet_onnx" / "densenet_labels.txt", LABELS)
+    linear(root / "densenet_onnx" / "1" / "model.onnx", seed=11)
+    linear(root / "densenet_onnx" / "2" / "model.onnx", seed=12)
+    _write(root / "onnx_named" / "config.pbtxt", 'backend: "onnxruntime"\ndefault_model_filename: "linear.onnx"\n'
+           'max_batch_size: 8\nversion_policy: { specific: { versions: [ 1 ] } }\n'
+           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+           'instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n')
+    linear(root / "onnx_named" / "1" / "linear.onnx", seed=13)
+    linear(root / "onnx_named" / "2" / "linear.onnx", seed=14)  # on disk, not served: the policy lists 1
+    if ensemble:
+        _ensemble_over_policy(root)
+    _write(root / "onnx_dir" / "config.pbtxt", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n')
+    linear(root / "onnx_dir" / "1" / "model.onnx" / "model.onnx")  # the directory form of an ONNX model
+    _write(root / "py_nobatch" / "config.pbtxt", 'name: "py_nobatch"\nbackend: "python"\n'
+           'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+           'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+    _write(root / "py_nobatch" / "1" / "model.py", PY_BACKEND_README_MODEL)
+    _write(root / "py_string" / "config.pbtxt", 'name: "py_string"\nbackend: "python"\nmax_batch_size: 2\n'
+           'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+           'output [ { name: "UPPER" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    _write(root / "py_string" / "1" / "model.py", UPPER)
+    _write(root / "trt_labels" / "config.pbtxt", 'platform: "tensorrt_plan"\nmax_batch_size: 8\n'
+           'input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]\n'
+           'output [ { name: "output" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labels/classes.txt" } ]\n')
+    _write(root / "trt_labels" / "labels" / "classes.txt", LABELS)
+    _write(root / "trt_labels" / "1" / "model.plan", os.urandom(1000))
+    _write(root / "torch_platform" / "config.pbtxt", 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+           'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+           'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n')
+    _write(root / "torch_platform" / "1" / "model.pt", os.urandom(500))
+    saved = root / "tf_saved" / "1" / "model.savedmodel"  # a SavedModel is a directory
+    _write(root / "tf_saved" / "config.pbtxt", 'platform: "tensorflow_savedmodel"\nmax_batch_size: 8\n'
+           'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+           'output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n')
+    _write(saved / "saved_model.pb", os.urandom(300))
+    _write(saved / "variables" / "variables.index", os.urandom(30))
+    _write(saved / "variables" / "variables.data-00000-of-00001", os.urandom(300))
+    _write(root / "tf_graphdef" / "config.pbtxt", 'backend: "tensorflow"\nplatform: "tensorflow_graphdef"\n'
+           'max_batch_size: 8\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+           'output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n')
+    _write(root / "tf_graphdef" / "1" / "model.graphdef", os.urandom(300))
+    return root
+
+
 def hand_made(root: Path) -> Path:
     """The good models plus what real repositories also hold: broken and templated configs, a misnamed
     model, a version folder without its model file, odd version folders, stray files, lost+found."""
@@ -130,13 +240,20 @@ def test_dry_run_lists_every_refusal_with_file_and_line_and_writes_nothing(capsy
 
 
 def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_path, triton):
-    repo = hand_made(tmp_path / "repo")
+    repo = triton_docs_layout(hand_made(tmp_path / "repo"), ensemble=False)
     before = tree_digest(repo)
     result = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
     assert result.code == 0, result.err
     adopted = {(a["model"], a["version"]): a for a in result.json()["adopted"]}
+    docs_layout = {("densenet_onnx", 1), ("densenet_onnx", 2), ("onnx_named", 1), ("onnx_named", 2),
+                   ("onnx_dir", 1), ("py_nobatch", 1),
+                   ("py_string", 1), ("trt_labels", 1), ("torch_platform", 1), ("tf_saved", 1), ("tf_graphdef", 1)}
     assert set(adopted) == {("text_onnx", 1), ("text_onnx", 3), ("doubler", 1), ("trt_model", 1),
-                            ("torch_model", 1), ("pipeline", 1), ("odd", 2)}
+                            ("torch_model", 1), ("pipeline", 1), ("odd", 2)} | docs_layout
+    for model in ("densenet_onnx", "onnx_named", "py_nobatch", "py_string"):  # answered on Triton
+        assert adopted[(model, 1)]["verified"], adopted[(model, 1)]
+    assert read_manifest(repo / "densenet_onnx" / "2").labels == {"densenet_labels.txt": LABELS}
+    assert "ONNX model directory" in read_manifest(repo / "onnx_dir" / "1").verification["reason"]
     after = tree_digest(repo)
     assert {k: v for k, v in after.items() if not k.endswith(MANIFEST_NAME)} == before  # nothing else touched
     assert len(after) - len(before) == len(adopted)
@@ -158,43 +275,90 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
     # adopting twice changes nothing
     manifests = {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)}
     again = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
-    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 7
+    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 18
     assert {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)} == manifests
+    _write(repo / "densenet_onnx" / "densenet_labels.txt", LABELS + "hammerhead\n")  # labels edited afterwards
+    changed = _adopt(capsys, repo, "--dry-run")
+    assert changed.code == 3
+    assert any("densenet_onnx/1" in p and "other label files" in p for p in changed.json()["problems"])
 
 
 def test_a_model_that_does_not_answer_is_refused_and_nothing_is_written(capsys, tmp_path, triton):
     repo = good_models(tmp_path / "repo")
     _write(repo / "doubler" / "1" / "model.py", DOUBLER.replace("* 2)", "* 2)[:, :2]"))  # answers [batch, 2]
+    _write(repo / "not_onnx" / "config.pbtxt", ONNX_CONFIG.format(name="not_onnx"))
+    _write(repo / "not_onnx" / "1" / "model.onnx", os.urandom(512))  # onnxruntime refuses it: exit 5, not 1
     before = tree_digest(repo)
     result = _adopt(capsys, repo, "--url", triton.url)
-    assert result.code == 5 and "doubler/1" in result.err
+    assert result.code == 5 and "doubler/1" in result.err and "2 version(s) did not answer" in result.err
     assert tree_digest(repo) == before
 
 
-def test_adopt_into_a_target_then_push_and_sync(capsys, tmp_path, triton):
-    source = good_models(tmp_path / "team-repo")
+def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_path, s3_location):
+    """Adopted --into a trm repository, pushed to a folder store and to S3, synced into a node repository and
+    served there by the real tritonserver: label files travel with the versions (Triton fails a load without
+    them), strings and ensembles answer, and not a byte of the team's repository changes."""
+    source = triton_docs_layout(good_models(tmp_path / "team-repo"))
     before = tree_digest(source)
     target = tmp_path / "trm-repo"
-    result = _adopt(capsys, source, "--into", target, "--url", triton.url)
+    result = _adopt(capsys, source, "--into", target, "--no-verify")
     assert result.code == 0, result.err
+    assert len(result.json()["adopted"]) == 18
     assert tree_digest(source) == before and not list(source.rglob(MANIFEST_NAME))
     assert run_cli(capsys, "validate", target, "--json").json()["ok"]
-    assert (target / "text_onnx" / "config.pbtxt").read_text() == (source / "text_onnx" / "config.pbtxt").read_text()
+    for model in ("text_onnx", "densenet_onnx", "onnx_named", "tf_saved"):  # the author's text, byte for byte
+        assert (target / model / "config.pbtxt").read_bytes() == (source / model / "config.pbtxt").read_bytes()
+    densenet = read_manifest(target / "densenet_onnx" / "1")
+    assert densenet.labels == {"densenet_labels.txt": LABELS} and densenet.source["kind"] == "adopted"
+    assert (target / "trt_labels" / "labels" / "classes.txt").read_text() == LABELS
+    assert read_manifest(target / "policy_pipeline" / "1").members == {"onnx_named": 1}  # what Triton's -1 serves
+    assert {f.path for f in read_manifest(target / "tf_saved" / "1").files} == {
+        "model.savedmodel/saved_model.pb", "model.savedmodel/variables/variables.index",
+        "model.savedmodel/variables/variables.data-00000-of-00001"}
+    shown = run_cli(capsys, "show", "onnx_named", "--repo", target, "--json")
+    assert shown.code == 0 and shown.json()["versions"] == [1, 2]
     # into the same target again: identical versions are left alone
-    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 6
+    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 18
     # a different version 1 already in the target is refused by name
     linear(source / "text_onnx" / "1" / "model.onnx", seed=99)
     clash = _adopt(capsys, source, "--into", target, "--dry-run")
     assert clash.code == 3 and "already holds a different version 1 of text_onnx" in "\n".join(clash.json()["problems"])
-    # what was adopted moves through a store like anything trm published
-    store = tmp_path / "store"
-    assert run_cli(capsys, "push", store, "--repo", target, "--env", "prod").code == 0
+    # what was adopted moves through a store like anything trm published: a folder store and S3
+    assert run_cli(capsys, "push", tmp_path / "store", "--repo", target, "--env", "prod").code == 0
+    assert run_cli(capsys, "push", s3_location, "--repo", target, "--env", "prod").code == 0
     node = tmp_path / "node"
-    synced = run_cli(capsys, "sync", store, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache")
+    synced = run_cli(capsys, "sync", s3_location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache")
     assert synced.code == 0, synced.err
     onnx_file = Path("text_onnx") / "3" / "model.onnx"
     assert sha256_file(node / onnx_file) == sha256_file(target / onnx_file)
+    assert (node / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
     assert run_cli(capsys, "validate", node, "--json").json()["ok"]
+    (node / "densenet_onnx" / "densenet_labels.txt").unlink()  # Triton would fail the load: validate says so
+    assert not run_cli(capsys, "validate", node, "--json").json()["ok"]
+    assert run_cli(capsys, "validate", node, "--fix", "--json").json()["ok"]
+    assert (node / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
+    again = run_cli(capsys, "sync", s3_location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache",
+                    "--json")
+    assert again.code == 0 and again.json()["installed"] == [] and again.json()["configs_replaced"] == []
+    # served from the node: the classification Triton answers with the labels it read from the label file
+    import tritonclient.http as httpclient  # noqa: PLC0415
+
+    server = TritonServer(node).start()
+    try:
+        with TritonClient(server.url) as client:
+            for model in ("densenet_onnx", "py_string", "py_nobatch"):  # (text_onnx asks for a GPU)
+                load_version(client, LocalRepository(node), model)
+            words = client.infer("py_string", {"TEXT": np.array([[b"triton"]], dtype=np.object_)})["UPPER"]
+            assert words.reshape(-1).tolist() == [b"TRITON"]
+            assert client.infer("py_nobatch", {"INPUT0": np.zeros(5, np.float32)})["OUTPUT0"].tolist() == [1.0] * 5
+        raw = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        request = httpclient.InferInput("X", [1, 4], "FP32")
+        request.set_data_from_numpy(np.ones((1, 4), np.float32))
+        answer = raw.infer("densenet_onnx", [request],
+                           outputs=[httpclient.InferRequestedOutput("Y", class_count=3)]).as_numpy("Y")
+        assert {item.decode().rsplit(":", 1)[1] for item in answer.reshape(-1)} == set(LABELS.splitlines())
+    finally:
+        server.stop()
 
 
 def test_hostile_layouts_are_refused(capsys, tmp_path):
@@ -217,6 +381,54 @@ def test_hostile_layouts_are_refused(capsys, tmp_path):
     assert "tampered/1" in problems
     assert _adopt(capsys, tmp_path / "missing", "--dry-run").code == 3
     assert _adopt(capsys, repo, "--into", repo / "inside", "--dry-run").code == 3
+
+
+def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path):
+    """Whatever a model folder holds, adopt answers with a refusal naming the file (exit 3), never a crash."""
+    repo = tmp_path / "repo"
+    python = 'backend: "python"\n'
+    labelled = python + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "%s" } ]\n'
+    for name, config in {"empty": "", "garbage": os.urandom(3000), "nul": 'backend: "python"\x00\n',
+                         "deep": python + "x { " * 3000, "latin1": 'backend: "python" # caf\xe9\n'.encode("latin-1"),
+                         "label_missing": labelled % "labels.txt", "label_escapes": labelled % "../../etc/hostname",
+                         "label_binary": labelled % "labels.txt", "label_in_version": labelled % "1/labels.txt",
+                         "--help": python, "my model": python, "modèle": python, "real": python,
+                         "env": python + 'parameters: { key: "EXECUTION_ENV_PATH", value: { string_value: '
+                                         '"$$TRITON_MODEL_DIRECTORY/py310.tar.gz" } }',
+                         "warm": python + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" '
+                                          'value: { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "raw" } } } ]'
+                         }.items():
+        _write(repo / name / "config.pbtxt", config)
+        _write(repo / name / "1" / "model.py", DOUBLER)
+    _write(repo / "label_binary" / "labels.txt", b"\xff\xfe" + os.urandom(64))
+    _write(repo / "label_in_version" / "1" / "labels.txt", "a\n")
+    _write(repo / "warm" / "warmup" / "raw", os.urandom(4))
+    (repo / "alias").symlink_to("real")  # Triton serves a linked model folder: refused, not skipped
+    (repo / "real" / "2").symlink_to("1")  # and a linked version folder
+    _write(repo / "fifo" / "1" / "model.py", DOUBLER)
+    os.mkfifo(repo / "fifo" / "config.pbtxt")
+    before = tree_digest(repo)
+    result = _adopt(capsys, repo, "--no-verify")
+    assert result.code == 3 and tree_digest(repo) == before
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 3
+    refused = {m["model"]: m.get("refused") or " ".join(v.get("reason", "") for v in m["versions"])
+               for m in plan.json()["models"]}
+    assert set(refused) == {"empty", "garbage", "nul", "deep", "latin1", "label_missing", "label_escapes",
+                            "label_binary", "label_in_version", "--help", "my model", "modèle", "real", "warm", "env",
+                            "alias", "fifo"}
+    assert all(refused.values()), refused
+    for name in ("empty", "garbage", "nul", "deep", "latin1", "label_missing", "warm", "fifo"):
+        assert str(repo / name / "config.pbtxt") in refused[name], refused[name]
+    assert f"{repo / 'deep' / 'config.pbtxt'}:2:" in refused["deep"]
+    assert "does not exist (Triton fails to load the model)" in refused["label_missing"]
+    assert "not UTF-8" in refused["label_binary"] and "warmup/raw" in refused["warm"]
+    assert "'EXECUTION_ENV_PATH' reads py310.tar.gz from the model folder" in refused["env"]
+    assert "symbolic link" in refused["alias"] and "real/2: a symbolic link" in refused["real"]
+    assert plan.json()["counts"]["refused"] == len(refused)
+    # --skip-broken adopts what is left: version 1 of the model behind the links
+    rest = _adopt(capsys, repo, "--no-verify", "--skip-broken")
+    assert rest.code == 0 and [(a["model"], a["version"]) for a in rest.json()["adopted"]] == [("real", 1)]
 
 
 def test_sigkill_during_adoption_never_leaves_a_partial_manifest(tmp_path):
@@ -248,9 +460,12 @@ def run_cli_validate(repo: Path) -> bool:
 
 
 def test_adopted_versions_roll_out_with_zero_failed_requests(capsys, tmp_path):
-    """What a team adopted moves like anything trm published: `trm rollout` from version 1 to 2 under load."""
+    """What a team adopted moves like anything trm published: `trm rollout` from version 1 to 2 under load,
+    with the label file its output names (the rollout's pre-check loads the version with it)."""
     repo = tmp_path / "repo"
-    _write(repo / "lin" / "config.pbtxt", ONNX_CONFIG.format(name="lin").replace("KIND_GPU", "KIND_CPU"))
+    config = ONNX_CONFIG.format(name="lin").replace("KIND_GPU", "KIND_CPU")
+    _write(repo / "lin" / "config.pbtxt", config.replace("dims: [ 3 ] }", 'dims: [ 3 ] label_filename: "l.txt" }'))
+    _write(repo / "lin" / "l.txt", LABELS)
     linear(repo / "lin" / "1" / "model.onnx", seed=1)
     linear(repo / "lin" / "2" / "model.onnx", seed=2)
     assert _adopt(capsys, repo, "--no-verify").code == 0

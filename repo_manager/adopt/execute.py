@@ -78,6 +78,11 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
                 "passed": False, "skipped": True,
                 "reason": f"backend {model.backend} cannot run on the embedded server (it runs python and "
                           "onnxruntime models on CPU): adopted unverified"}
+        elif model.backend == "onnxruntime" and _onnx_directory(model, version):
+            records[(model.name, version.version)] = {
+                "passed": False, "skipped": True,
+                "reason": "an ONNX model directory (model.onnx/ with external data): the embedded server's "
+                          "onnxruntime backend loads single files only: adopted unverified"}
     runnable = [(m, v) for m, v in work if (m.name, v.version) not in records and m.backend != "ensemble"]
     if runnable:
         progress(f"verifying {len(runnable)} version(s) on Triton")
@@ -128,6 +133,11 @@ def _check_config(model: ModelPlan) -> cfg.ModelConfig:
     return config
 
 
+def _onnx_directory(model: ModelPlan, version: VersionPlan) -> bool:
+    return (model.folder / str(version.version) / (model_file(cfg.parse_config(model.config_text))
+                                                   or "model.onnx")).is_dir()
+
+
 def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progress) -> dict[str, Any]:
     folder = model.folder / str(version.version)
     config = _check_config(model)
@@ -139,12 +149,18 @@ def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progre
 
         from repo_manager.publish.onnx import onnx_reference  # noqa: PLC0415 - onnxruntime, only here
 
-        reference = onnx_reference(folder / (model_file(config) or "model.onnx"))
+        path = folder / (model_file(config) or "model.onnx")
+        try:
+            reference = onnx_reference(path)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for a file it cannot load
+            progress(f"{model.name}/{version.version} failed: onnxruntime cannot load {path}")
+            return {"passed": False, "failed": True,
+                    "reason": f"onnxruntime cannot load {path}: {str(exc).splitlines()[0][:300]}"}
         record = {"reference": "onnxruntime", "reference_version": onnxruntime.__version__}
     else:
         record = {"reference": "config", "checked": "every declared output present with its type and shape"}
     try:
-        report = verify(client, [Candidate(model.name, config, files)], model.name,
+        report = verify(client, [Candidate(model.name, config, files, model.labels)], model.name,
                         verification_samples(config), reference)
     except TrmError as exc:
         progress(f"{model.name}/{version.version} failed: {exc.message}")
@@ -163,11 +179,11 @@ def _verify_ensemble(settings: Settings, model: ModelPlan, version: VersionPlan,
                     "reason": f"member {member} cannot run on the embedded server: adopted unverified"}
         if member_record is not None and not member_record.get("passed"):
             return {"passed": False, "skipped": True, "reason": f"member {member}/{member_version} is unverified"}
-    candidates = [Candidate(model.name, _check_config(model), {})]
+    candidates = [Candidate(model.name, _check_config(model), {}, model.labels)]
     for member, member_version in pins.items():
         folder = plans[member].folder / str(member_version)
         candidates.append(Candidate(member, _check_config(plans[member]),
-                                    {rel: folder / rel for rel in _entries_paths(folder)}))
+                                    {rel: folder / rel for rel in _entries_paths(folder)}, plans[member].labels))
     progress(f"verifying ensemble {model.name}/{version.version} on an embedded server")
     # an ensemble loads its members from the server's repository folder: a scratch one, outside the source
     with tempfile.TemporaryDirectory(prefix="trm-adopt-") as scratch:
@@ -201,7 +217,7 @@ def _manifest(model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ..
     return Manifest(model=model.name, version=version.version, files=files, config=model.config_text,
                     source=source, environment=package_versions("tritonclient", "onnxruntime"),
                     verification=verification, members=dict(model.members.get(version.version, {})),
-                    created_at=now_iso())
+                    labels=dict(model.labels), created_at=now_iso())
 
 
 def _write(plan: AdoptPlan, model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ...],

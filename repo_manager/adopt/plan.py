@@ -14,6 +14,7 @@ The plan is a value: ``--dry-run`` prints it, ``execute`` carries out exactly th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -25,7 +26,15 @@ from google.protobuf import text_format
 
 from repo_manager import config as cfg
 from repo_manager.errors import InputError, IntegrityError
-from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name, read_manifest, sha256_file
+from repo_manager.manifest import (
+    MANIFEST_NAME,
+    MAX_LABEL_BYTES,
+    Manifest,
+    check_label_path,
+    check_model_name,
+    read_manifest,
+    sha256_file,
+)
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 
 # Triton's platform names -> the backend that runs them.
@@ -52,6 +61,10 @@ RUNNABLE_BACKENDS = {"onnxruntime", "python"}
 _TEMPLATE = re.compile(r"\$\{[^}]*\}|\{\{[^}]*\}\}")
 _VERSION = re.compile(r"^[1-9][0-9]{0,17}$")
 _SKIPPED_FOLDERS = {"lost+found", "__pycache__"}
+# Model-level folders Triton reads itself (model_lifecycle.cc skips them as versions): data for model_warmup,
+# sequence-batching initial states, and the alternative configs of --model-config-name.
+_TRITON_FOLDERS = {"warmup": "model_warmup data", "initial_state": "sequence initial-state data",
+                   "configs": "alternative configs (--model-config-name)"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,9 @@ class ModelPlan:
     notes: tuple[str, ...] = ()
     members: dict[int, dict[str, int]] = field(default_factory=dict)
     """For an ensemble: version -> {member: member version it pins}."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Label files its outputs name (``label_filename``, in the model folder): path -> text. Every
+    version's manifest carries them, so that push and sync install them beside config.pbtxt."""
 
     @property
     def runnable(self) -> bool:
@@ -103,6 +119,8 @@ class ModelPlan:
             data["refused"] = self.refused
         if self.members:
             data["members"] = {str(k): v for k, v in self.members.items()}
+        if self.labels:
+            data["labels"] = sorted(self.labels)
         return data
 
 
@@ -126,6 +144,8 @@ class AdoptPlan:
         for model in self.models:
             for version in model.versions:
                 counts["refused" if model.refused else version.action] += 1
+            if model.refused and not model.versions:
+                counts["refused"] += 1  # refused before its versions were read: still one refusal
         return {"source": str(self.source), "target": str(self.target) if self.target else None,
                 "in_place": self.in_place, "models": [m.to_dict() for m in self.models],
                 "counts": counts, "problems": self.problems(), "notes": list(self.notes)}
@@ -143,18 +163,24 @@ def plan_adoption(source: str | Path, target: str | Path | None = None) -> Adopt
         _check_target(root, target_path)
     notes: list[str] = []
     folders: list[Path] = []
+    refused_links: list[ModelPlan] = []
     for child in sorted(root.iterdir()):
         if child.name.startswith(".") or child.name in _SKIPPED_FOLDERS:
             if child.name in _SKIPPED_FOLDERS:
                 notes.append(f"{child.name}: not a model folder, skipped")
             continue
-        if child.is_symlink():
-            notes.append(f"{child.name}: a symbolic link, not adopted (a model must be a real folder)")
+        if child.is_symlink() and child.is_dir():
+            # Triton follows the link and serves the model: refused, not passed over in silence
+            refused_links.append(ModelPlan(child.name, child, refused=f"{child}: a symbolic link to a model "
+                                           "folder (Triton serves it; trm adopts real folders only)"))
+        elif child.is_symlink():
+            notes.append(f"{child.name}: a symbolic link at the repository root, not adopted")
         elif child.is_dir():
             folders.append(child)
         else:
             notes.append(f"{child.name}: a file at the repository root, ignored by Triton")
     plans = {folder.name: _plan_model(folder, target_path) for folder in folders}
+    plans.update({plan.name: plan for plan in refused_links})
     lowered: dict[str, str] = {}
     for name in sorted(plans):
         other = lowered.setdefault(name.lower(), name)
@@ -181,8 +207,7 @@ def _check_target(root: Path, target: Path) -> None:
 
 
 def _refuse(plan: ModelPlan, reason: str) -> ModelPlan:
-    return ModelPlan(plan.name, plan.folder, plan.backend, plan.config_text, plan.versions,
-                     plan.refused or reason, plan.notes, plan.members)
+    return dataclasses.replace(plan, refused=plan.refused or reason)
 
 
 def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
@@ -192,7 +217,11 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     except InputError as exc:
         return ModelPlan(name, folder, refused=exc.message)
     config_path = folder / CONFIG_NAME
-    if not config_path.is_file() or config_path.is_symlink():
+    if config_path.is_symlink():
+        return ModelPlan(name, folder, refused=f"{config_path}: a symbolic link (a model must hold its own config)")
+    if config_path.exists() and not config_path.is_file():
+        return ModelPlan(name, folder, refused=f"{config_path}: not a regular file")
+    if not config_path.is_file():
         return ModelPlan(name, folder, refused=f"{config_path}: no config.pbtxt (Triton's auto-complete "
                                                "configs are not adopted: write one)")
     try:
@@ -210,30 +239,95 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     if not backend:
         return ModelPlan(name, folder, backend, text, refused=f"{config_path}: names no backend or platform")
     notes: list[str] = []
-    labels = {out.label_filename for out in config.output if out.label_filename}
+    labels, problem = _labels(folder, config)
+    if problem:
+        return ModelPlan(name, folder, backend, text, refused=problem)
+    problem = _model_level_data(folder, config)
+    if problem:
+        return ModelPlan(name, folder, backend, text, refused=problem)
+    label_roots = {path.split("/")[0] for path in labels}
     versions: list[VersionPlan] = []
     for child in sorted(folder.iterdir()):
         if child.name == CONFIG_NAME or child.name.startswith(STAGING_PREFIX):
             continue
-        if child.name in labels:
-            notes.append(f"{child.name}: label file at model level; trm versions carry version folders only, "
-                         "so push/sync will not carry it")
+        if child.name in label_roots:
+            continue
+        if child.name in _TRITON_FOLDERS:
+            notes.append(f"{child.name}: read by Triton ({_TRITON_FOLDERS[child.name]}); trm does not carry it")
+        elif child.is_symlink() and (_VERSION.match(child.name) or child.name[:1].isdigit()):
+            versions.append(VersionPlan(_loose_number(child.name), "refused", f"{child}: a symbolic link "
+                                        "(Triton follows it; a trm version must be a real folder)"))
         elif child.is_dir() and not child.is_symlink() and _VERSION.match(child.name):
-            versions.append(_plan_version(name, int(child.name), child, config, backend, target))
+            versions.append(_plan_version(name, int(child.name), child, config, backend, target, labels))
         elif child.is_dir() and not child.is_symlink() and (child.name[:1].isdigit() or child.name[:1] in " +-"):
             number = _loose_number(child.name)
             versions.append(VersionPlan(number, "refused", f"version folder {child.name!r} is not a canonical "
                                         "version number" + (f" (rename it to {number})" if number else
                                                             " (trm versions start at 1)")))
         else:
-            notes.append(f"{child.name}: ignored by Triton (not config.pbtxt or a version folder)")
+            notes.append(f"{child.name}: ignored by Triton (not config.pbtxt or a version folder), not carried by "
+                         "trm")
     if not versions:
         notes.append("no version folder: nothing to adopt")
-    return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes))
+    return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels)
+
+
+def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]:
+    """The label files the outputs name, read the way Triton reads them (from the model folder, which they
+    may not leave), or why the model is refused: Triton fails the load when one is missing."""
+    labels: dict[str, str] = {}
+    for output in config.output:
+        path = output.label_filename
+        if not path or path in labels:
+            continue
+        where = f"{folder / CONFIG_NAME}: output {output.name!r} label_filename {path!r}"
+        try:
+            check_label_path(path)
+        except IntegrityError:
+            return {}, (f"{where}: trm carries label files in the model folder only (not outside it, not "
+                        "in a version folder, not config.pbtxt)")
+        file = folder / path
+        if file.is_symlink() or (file.exists() and not file.is_file()):
+            return {}, f"{where}: {file} is not a regular file"
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            return {}, f"{where}: {file} does not exist (Triton fails to load the model)"
+        except OSError as exc:
+            return {}, f"{where}: {file} cannot be read ({exc.strerror})"
+        if len(data) > MAX_LABEL_BYTES:
+            return {}, f"{where}: {file} is larger than {MAX_LABEL_BYTES >> 20} MiB"
+        try:
+            labels[path] = data.decode()
+        except UnicodeDecodeError:
+            return {}, f"{where}: {file} is not UTF-8 text"
+    return labels, ""
+
+
+def _model_level_data(folder: Path, config: cfg.ModelConfig) -> str:
+    """Data files the config makes Triton read from the model folder that trm versions do not carry:
+    a node synced from a store would fail to load the model, so it is refused rather than half adopted."""
+    for warmup in config.model_warmup:
+        for name, tensor in warmup.inputs.items():
+            if tensor.input_data_file:
+                return (f"{folder / CONFIG_NAME}: model_warmup {warmup.name!r} input {name!r} reads "
+                        f"warmup/{tensor.input_data_file}, which trm does not carry (use random_data or zero_data)")
+    for key, parameter in config.parameters.items():
+        # the python backend's EXECUTION_ENV_PATH (and any backend parameter) may name a model-folder file
+        for found in re.finditer(r"\$\$TRITON_MODEL_DIRECTORY/([^\s\"']+)", parameter.string_value):
+            if not found.group(1).split("/")[0].isdigit():
+                return (f"{folder / CONFIG_NAME}: parameter {key!r} reads {found.group(1)} from the model folder, "
+                        "which trm does not carry (move it into the version folder)")
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            if initial.data_file:
+                return (f"{folder / CONFIG_NAME}: initial_state {initial.name!r} reads "
+                        f"initial_state/{initial.data_file}, which trm does not carry (use zero_data)")
+    return ""
 
 
 def _loose_number(name: str) -> int:
-    digits = re.match(r"\s*[+-]?(\d+)", name)
+    digits = re.match(r"\s*[+-]?(\d{1,18})(?!\d)", name)
     return int(digits.group(1)) if digits else 0
 
 
@@ -266,7 +360,7 @@ def model_file(config: cfg.ModelConfig) -> str | None:
 
 
 def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, backend: str,
-                  target: Path | None) -> VersionPlan:
+                  target: Path | None, labels: dict[str, str]) -> VersionPlan:
     try:
         files = _files(folder)
     except InputError as exc:
@@ -287,6 +381,9 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
         if manifest.model != model or manifest.version != version or not _matches(manifest, folder, files):
             return VersionPlan(version, "refused", f"{manifest_path} does not match the files beside it "
                                                    "(`trm validate` shows how)", len(files), size)
+        if manifest.labels != labels:
+            return VersionPlan(version, "refused", f"{manifest_path} carries other label files than the model "
+                                                   "folder holds now", len(files), size)
         if target is None:
             return VersionPlan(version, "present", "", len(files), size)
     if target is not None:
@@ -296,7 +393,7 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
                 theirs = read_manifest(existing)
             except (IntegrityError, OSError):
                 theirs = None
-            if theirs is not None and _matches(theirs, folder, files):
+            if theirs is not None and _matches(theirs, folder, files) and theirs.labels == labels:
                 return VersionPlan(version, "present", "", len(files), size)
             return VersionPlan(version, "refused", f"{existing} already holds a different version {version} "
                                                    f"of {model}", len(files), size)
@@ -376,6 +473,10 @@ def _plan_ensemble(plan: ModelPlan, plans: dict[str, ModelPlan], target: Path | 
     pins: dict[str, int] = {}
     for step in config.ensemble_scheduling.step:
         available = member_versions[step.model_name]
+        policy = member_configs[step.model_name].version_policy
+        if step.model_version <= 0 and policy.HasField("specific"):
+            # -1 is the newest version Triton serves, and a specific policy serves only the versions it lists
+            available = sorted(set(available) & set(policy.specific.versions))
         wanted = step.model_version if step.model_version > 0 else (available[-1] if available else 0)
         if wanted not in available:
             asked = step.model_version if step.model_version > 0 else "latest"
@@ -384,5 +485,4 @@ def _plan_ensemble(plan: ModelPlan, plans: dict[str, ModelPlan], target: Path | 
     notes = plan.notes
     if not all(plans[m].runnable for m in pins if m in plans):
         notes = (*notes, "a member's backend cannot run on the embedded server: the ensemble is adopted unverified")
-    return ModelPlan(plan.name, plan.folder, plan.backend, plan.config_text, plan.versions, "", notes,
-                     {v.version: dict(pins) for v in plan.versions})
+    return dataclasses.replace(plan, notes=notes, members={v.version: dict(pins) for v in plan.versions})

@@ -76,6 +76,8 @@ class Staged:
     members: dict[str, int] = field(default_factory=dict)
     environment_packages: tuple[str, ...] = ()
     tuning: dict[str, Any] | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    """Label files its config names (path in the model folder -> text), carried in the manifest."""
 
     def files(self) -> dict[str, Path]:
         return {e.path: self.folder / e.path for e in scan_files(self.folder)}
@@ -107,7 +109,8 @@ def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str,
             source=staged.source,
             environment=package_versions("onnx", "onnxruntime", "tritonclient", "numpy",
                                          *staged.environment_packages),
-            verification=verification, tuning=staged.tuning, members=staged.members, created_at=now_iso())
+            verification=verification, tuning=staged.tuning, members=staged.members, labels=staged.labels,
+            created_at=now_iso())
         try:
             return version, repo.commit(staged.folder, manifest)
         except ConflictError:

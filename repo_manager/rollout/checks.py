@@ -118,7 +118,7 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
         # version folder (without any, Triton looks for the temporary name in its repository and fails).
         files = files or {MANIFEST_NAME: folder / MANIFEST_NAME}
         candidates.append(Candidate(name, cfg.parse_config(manifest.config, f"manifest of {name}/{version}"),
-                                    files))
+                                    files, manifest.labels))
     entry_config = next(c.config for c in candidates if c.name == entry)
     with LoadedCandidates(client, candidates) as loaded:
         for case in cases:

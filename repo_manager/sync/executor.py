@@ -179,6 +179,7 @@ def replace_config(repo: LocalRepository, action: ModelAction) -> None:
     validate` finds them equal."""
     text = repo.installed_config(action.manifest)
     cfg.parse_config(text, f"config of {action.model}/{action.version}")
+    repo.install_labels(action.manifest)  # before the config that names them
     cfg.atomic_write_bytes(paths.check_within(repo.root, repo.model_dir(action.model) / CONFIG_NAME), text.encode())
 
 

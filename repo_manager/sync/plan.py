@@ -214,7 +214,8 @@ def check_target(repo: LocalRepository, model: str, version: int, wanted: dict[s
 
 def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
     try:
-        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != repo.installed_config(manifest)
+        return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != repo.installed_config(manifest) \
+            or repo.labels_differ(manifest)
     except (OSError, UnicodeDecodeError):
         return True
 

@@ -285,7 +285,8 @@ def write_tuned_version(repo: LocalRepository, result: TuneResult) -> int:
                 shutil.copyfile(source_dir / entry.path, target)
         source = {"kind": "tuning", "from_version": source_version, "model_checksum":
                   result.environment.get("model_checksum")}
-        staged = Staged(result.model, staging, config, source, tuning=result.record())
+        staged = Staged(result.model, staging, config, source, tuning=result.record(),
+                        labels=dict(manifest.labels))  # an adopted model's label files stay with it
         verification = {"passed": True, "method": "trm tune-batching", "server": result.server,
                         "requests": sum(p.measurement.requests for p in result.outcome.points
                                         if p.candidate == result.chosen.key and p.measurement)}

@@ -58,6 +58,8 @@ def _plan_text(plan: dict) -> str:
         for version in model["versions"]:
             reason = f": {version['reason']}" if version.get("reason") else ""
             lines.append(f"    {version['version']}: {version['action']}{reason}")
+        if model.get("labels"):
+            lines.append(f"    label files: {', '.join(model['labels'])} (carried in every version's manifest)")
         lines += [f"    note: {n}" for n in model["notes"]]
     lines += [f"  note: {n}" for n in plan["notes"]]
     return "\n".join(lines)
