@@ -40,13 +40,16 @@ def observe() -> None:
 @click.option("--versions-for", default="15m", show_default=True,
               help="How long versions may differ across the fleet (longer than a rollout).")
 @click.option("--rate-window", default="1m", show_default=True, help="Range of rate() in the rules and panels.")
-@click.option("--selector", default="", help='Extra label matchers for every series, e.g. job="triton".')
+@click.option("--selector", default="", help='Extra label matchers for every Triton series, e.g. job="triton".')
+@click.option("--pointer-stale", "pointer_stale_s", type=float, default=600.0, show_default=True,
+              help="Seconds an agent may go without reading its environment before TrmAgentPointerStale.")
 @json_option
 @pass_ctx
 def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store: str | None,
                   s3_endpoint_url: str | None, repository: str | None, out_dir: str, p99_ms: float | None,
                   queue_per_replica: float, queue_for: str, samples: int, interval_s: float, max_rejected: float,
-                  rejected_for: str, not_ready_for: str, versions_for: str, rate_window: str, selector: str) -> None:
+                  rejected_for: str, not_ready_for: str, versions_for: str, rate_window: str, selector: str,
+                  pointer_stale_s: float) -> None:
     """Write Prometheus alerting rules and a Grafana dashboard for the models ENV serves (or --model ...)."""
     from repo_manager.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
         Thresholds,
@@ -59,7 +62,7 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
     if p99_ms is not None and not p99_ms > 0:
         raise UsageError(f"--p99-ms must be positive, not {p99_ms}")
     thresholds = Thresholds(queue_per_replica, queue_for, samples, interval_s, max_rejected, rejected_for,
-                            not_ready_for, versions_for, rate_window, selector)
+                            not_ready_for, versions_for, rate_window, selector, pointer_stale_s)
     if env:
         watches = watches_from_env(settings, env, store, p99_ms, tuple(m.split(":")[0] for m in models))
     else:
