@@ -102,6 +102,15 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         assert scraped['trm_sync_bytes_total{source="downloaded"}'] + scraped['trm_sync_bytes_total{source="cache"}']
         assert scraped['trm_agent_rollouts_total{env="production",outcome="done",pod="a-pod1"}'] == 2
         assert_rule_metrics_exist(scraped, server.endpoints.metrics)
+        top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--agent", agent.base,
+                      "--agent", "http://127.0.0.1:9", "--interval", "0.2", "--json")
+        assert top.code == 0, top.err
+        (shown,) = top.json()["agents"]
+        assert (shown["pod"], shown["state"], shown["served"], shown["wanted"]) == ("a-pod1", "ready", {"m": 2},
+                                                                                   {"m": 2})
+        assert shown["last_rollout"].startswith("done") and shown["pointer_age_s"] is not None
+        assert any("no agent status at http://127.0.0.1:9" in p for p in top.json()["problems"])
+        assert any(r["model"] == "m" for r in top.json()["rows"])
     finally:
         fleet.stop()
 
