@@ -8,8 +8,14 @@ does inside ``operation("sync")`` blocks is then counted and timed::
     exporter = metrics.start_exporter(9400)          # http://host:9400/metrics
     with metrics.operation("sync", model="minilm"):  # outcome "ok", or the TrmError's kind, or "internal"
         ...
+    with metrics.operation("pointer_read") as op:    # a success with a finer outcome
+        op.outcome = "unchanged"
+    metrics.count_sync(downloaded=1234, reused=0)
     metrics.set_serving({"minilm": 3})               # which versions this process serves
     exporter.stop()
+
+A process with its own HTTP endpoint (the agent) renders the same series with ``exposition()``, adding its
+own collectors.
 
 Series (the same names whichever process exports them):
 
@@ -17,6 +23,8 @@ Series (the same names whichever process exports them):
 * ``trm_operation_seconds{operation, model, outcome}``: their durations (histogram);
 * ``trm_operation_last_success_timestamp_seconds{operation, model}``: when one last succeeded (alert on
   "no successful sync for 10 minutes");
+* ``trm_sync_bytes_total{source}``: blob bytes synced into a node repository, ``downloaded`` from the store
+  or reused from the node ``cache``;
 * ``trm_serving_version{model}``: the version this process made its server serve;
 * ``trm_build_info{version}``: 1, with trm's version.
 
@@ -26,13 +34,23 @@ costs microseconds and keeps one code path; their outcomes are in the manifest a
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.registry import Collector
 
 from repo_manager.errors import ServerError, TrmError
 
@@ -47,9 +65,12 @@ LAST_SUCCESS = Gauge("trm_operation_last_success_timestamp_seconds", "When an op
                      ["operation", "model"], registry=REGISTRY)
 SERVING = Gauge("trm_serving_version", "Version of each model this process makes its server serve", ["model"],
                 registry=REGISTRY)
+SYNC_BYTES = Counter("trm_sync_bytes", "Blob bytes synced into the node repository, by source (downloaded "
+                     "from the store, reused from the node cache)", ["source"], registry=REGISTRY)
 BUILD = Gauge("trm_build_info", "trm's version", ["version"], registry=REGISTRY)
 
 
+@functools.cache
 def _version() -> str:
     try:
         from importlib.metadata import version  # noqa: PLC0415
@@ -59,24 +80,40 @@ def _version() -> str:
         return "unknown"
 
 
+@dataclass
+class Operation:
+    """The block's handle: a block that returns may name a finer success (``unchanged``, ``rolled_back``)."""
+
+    outcome: str = "ok"
+
+
 @contextmanager
-def operation(name: str, model: str = "") -> Iterator[None]:
-    """Count and time the block: outcome ``ok``, the ``TrmError`` kind it raised, or ``internal``."""
+def operation(name: str, model: str = "") -> Iterator[Operation]:
+    """Count and time the block: outcome ``ok`` (or what the block set), the ``TrmError`` kind it raised, or
+    ``internal``. A block that returns is a success (its last-success time moves), whatever outcome it set."""
     started = time.monotonic()
-    outcome = "ok"
+    op = Operation()
+    failed = True
     try:
-        yield
+        yield op
+        failed = False
     except TrmError as exc:
-        outcome = exc.kind
+        op.outcome = exc.kind
         raise
     except BaseException:
-        outcome = "internal"
+        op.outcome = "internal"
         raise
     finally:
-        OPERATIONS.labels(name, model, outcome).inc()
-        DURATION.labels(name, model, outcome).observe(time.monotonic() - started)
-        if outcome == "ok":
+        OPERATIONS.labels(name, model, op.outcome).inc()
+        DURATION.labels(name, model, op.outcome).observe(time.monotonic() - started)
+        if not failed:
             LAST_SUCCESS.labels(name, model).set(time.time())
+
+
+def count_sync(downloaded: int, reused: int) -> None:
+    """Blob bytes one sync moved: ``downloaded`` from the store, ``reused`` from the node cache."""
+    SYNC_BYTES.labels("downloaded").inc(downloaded)
+    SYNC_BYTES.labels("cache").inc(reused)
 
 
 def set_serving(models: dict[str, int]) -> None:
@@ -84,6 +121,18 @@ def set_serving(models: dict[str, int]) -> None:
     SERVING.clear()
     for model, version in models.items():
         SERVING.labels(model).set(version)
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def exposition(*collectors: Collector) -> bytes:
+    """One scrape's text: trm's registry, then ``collectors`` (families of their own names)."""
+    BUILD.labels(_version()).set(1)
+    extra = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        extra.register(collector)
+    return generate_latest(REGISTRY) + generate_latest(extra)
 
 
 @dataclass

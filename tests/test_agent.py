@@ -93,8 +93,46 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         for agent in fleet.agents.values():
             rollout = agent.status()["last_rollout"]
             assert [m["strategy"] for m in rollout["models"]] == ["drain"]
+        agent, server = fleet.agents["a-pod1"], fleet.servers["a-pod1"]
+        scraped = agent.metrics()
+        assert scraped['trm_serving_version{model="m"}'] == 2
+        assert scraped['trm_operations_total{model="m",operation="rollout",outcome="ok"}'] == 2  # v1 (a load), v2
+        assert scraped['trm_operations_total{model="",operation="sync",outcome="ok"}'] == 2
+        assert scraped['trm_operations_total{model="",operation="pointer_read",outcome="unchanged"}'] > 0
+        assert scraped['trm_sync_bytes_total{source="downloaded"}'] + scraped['trm_sync_bytes_total{source="cache"}']
+        assert scraped['trm_agent_rollouts_total{env="production",outcome="done",pod="a-pod1"}'] == 2
+        assert_rule_metrics_exist(scraped, server.endpoints.metrics)
+        top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--agent", agent.base,
+                      "--agent", "http://127.0.0.1:9", "--interval", "0.2", "--json")
+        assert top.code == 0, top.err
+        (shown,) = top.json()["agents"]
+        assert (shown["pod"], shown["state"], shown["served"], shown["wanted"]) == ("a-pod1", "ready", {"m": 2},
+                                                                                   {"m": 2})
+        assert shown["last_rollout"].startswith("done") and shown["pointer_age_s"] is not None
+        assert any("no agent status at http://127.0.0.1:9" in p for p in top.json()["problems"])
+        assert any(r["model"] == "m" for r in top.json()["rows"])
     finally:
         fleet.stop()
+
+
+def assert_rule_metrics_exist(agent_samples: dict[str, float], triton_metrics_url: str) -> None:
+    """Every series name `trm observe rules` refers to is one a live agent exports (with samples), or one
+    the agent's Triton exports."""
+    import re  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    from repo_manager.observe.rules import ModelWatch, Thresholds, rule_file  # noqa: PLC0415
+
+    rules = rule_file([ModelWatch("m", 2, p99_ms=50.0)], Thresholds(), "production")
+    exprs = " ".join(r["expr"] for g in rules["groups"] for r in g["rules"])
+    names = set(re.findall(r"\b(?:trm|nv)_[a-z0-9_]+", re.sub(r'"[^"]*"', '""', exprs)))
+    trm = {n for n in names if n.startswith("trm_")}
+    assert {"trm_agent_degraded", "trm_serving_version", "trm_operation_last_success_timestamp_seconds"} <= trm
+    exported = {key.split("{")[0] for key in agent_samples}
+    assert trm <= exported, trm - exported
+    with urllib.request.urlopen(triton_metrics_url, timeout=5) as response:
+        triton = {line.split()[2] for line in response.read().decode().splitlines() if line.startswith("# TYPE")}
+    assert names - trm <= triton, (names - trm) - triton
 
 
 class ReadyBalancer:

@@ -107,7 +107,7 @@ def test_fleet_promotes_refuses_and_recovers_with_zero_failed_requests(capsys, s
             assert sorted([downloaded["a-pod1"], downloaded["a-pod2"]]) == [0, size], downloaded
             assert downloaded["b-pod1"] == size
             metrics = fleet.agents["a-pod1"].metrics()
-            assert metrics['trm_agent_served_version{env="production",pod="a-pod1",model="m"}'] == 2
+            assert metrics['trm_serving_version{model="m"}'] == 2
 
             # 2. a broken version: refused everywhere, v2 keeps answering
             release(capsys, src, s3_location, 3, fail_load=True)
@@ -120,8 +120,9 @@ def test_fleet_promotes_refuses_and_recovers_with_zero_failed_requests(capsys, s
                 assert status["last_rollout"]["outcome"] == "refused"
             metrics = fleet.agents["b-pod1"].metrics()
             assert metrics['trm_agent_degraded{env="production",pod="b-pod1"}'] == 1
-            assert metrics['trm_agent_rollouts_total{env="production",pod="b-pod1",outcome="refused"}'] == 1
-            assert 'trm_agent_pointer_age_seconds{env="production",pod="b-pod1"}' in metrics
+            assert metrics['trm_agent_rollouts_total{env="production",outcome="refused",pod="b-pod1"}'] == 1
+            assert metrics['trm_operations_total{model="",operation="sync",outcome="ok"}'] >= 2  # v3 synced too
+            assert 'trm_operation_last_success_timestamp_seconds{model="",operation="pointer_read"}' in metrics
             reads = fleet.agents["b-pod1"].status()["pointer"]["unchanged"]
             fleet.agents["b-pod1"].wait(lambda s: s["pointer"]["unchanged"] > reads + 2, what="conditional reads")
             assert fleet.agents["b-pod1"].status()["rollouts"]["refused"] == 1  # no retry while the pointer stays

@@ -114,6 +114,55 @@ def test_rules_carry_the_tuned_slo_pass_promtool_and_their_unit_tests(rules_dir)
     assert any("Latency" in t for t in titles) and any("batch size" in t for t in titles)
 
 
+@needs_prometheus
+def test_agent_rules_fire_on_a_refusing_a_lagging_and_a_cut_off_pod(tmp_path):
+    """The ``trm-agents`` group on the agents' own series (names checked against a live agent in
+    tests/test_agent.py): pod a refuses v3 and lags; pod b is converged but has lost the store."""
+    from repo_manager.observe.rules import ModelWatch, Thresholds, write_artifacts  # noqa: PLC0415
+
+    written = write_artifacts(tmp_path, [ModelWatch("m", 3)], Thresholds(versions_for="2m", pointer_stale_s=600),
+                              "production")
+    assert {"TrmAgentDegraded", "TrmAgentBehind", "TrmAgentPointerStale"} <= set(written.alerts)
+    rules_path = tmp_path / "trm-rules.yml"
+    check = subprocess.run([PROMTOOL, "check", "rules", str(rules_path)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    a, b = 'instance="a:8090",job="agent"', 'instance="b:8090",job="agent"'
+    pa, pb = f'{a},env="production",pod="a"', f'{b},env="production",pod="b"'
+    labels = {"source": "trm-agent", "env": "production", "severity": "warning"}
+    series = [(f"trm_agent_ready{{{pa}}}", "1x100"), (f"trm_agent_ready{{{pb}}}", "1x100"),
+              (f"trm_agent_degraded{{{pa}}}", "0 1x99"), (f"trm_agent_degraded{{{pb}}}", "0x100"),
+              (f'trm_agent_wanted_version{{{pa},model="m"}}', "3x100"),
+              (f'trm_agent_wanted_version{{{pb},model="m"}}', "3x100"),
+              (f'trm_serving_version{{{a},model="m"}}', "2x100"), (f'trm_serving_version{{{b},model="m"}}', "3x100"),
+              # a read the pointer a moment ago at every sample; b last at t=0
+              (f'trm_operation_last_success_timestamp_seconds{{{a},operation="pointer_read",model=""}}', "0+60x100"),
+              (f'trm_operation_last_success_timestamp_seconds{{{b},operation="pointer_read",model=""}}', "0x100")]
+    tests = {"rule_files": [str(rules_path)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series],
+        "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "TrmAgentPointerStale", "exp_alerts": []},
+            {"eval_time": "5m", "alertname": "TrmAgentDegraded", "exp_alerts": [{
+                "exp_labels": {**labels, **dict(x.split("=") for x in pa.replace('"', "").split(","))},
+                "exp_annotations": {"summary": "a refuses the version production names",
+                                    "description": "The agent keeps serving the last good version; its /status "
+                                                   "says why (degraded_reason)."}}]},
+            {"eval_time": "5m", "alertname": "TrmAgentBehind", "exp_alerts": [{
+                "exp_labels": {**labels, **dict(x.split("=") for x in pa.replace('"', "").split(",")), "model": "m"},
+                "exp_annotations": {"summary": "a does not serve m version 3",
+                                    "description": "Longer than 2m: the pod's rollout is stuck or refused."}}]},
+            {"eval_time": "15m", "alertname": "TrmAgentPointerStale", "exp_alerts": [{
+                "exp_labels": {**labels, **dict(x.split("=") for x in pb.replace('"', "").split(",")),
+                               "operation": "pointer_read"},
+                "exp_annotations": {"summary": "b: no pointer read for more than 600s",
+                                    "description": "The agent cannot read its environment from the store: it "
+                                                   "keeps serving what it has and will not follow a promotion."}}]},
+        ]}]}
+    test_file = tmp_path / "agents.test.yml"
+    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    unit = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
 def test_rules_without_models_or_with_a_bad_threshold_are_usage_errors(tmp_path, capsys):
     (tmp_path / "repo").mkdir()
     empty = run_cli(capsys, "observe", "rules", "--repo", tmp_path / "repo", "--out", tmp_path / "o")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
+from repo_manager import metrics
 from repo_manager.agent.lease import DrainLease
 from repo_manager.errors import (
     CompatibilityError,
@@ -261,7 +262,9 @@ class Agent:
     def _poll_pointer(self) -> None:
         etag = self.pointer.etag if self.pointer else None
         try:
-            pointer = self.store.get_env_if_changed(self.options.env, etag)
+            with metrics.operation("pointer_read") as op:
+                pointer = self.store.get_env_if_changed(self.options.env, etag)
+                op.outcome = "unchanged" if pointer is None else "changed"
         except TrmError as exc:
             with self._lock:
                 self.reads["errors"] += 1
@@ -335,7 +338,9 @@ class Agent:
         record: dict[str, Any] = {"wanted": dict(wanted), "started_at": started, "models": []}
         self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._serving_complete())
         try:
-            result = sync_versions(self.settings, self.store, wanted)
+            with metrics.operation("sync"):
+                result = sync_versions(self.settings, self.store, wanted)
+            metrics.count_sync(result.bytes_downloaded, result.bytes_reused)
         except REFUSALS as exc:
             self._refuse(wanted, pointer_tag, f"sync: {exc.message.splitlines()[0]}", record, t0)
             return
@@ -353,7 +358,10 @@ class Agent:
         moved: list[tuple[str, int | None]] = []
         try:
             for model in self._top_level(wanted):
-                outcome = self._roll_one(model, wanted[model])
+                with metrics.operation("rollout", model=model) as op:
+                    outcome = self._roll_one(model, wanted[model])
+                    op.outcome = "skipped" if outcome is None else ("ok" if outcome["outcome"] == "done"
+                                                                    else outcome["outcome"])
                 if outcome is not None:
                     moved.append((model, outcome["previous"]))
                     record["models"].append(outcome)

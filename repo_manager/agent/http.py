@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
+from repo_manager import metrics
 from repo_manager.agent.metrics import render
 from repo_manager.errors import UsageError
 
@@ -73,7 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/status":
             self._send(200, (json.dumps(status, indent=2, sort_keys=True) + "\n").encode(), "application/json")
         elif path == "/metrics":
-            self._send(200, render(status).encode(), "text/plain; version=0.0.4; charset=utf-8")
+            self._send(200, render(status), metrics.CONTENT_TYPE)
         else:
             self._send(404, b"endpoints: /healthz /readyz /status /metrics\n", "text/plain")
 

@@ -1,46 +1,58 @@
-"""The agent's /metrics in the Prometheus text exposition format (0.0.4), written by hand so the
-sidecar needs no extra package; every family carries ``env`` and ``pod`` labels."""
+"""The agent's /metrics: trm's shared registry (``repo_manager.metrics``: operations, sync bytes, the served
+versions, the build) plus the agent's own state, read from its status snapshot at scrape time.
+
+Operations the agent records in the shared vocabulary (``trm_operations_total``, ``trm_operation_seconds``,
+``trm_operation_last_success_timestamp_seconds``), by ``operation``:
+
+* ``pointer_read``: outcome ``changed``, ``unchanged`` (a 304) or the error's kind;
+* ``sync``: the versions of one pointer installed into the node repository (bytes in ``trm_sync_bytes_total``);
+* ``rollout`` (per ``model``): one model moved on this server, ``ok``, ``rolled_back`` or the error's kind.
+
+The agent's own families carry ``env`` and ``pod`` labels; shared ones are told apart by the scrape's
+``instance`` label, as for ``trm serve``.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-def _labels(values: dict[str, str]) -> str:
-    def escape(text: str) -> str:
-        return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return "{" + ",".join(f'{k}="{escape(str(v))}"' for k, v in values.items()) + "}"
+from repo_manager import metrics
+
+_RENDER = threading.Lock()
+"""Scrapes run in parallel threads; ``set_serving`` then rendering must not interleave."""
 
 
-def render(status: dict[str, Any]) -> str:
+class StatusCollector:
+    """The agent's state gauges from one ``Agent.status()`` snapshot."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.status
+        base, values = ["env", "pod"], [status["env"], status["pod"]]
+        ready = GaugeMetricFamily("trm_agent_ready", "1 when /readyz answers 200", labels=base)
+        ready.add_metric(values, float(status["ready"]))
+        degraded = GaugeMetricFamily("trm_agent_degraded", "1 while the agent refuses the version its "
+                                     "environment names", labels=base)
+        degraded.add_metric(values, float(status["state"] == "degraded"))
+        wanted = GaugeMetricFamily("trm_agent_wanted_version", "Version of each model the environment names",
+                                   labels=[*base, "model"])
+        for model, version in sorted(status["wanted"].items()):
+            wanted.add_metric([*values, model], float(version))
+        rollouts = CounterMetricFamily("trm_agent_rollouts", "Local rollouts of the environment's set by outcome "
+                                       "(done, refused, failed)", labels=[*base, "outcome"])
+        for outcome, count in sorted(status["rollouts"].items()):
+            rollouts.add_metric([*values, outcome], float(count))
+        yield from (ready, degraded, wanted, rollouts)
+
+
+def render(status: dict[str, Any]) -> bytes:
     """Text for one scrape, from the agent's status snapshot (``Agent.status()``)."""
-    base = {"env": status["env"], "pod": status["pod"]}
-    lines: list[str] = []
-
-    def family(name: str, kind: str, doc: str, samples: list[tuple[dict[str, str], float]]) -> None:
-        lines.append(f"# HELP {name} {doc}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{_labels(base | labels)} {float(value):g}")
-
-    family("trm_agent_ready", "gauge", "1 when /readyz answers 200.", [({}, status["ready"])])
-    family("trm_agent_degraded", "gauge", "1 while the agent refuses the version its environment names.",
-           [({}, status["state"] == "degraded")])
-    family("trm_agent_served_version", "gauge", "Version of each model the server answers with.",
-           [({"model": m}, v) for m, v in sorted(status["served"].items()) if v is not None])
-    family("trm_agent_wanted_version", "gauge", "Version of each model the environment names.",
-           [({"model": m}, v) for m, v in sorted(status["wanted"].items())])
-    family("trm_agent_rollouts_total", "counter", "Local rollouts by outcome (done, rolled_back, refused, failed).",
-           [({"outcome": o}, n) for o, n in sorted(status["rollouts"].items())])
-    sync = status["sync"]
-    family("trm_agent_sync_bytes_total", "counter", "Blob bytes synced into the node repository, by source "
-           "(downloaded from the store, reused from the node cache).",
-           [({"source": "downloaded"}, sync["bytes_downloaded"]), ({"source": "cache"}, sync["bytes_reused"])])
-    pointer = status["pointer"]
-    family("trm_agent_pointer_reads_total", "counter", "Reads of the environment pointer by result.",
-           [({"result": r}, pointer[k]) for r, k in (("changed", "changed"), ("unchanged", "unchanged"),
-                                                    ("error", "errors"))])
-    if pointer["age_s"] is not None:
-        family("trm_agent_pointer_age_seconds", "gauge", "Seconds since the pointer was last read successfully.",
-               [({}, pointer["age_s"])])
-    return "\n".join(lines) + "\n"
+    with _RENDER:
+        metrics.set_serving({m: v for m, v in status["served"].items() if v is not None})
+        return metrics.exposition(StatusCollector(status))

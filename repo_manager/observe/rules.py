@@ -13,6 +13,15 @@ Per model (thresholds from the version's tuning record where it has one):
   than a rollout takes); with an environment, ``TrmVersionNotInEnv``: a server answering with a version
   other than the environment's.
 
+For the agents (``trm agent``; series from their /metrics, group ``trm-agents``, limited to the
+environment's ``env`` label where one is named):
+
+* ``TrmAgentDegraded``: an agent refuses the version its environment names (it keeps serving the last
+  good one; ``/status`` says why);
+* ``TrmAgentBehind``: a pod serves another version than its environment names for ``versions_for``;
+* ``TrmAgentPointerStale``: no successful read of the environment pointer for ``pointer_stale_s`` (the
+  store is unreachable: the pod keeps serving what it has, but will not follow a promotion).
+
 The dashboard has the seed's three panels (queue depth per replica, pending batch ratio, utilisation
 slope) plus latency (p50/p99, queue vs compute) and executed batch size, rejections and failures.
 """
@@ -45,13 +54,15 @@ class Thresholds:
     versions_for: str = "15m"
     rate_window: str = "1m"
     selector: str = ""
-    """Extra label matchers for every series, e.g. ``job="triton"``."""
+    """Extra label matchers for every Triton series, e.g. ``job="triton"``."""
+    pointer_stale_s: float = 600.0
+    """Seconds without a successful pointer read before ``TrmAgentPointerStale``."""
 
     def check(self) -> None:
         if self.queue_per_replica < 0 or self.samples < 1 or not 0 <= self.max_rejected <= 1:
             raise UsageError("need --queue-per-replica >= 0, --samples >= 1 and 0 <= --max-rejected <= 1")
-        if self.evaluation_interval_s <= 0:
-            raise UsageError("--evaluation-interval must be positive")
+        if self.evaluation_interval_s <= 0 or self.pointer_stale_s <= 0:
+            raise UsageError("--evaluation-interval and --pointer-stale must be positive")
 
 
 @dataclass(frozen=True)
@@ -168,10 +179,39 @@ def model_rules(m: ModelWatch, t: Thresholds, env: str | None) -> list[dict[str,
     return rules
 
 
+def agent_rules(t: Thresholds, env: str | None) -> list[dict[str, Any]]:
+    """Rules on the agents' own series (``repo_manager.agent.metrics``), one alert per pod."""
+    sel = f'{{env="{env}"}}' if env else ""
+    labels = {"source": "trm-agent"} | ({"env": env} if env else {})
+    wanted = f"trm_agent_wanted_version{sel}"
+    stale = _duration(t.pointer_stale_s)
+    return [{
+        "alert": "TrmAgentDegraded",
+        "expr": f"trm_agent_degraded{sel} == 1",
+        "for": t.not_ready_for, "labels": {**labels, "severity": "warning"},
+        "annotations": {"summary": "{{ $labels.pod }} refuses the version {{ $labels.env }} names",
+                        "description": "The agent keeps serving the last good version; its /status says why "
+                                       "(degraded_reason)."}}, {
+        "alert": "TrmAgentBehind",
+        # the served version is the agent's own trm_serving_version, from the same scrape (same instance)
+        "expr": f"{wanted} unless on (instance, model) ({wanted} == on (instance, model) trm_serving_version)",
+        "for": t.versions_for, "labels": {**labels, "severity": "warning"},
+        "annotations": {"summary": "{{ $labels.pod }} does not serve {{ $labels.model }} version {{ $value }}",
+                        "description": f"Longer than {t.versions_for}: the pod's rollout is stuck or refused."}}, {
+        "alert": "TrmAgentPointerStale",
+        # the agent's pod and env come from its trm_agent_ready series in the same scrape
+        "expr": f'(time() - trm_operation_last_success_timestamp_seconds{{operation="pointer_read"}} '
+                f"> {t.pointer_stale_s:g}) * on (instance) group_left (env, pod) (0 * trm_agent_ready{sel} + 1)",
+        "for": "1m", "labels": {**labels, "severity": "warning"},
+        "annotations": {"summary": f"{{{{ $labels.pod }}}}: no pointer read for more than {stale}",
+                        "description": "The agent cannot read its environment from the store: it keeps serving "
+                                       "what it has and will not follow a promotion."}}]
+
+
 def rule_file(models: list[ModelWatch], t: Thresholds, env: str | None) -> dict[str, Any]:
     interval = _duration(t.evaluation_interval_s)
-    return {"groups": [{"name": f"trm-{m.name}", "interval": interval, "rules": model_rules(m, t, env)}
-                       for m in models]}
+    groups = [{"name": f"trm-{m.name}", "interval": interval, "rules": model_rules(m, t, env)} for m in models]
+    return {"groups": [*groups, {"name": "trm-agents", "interval": interval, "rules": agent_rules(t, env)}]}
 
 
 # ------------------------------------------------------------------------------------------ dashboard

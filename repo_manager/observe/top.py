@@ -6,10 +6,14 @@ pending requests; with ``--metrics-config=summary_latencies=true`` (trm's launch
 summaries with p50/p99. Rates and means per request need two scrapes: a ``View`` is the difference
 between two ``Scrape`` s of each server. Where the server's HTTP API is known too, its statistics add
 the histogram of executed batch sizes over the same interval.
+
+``trm agent`` sidecars (``--agent URL``) are read from their ``/status``: one line per pod with its state,
+served vs wanted versions, the pointer's age and the last rollout.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -144,15 +148,56 @@ class Row:
 
 
 @dataclass(frozen=True)
+class AgentRow:
+    """One ``trm agent``, from its ``/status``."""
+
+    url: str
+    pod: str
+    env: str
+    state: str
+    ready: bool
+    served: dict[str, int | None]
+    wanted: dict[str, int]
+    pointer_age_s: float | None
+    last_rollout: str | None
+    """``done 2.1s``, ``refused: reason`` ..."""
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def read_agent(url: str, timeout_s: float = 3.0) -> AgentRow:
+    """One read of an agent's ``/status`` (``http://pod:8090``). ServerError when it does not answer."""
+    base = (url if "://" in url else f"http://{url}").rstrip("/").removesuffix("/status")
+    try:
+        with urllib.request.urlopen(base + "/status", timeout=timeout_s) as response:
+            status = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ServerError(f"{base}: no agent status at {base}/status ({getattr(exc, 'reason', exc)})",
+                          hint="pass the agent's --listen address", url=base) from exc
+    last = status.get("last_rollout") or None
+    summary = None
+    if last:
+        summary = f"{last.get('outcome')} {last.get('seconds', 0):.1f}s" + (f": {last['reason']}"
+                                                                          if last.get("reason") else "")
+    return AgentRow(base, str(status.get("pod")), str(status.get("env")), str(status.get("state")),
+                    bool(status.get("ready")), dict(status.get("served") or {}), dict(status.get("wanted") or {}),
+                    (status.get("pointer") or {}).get("age_s"), summary, status.get("reason"))
+
+
+@dataclass(frozen=True)
 class View:
     rows: tuple[Row, ...]
     interval_s: float
     problems: tuple[str, ...]
-    """One line per server that could not be read (metrics disabled or unreachable)."""
+    """One line per server (or agent) that could not be read (metrics disabled or unreachable)."""
     summaries_off: tuple[str, ...] = ()
+    agents: tuple[AgentRow, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"interval_s": round(self.interval_s, 3), "rows": [r.to_dict() for r in self.rows],
+                "agents": [a.to_dict() for a in self.agents],
                 "problems": list(self.problems), "summaries_off": list(self.summaries_off)}
 
 
@@ -189,9 +234,14 @@ def _round(value: float | None) -> float | None:
 class Watcher:
     """Keeps the last scrape of every server; ``view()`` scrapes again and returns the difference."""
 
-    def __init__(self, servers: list[Server]) -> None:
+    def __init__(self, servers: list[Server], agents: list[str] | None = None) -> None:
         self.servers = servers
+        self.agents = agents or []
         self.last: dict[str, Scrape] = {}
+
+    @property
+    def targets(self) -> int:
+        return len(self.servers) + len(self.agents)
 
     def view(self) -> View:
         rows: list[Row] = []
@@ -213,17 +263,29 @@ class Watcher:
             rows += between(previous, current)
             if current.counters and not current.quantiles:
                 off.append(server.http_url or server.metrics_url)
-        return View(tuple(rows), interval, tuple(problems), tuple(off))
+        agents = []
+        for url in self.agents:
+            try:
+                agents.append(read_agent(url))
+            except ServerError as exc:
+                problems.append(exc.message)
+        return View(tuple(rows), interval, tuple(problems), tuple(off), tuple(agents))
 
 
-def snapshot(servers: list[Server], interval_s: float = 1.0) -> View:
+def snapshot(servers: list[Server], interval_s: float = 1.0, agents: list[str] | None = None) -> View:
     """Two scrapes ``interval_s`` apart: one view (``trm top --json``)."""
-    watcher = Watcher(servers)
+    watcher = Watcher(servers, agents)
     first = watcher.view()
-    if len(first.problems) == len(servers):
-        raise ServerError(first.problems[0] if len(servers) == 1 else "; ".join(first.problems))
+    if len(first.problems) == watcher.targets:
+        raise ServerError("; ".join(first.problems))
+    if not servers:
+        return first  # agents only: their status needs no second read
     time.sleep(interval_s)
     return watcher.view()
+
+
+def _versions(versions: dict[str, Any]) -> str:
+    return " ".join(f"{m}:{'-' if v is None else v}" for m, v in sorted(versions.items())) or "-"
 
 
 def render(view: View) -> str:
@@ -241,6 +303,16 @@ def render(view: View) -> str:
         lines.append(f"{server:<24} {r.model[:18]:<18} {r.version:>3} {r.rate_rps:>7.1f} {cell(r.p50_ms, 7)} "
                      f"{cell(r.p99_ms, 7)} {cell(r.queue_ms, 8, '.2f')} {cell(r.compute_ms, 8, '.2f')} "
                      f"{r.pending:>7.0f} {cell(r.mean_batch, 5)} {r.rejected_rps:>6.1f} {r.failed_rps:>6.1f}  {sizes}")
+    if not view.rows and view.agents:
+        lines = []
+    if view.agents:
+        lines.append(f"{'agent':<24} {'env':<12} {'state':<16} {'served':<20} {'wanted':<20} {'pointer':>7}  "
+                     "last rollout")
+    for a in view.agents:
+        age = "-" if a.pointer_age_s is None else f"{a.pointer_age_s:.0f}s"
+        state = a.state + ("" if a.ready else " (unready)")
+        lines.append(f"{a.pod[:24]:<24} {a.env[:12]:<12} {state[:16]:<16} {_versions(a.served)[:20]:<20} "
+                     f"{_versions(a.wanted)[:20]:<20} {age:>7}  {a.last_rollout or '-'}")
     lines += [f"{p}" for p in view.problems]
     lines += [f"{s}: no latency summaries (start tritonserver with --metrics-config=summary_latencies=true)"
               for s in view.summaries_off]

@@ -40,13 +40,16 @@ def observe() -> None:
 @click.option("--versions-for", default="15m", show_default=True,
               help="How long versions may differ across the fleet (longer than a rollout).")
 @click.option("--rate-window", default="1m", show_default=True, help="Range of rate() in the rules and panels.")
-@click.option("--selector", default="", help='Extra label matchers for every series, e.g. job="triton".')
+@click.option("--selector", default="", help='Extra label matchers for every Triton series, e.g. job="triton".')
+@click.option("--pointer-stale", "pointer_stale_s", type=float, default=600.0, show_default=True,
+              help="Seconds an agent may go without reading its environment before TrmAgentPointerStale.")
 @json_option
 @pass_ctx
 def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store: str | None,
                   s3_endpoint_url: str | None, repository: str | None, out_dir: str, p99_ms: float | None,
                   queue_per_replica: float, queue_for: str, samples: int, interval_s: float, max_rejected: float,
-                  rejected_for: str, not_ready_for: str, versions_for: str, rate_window: str, selector: str) -> None:
+                  rejected_for: str, not_ready_for: str, versions_for: str, rate_window: str, selector: str,
+                  pointer_stale_s: float) -> None:
     """Write Prometheus alerting rules and a Grafana dashboard for the models ENV serves (or --model ...)."""
     from repo_manager.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
         Thresholds,
@@ -59,7 +62,7 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
     if p99_ms is not None and not p99_ms > 0:
         raise UsageError(f"--p99-ms must be positive, not {p99_ms}")
     thresholds = Thresholds(queue_per_replica, queue_for, samples, interval_s, max_rejected, rejected_for,
-                            not_ready_for, versions_for, rate_window, selector)
+                            not_ready_for, versions_for, rate_window, selector, pointer_stale_s)
     if env:
         watches = watches_from_env(settings, env, store, p99_ms, tuple(m.split(":")[0] for m in models))
     else:
@@ -80,31 +83,36 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
               help="Triton's metrics port, for servers given by their HTTP URL.")
 @click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one view (two scrapes, --interval apart) and exit.")
+@click.option("--agent", "agents", multiple=True, metavar="URL",
+              help="A `trm agent` to show too (its --listen address, e.g. http://pod:8090; repeatable).")
 @json_option
 @pass_ctx
-def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, interval_s: float, once: bool) -> None:
+def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, interval_s: float, once: bool,
+                agents: tuple[str, ...]) -> None:
     """Live view of Triton servers (http://host:8000, or a .../metrics URL; default: settings' triton_url):
     per model and version, request rate, p50/p99, queue vs compute time, pending requests, executed batch
-    sizes, rejections and failures. --json prints one snapshot."""
+    sizes, rejections and failures; with --agent, each agent's state and versions. --json prints one
+    snapshot."""
     from repo_manager.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
 
     if not interval_s > 0:
         raise UsageError(f"--interval must be positive, not {interval_s}")
-    targets = list(servers) or ([ctx.settings.triton_url] if ctx.settings.triton_url else [])
-    if not targets:
-        raise UsageError("name a server to watch", hint="trm top http://127.0.0.1:8000 [URL ...]")
+    default = [ctx.settings.triton_url] if ctx.settings.triton_url and not agents else []
+    targets = list(servers) or default
+    if not targets and not agents:
+        raise UsageError("name a server to watch", hint="trm top http://127.0.0.1:8000 [URL ...] [--agent URL]")
     parsed = [Server.parse(t, metrics_port) for t in targets]
     if ctx.json or once:
-        view = snapshot(parsed, interval_s)
+        view = snapshot(parsed, interval_s, list(agents))
         ctx.emit(view.to_dict(), render(view))
         return
     from rich.console import Console  # noqa: PLC0415
     from rich.live import Live  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
 
-    watcher = Watcher(parsed)
+    watcher = Watcher(parsed, list(agents))
     first = watcher.view()
-    if len(first.problems) == len(parsed):
+    if len(first.problems) == watcher.targets:
         raise ServerError("; ".join(first.problems))
     import time  # noqa: PLC0415
 
