@@ -121,6 +121,12 @@ def write_new_file(root: Path, target: Path, chunks, *, mode: int | None = None)
     a unique temporary file with the umask's permissions, fsynced, renamed into place (replacing a link
     found at ``target`` rather than writing through it)."""
     make_dirs(root, target.parent)
+    replace_file(target, chunks, mode=mode)
+
+
+def replace_file(target: Path, chunks, *, mode: int | None = None) -> None:
+    """The one atomic write: a unique temporary file beside ``target`` with the umask's permissions (mkstemp
+    makes 0600; a Triton running as another user must read it), fsynced, renamed into place."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:200]}.", suffix=".tmp")
     try:
         os.fchmod(fd, file_mode() if mode is None else mode)
