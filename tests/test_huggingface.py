@@ -25,7 +25,7 @@ from repo_manager.triton.server import TritonServer
 
 EDGE_TEXTS = ["", "A man is eating a piece of bread.", "Zürich ist schön — 東京は大きい, naïve café ☕",
               "word " * 400 + "and an ending that truncation removes"]
-CASES = {"sentence", "empty", "long", "non_ascii", "mixed_batch"}
+CASES = {"sentence", "empty", "long", "non_ascii", "emoji", "mixed_batch"}
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +62,13 @@ def test_minilm_publish_verifies_every_edge_case_and_records_it(minilm):
     assert set(cases) == CASES
     assert all(c["min_cosine"] > MIN_COSINE for c in cases.values())
     assert cases["long"]["tokens"][0] > cases["long"]["max_length"] == 256  # sentence-transformers' limit
-    assert cases["mixed_batch"]["texts"] == 5
+    assert cases["mixed_batch"]["texts"] == 6
+    assert all(c["max_length_ratio_diff"] <= 1e-3 for c in cases.values())
     assert manifest.source["architecture"] == "BertModel" and manifest.source["pooling"] == "mean"
+    assert manifest.source["pipeline_from"] == "modules.json" and manifest.source["normalize"] == "l2"
+    reference = manifest.verification["reference"]
+    assert reference["library"] == "sentence-transformers" and reference["version"]
+    assert reference["call"].startswith("SentenceTransformer(path).encode")
     # every member is a model of its own, with its own manifest and the same verification
     assert {f.path for f in repo.manifest("minilm_tokenizer", 1).files} == {"model.py", "tokenizer.json"}
     assert {f.path for f in repo.manifest("minilm_encoder", 1).files} == {"model.onnx"}
@@ -154,7 +159,7 @@ def test_distilbert_checkpoint_without_token_type_ids(settings, tmp_path, capsys
     ("no_config", "no config.json"),
     ("no_weights", "has no weights"),
     ("no_tokenizer", "has no tokenizer files"),
-    ("unsupported", "architecture GPT2LMHeadModel"),
+    ("unsupported", "load: GPT2LMHeadModel checkpoint"),
 ])
 def test_bad_checkpoints_fail_clearly_and_write_nothing(settings, tmp_path, capsys, how, message):
     source = hf.break_checkpoint(hf.tiny_bert(tmp_path / "ckpt"), how)
@@ -186,11 +191,50 @@ def test_cosine_check_refuses_an_embedding_that_drifts(tmp_path):
     texts = ["the fox", "a man is eating"]
     check = _checker([("pair", texts)], loaded)
     want = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
-    record = check(_sample(texts), {"EMBEDDING": want + 1e-4}, {"EMBEDDING": want})
+    record = check(_sample(texts, "embedding"), {"EMBEDDING": want + 1e-5}, {"EMBEDDING": want})
     assert record["case"] == "pair" and record["min_cosine"] > MIN_COSINE and record["tokens"] == [4, 6]
     drifted = want.copy()
     drifted[1] = [0.0, 0.99, 0.14]  # cosine ~0.990 for the second sentence only
-    with pytest.raises(VerificationError, match="case pair: cosine similarity"):
-        check(_sample(texts), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+    with pytest.raises(VerificationError, match="parity: BertModel: case pair: cosine similarity"):
+        check(_sample(texts, "embedding"), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+    # the same directions, one vector 0.5% longer: cosine 1.0, and still refused (a missing/extra normalisation)
+    longer = want.copy()
+    longer[0] *= 1.005
+    with pytest.raises(VerificationError, match="vector length"):
+        check(_sample(texts, "embedding"), {"EMBEDDING": longer}, {"EMBEDDING": want})
     with pytest.raises(VerificationError, match="shape"):
-        check(_sample(texts), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
+        check(_sample(texts, "embedding"), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
+
+
+def _st_reference(folder: Path, texts: list[str], **encode) -> np.ndarray:
+    """What the sentence-transformers library itself answers for the checkpoint: the tests' reference."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True, **encode)
+
+
+def _assert_same_embeddings(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    assert np.all(_cosines(got, want) >= MIN_COSINE), _cosines(got, want)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1), rtol=1e-3)
+
+
+SERVE_TEXTS = ["A man is eating a piece of bread.", "", "Zürich ist schön — 東京は大きい 🚀",
+               "the quick brown fox " * 30 + "ending"]
+
+
+def _served(settings: Settings, name: str, texts: list[str]) -> np.ndarray:
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        load_version(client, LocalRepository(settings.repository), name)
+        return client.infer(name, text_inputs(client.model_config(name), texts))["EMBEDDING"]
+
+
+def test_cls_pooling_without_normalize_is_served_as_sentence_transformers_computes_it(settings, tmp_path):
+    """The checkpoint's own pipeline (CLS pooling, no Normalize module) is what Triton serves."""
+    source = hf.st_checkpoint(tmp_path / "cls", pooling="cls", normalize=False)
+    result = publish_model(settings, source, "cls")
+    assert result.verified
+    got = _served(settings, "cls", SERVE_TEXTS)
+    want = _st_reference(source, SERVE_TEXTS)
+    assert np.all(np.abs(np.linalg.norm(want, axis=1) - 1.0) > 0.01)  # really not normalised
+    _assert_same_embeddings(got, want)

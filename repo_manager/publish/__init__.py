@@ -36,7 +36,8 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
         build = build_python(source, inputs or [], outputs or [], options)
     elif fmt == "huggingface":
         from repo_manager.publish.huggingface import build_huggingface  # noqa: PLC0415
-        hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length")}
+        hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length", "pooling", "normalize",
+                                                                           "prompt_name")}
         build = build_huggingface(source, options, **hf_options)
     elif fmt == "tensorrt-llm":
         from repo_manager.llm.node import probe_node  # noqa: PLC0415

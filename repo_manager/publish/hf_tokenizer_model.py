@@ -4,10 +4,12 @@ Not imported by trm: ``trm publish model`` copies this file as ``model.py`` into
 ``<name>_tokenizer`` model, beside the checkpoint's ``tokenizer.json``. It runs inside Triton's python
 backend stub, so it imports only what the serving environment has (numpy, tokenizers).
 
-The checkpoint's fast tokenizer is used as is (the same ``tokenizers`` object transformers wraps), with
-truncation to ``max_length`` and padding to the longest text of each request, set from the config's
-``parameters``: exactly what ``AutoTokenizer(..., truncation=True, max_length=N, padding=True)`` does, which
-is what publish verification compares against.
+The checkpoint's fast tokenizer is used as is (the same ``tokenizers`` object transformers wraps, with the
+checkpoint's lower-casing already in its normalizer), with truncation to ``max_length`` (longest first for
+pairs) and padding to the longest text of each request, set from the config's ``parameters``: what
+``AutoTokenizer(..., truncation=True, max_length=N, padding=True)`` does. The ``prompt`` parameter, when
+set, is prepended to every text, as sentence-transformers does. With a ``QUERY`` input (a reranker) each
+batch item is the pair (query, text).
 """
 
 import json
@@ -33,7 +35,10 @@ class TritonPythonModel:
         self.tokenizer.enable_truncation(int(params["max_length"]))
         self.tokenizer.enable_padding(pad_id=int(params["pad_id"]), pad_token=params["pad_token"],
                                       pad_type_id=int(params.get("pad_type_id", "0")))
-        self.input_name = config["input"][0]["name"]
+        self.prompt = params.get("prompt", "")
+        names = [t["name"] for t in config["input"]]
+        self.pair = "QUERY" in names
+        self.input_name = "TEXT" if "TEXT" in names else names[0]
         self.outputs = [t["name"] for t in config["output"]]
         unknown = [name for name in self.outputs if name not in _FIELDS]
         if unknown:
@@ -43,9 +48,11 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                raw = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy().reshape(-1)
-                texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]
-                encodings = self.tokenizer.encode_batch(texts)
+                texts = [self.prompt + t for t in _strings(request, self.input_name)]
+                if self.pair:
+                    encodings = self.tokenizer.encode_batch(list(zip(_strings(request, "QUERY"), texts)))
+                else:
+                    encodings = self.tokenizer.encode_batch(texts)
                 tensors = [pb_utils.Tensor(name, np.array([getattr(e, _FIELDS[name]) for e in encodings],
                                                           dtype=np.int64).reshape(len(texts), -1))
                            for name in self.outputs]
@@ -54,3 +61,8 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(
                     output_tensors=[], error=pb_utils.TritonError(f"tokenizer model: {exc}")))
         return responses
+
+
+def _strings(request, name):
+    raw = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
+    return [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]
