@@ -54,13 +54,15 @@ def break_checkpoint(folder: Path, how: str) -> Path:
 def st_checkpoint(folder: Path, *, pooling: str | tuple[str, ...] = "mean", normalize: bool = True,
                   dense: int | None = None, activation: str = "tanh", arch: str = "bert", max_length: int = 24,
                   prompts: dict[str, str] | None = None, default_prompt: str | None = None,
-                  include_prompt: bool = True, lowercase: bool = False, seed: int = 0) -> Path:
+                  include_prompt: bool = True, lowercase: bool = False, seed: int = 0,
+                  token_types: bool | None = None) -> Path:
     """A sentence-transformers checkpoint saved by the sentence-transformers library itself (modules.json,
     1_Pooling, optional Dense and Normalize) around a tiny random encoder of architecture ``arch``."""
     import torch
     from sentence_transformers import SentenceTransformer, models
 
-    base = tiny_encoder(folder.with_name(folder.name + "-base"), arch=arch, seed=seed, max_length=max_length)
+    base = tiny_encoder(folder.with_name(folder.name + "-base"), arch=arch, seed=seed, max_length=max_length,
+                        token_types=token_types)
     transformer = models.Transformer(str(base), max_seq_length=max_length, do_lower_case=lowercase)
     modules = [transformer, models.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling,
                                            include_prompt=include_prompt)]

@@ -6,6 +6,7 @@ tiny random BERT/DistilBERT checkpoints built locally cover other shapes, versio
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import hf_checkpoints as hf
@@ -238,3 +239,119 @@ def test_cls_pooling_without_normalize_is_served_as_sentence_transformers_comput
     want = _st_reference(source, SERVE_TEXTS)
     assert np.all(np.abs(np.linalg.norm(want, axis=1) - 1.0) > 0.01)  # really not normalised
     _assert_same_embeddings(got, want)
+
+
+# The exported graph for every pooling mode, with and without Dense/Normalize, prompts excluded from pooling,
+# and each encoder architecture; onnxruntime answers vs SentenceTransformer(path).encode (no Triton needed:
+# the served path around the graph is covered by the publishes above and below).
+GRAPH_CASES = {
+    "cls": dict(pooling="cls", normalize=False),
+    "max+normalize": dict(pooling="max"),
+    "mean_sqrt_len+dense": dict(pooling="mean_sqrt_len_tokens", normalize=False, dense=16),
+    "weightedmean+prompt_excluded+lowercase": dict(pooling="weightedmean", prompts={"query": "query: "},
+                                                   default_prompt="query", include_prompt=False, lowercase=True),
+    "lasttoken": dict(pooling="lasttoken", normalize=False),
+    "cls+mean+dense_identity": dict(pooling=("cls", "mean"), dense=8, activation="identity"),
+    "distilbert": dict(arch="distilbert", normalize=False),
+    "mpnet": dict(arch="mpnet"),
+    "roberta_cls": dict(arch="roberta", pooling="cls", normalize=False),
+    "xlm-roberta_max": dict(arch="xlm-roberta", pooling="max", normalize=False),
+    "modernbert": dict(arch="modernbert"),
+}
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES)
+def test_exported_graph_follows_the_checkpoint(tmp_path, case):
+    import onnxruntime as ort
+
+    from repo_manager.publish.huggingface import _Loaded, inspect_checkpoint
+
+    source = hf.st_checkpoint(tmp_path / "st", **GRAPH_CASES[case])
+    loaded = _Loaded(inspect_checkpoint(source))
+    loaded.export(tmp_path / "model.onnx")
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    texts = SERVE_TEXTS + ["short"]
+    got = session.run(None, loaded.encode(texts))[0]
+    _assert_same_embeddings(got, _st_reference(source, texts))
+    for text in texts[:2]:  # alone: other padding, same answer
+        _assert_same_embeddings(session.run(None, loaded.encode([text]))[0], _st_reference(source, [text]))
+
+
+def test_reranker_classifier_and_prompted_embedding_are_served_as_their_libraries_compute(settings, tmp_path,
+                                                                                           capsys):
+    """Three checkpoints published into one repository, served by one Triton, each compared with its own
+    library: CrossEncoder.predict, the transformers text-classification pipeline, SentenceTransformer.encode."""
+    from sentence_transformers import CrossEncoder
+    from transformers import pipeline
+
+    reranker = hf.cross_encoder(tmp_path / "ce")
+    classifier = hf.tiny_encoder(tmp_path / "clf", head="classify", labels=["negative", "neutral", "positive"])
+    # a BERT whose tokenizer gives no token_type_ids, a prompt left out of pooling, Dense, Normalize
+    prompted = hf.st_checkpoint(tmp_path / "emb", pooling="weightedmean", dense=16, prompts={"query": "query: "},
+                                default_prompt="query", include_prompt=False, token_types=False)
+    for source, name in ((reranker, "rerank"), (classifier, "clf"), (prompted, "emb")):
+        result = run_cli(capsys, "--json", "publish", "model", source, "--name", name, "--repo", settings.repository,
+                         "--url", settings.triton_url)
+        assert result.code == 0, result.err
+        assert {c["case"] for c in result.json()["verification"]["cases"]} == CASES
+    repo = LocalRepository(settings.repository)
+    assert repo.manifest("rerank").source["task"] == "rerank"
+    assert repo.manifest("rerank").verification["reference"]["call"] == "CrossEncoder(path).predict(pairs)"
+    assert repo.manifest("clf").source["labels"] == ["negative", "neutral", "positive"]
+    assert repo.manifest("clf").verification["reference"]["library"] == "transformers"
+    assert repo.manifest("emb").source["prompt"] == "query: " and repo.manifest("emb").source["include_prompt"] is False
+    assert repo.manifest("emb").source["inputs"] == ["input_ids", "attention_mask"]  # not wired: not produced
+
+    query, passages = "what is the man eating?", SERVE_TEXTS
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        for name in ("rerank", "clf", "emb"):
+            load_version(client, repo, name)
+        scores = client.infer("rerank", {"QUERY": np.array([[query.encode()]] * len(passages), dtype=np.object_),
+                                         "TEXT": np.array([[p.encode()] for p in passages], dtype=np.object_)})["SCORE"]
+        want = CrossEncoder(str(reranker), device="cpu").predict([(query, p) for p in passages])
+        np.testing.assert_allclose(scores[:, 0], want, atol=1e-4)
+        got = client.infer("clf", text_inputs(client.model_config("clf"), passages))["SCORES"]
+        answers = pipeline("text-classification", model=str(classifier), device="cpu", top_k=None)(
+            passages, truncation=True, max_length=24)
+        want = np.array([[{a["label"]: a["score"] for a in answer}[label] for label in ("negative", "neutral",
+                                                                                         "positive")]
+                         for answer in answers])
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        embeddings = client.infer("emb", text_inputs(client.model_config("emb"), passages))["EMBEDDING"]
+        _assert_same_embeddings(embeddings, _st_reference(prompted, passages))  # the default prompt applies
+
+        ranked = run_cli(capsys, "--json", "infer", "rerank", "--query", query, *sum((["--text", p] for p in passages),
+                                                                                     []), "--url", server.url)
+        assert ranked.code == 0, ranked.err
+        order = [r["index"] for r in ranked.json()["ranking"]]
+        assert order == list(np.argsort(-CrossEncoder(str(reranker), device="cpu").predict(
+            [(query, p) for p in passages]), kind="stable"))
+        text = run_cli(capsys, "infer", "rerank", "--query", query, "--text", "bread", "--text", "dog",
+                       "--url", server.url)
+        assert text.code == 0 and "passages by score for the query" in text.out
+        labels = run_cli(capsys, "infer", "clf", "--text", "hello world", "--url", server.url)
+        assert labels.code == 0 and "'hello world': " in labels.out and "positive" in labels.out
+        assert run_cli(capsys, "infer", "rerank", "--text", "no query", "--url", server.url).code == 2
+
+
+def _unknown_module(folder: Path) -> None:
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm",
+                       "type": "sentence_transformers.models.LayerNorm"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+@pytest.mark.parametrize("change, args, message", [
+    (_unknown_module, [], "module sentence_transformers.models.LayerNorm in modules.json cannot be served"),
+    (None, ["--task", "classify"], "the checkpoint is a sentence-embedding model, it cannot serve --task classify"),
+    (None, ["--pooling", "max"], "modules.json already says how it pools"),
+    (None, ["--prompt-name", "passage"], "prompt 'passage' is not one of the checkpoint's prompts"),
+])
+def test_what_the_checkpoint_does_not_say_is_refused(settings, tmp_path, capsys, change, args, message):
+    source = hf.st_checkpoint(tmp_path / "st", prompts={"query": "query: "})
+    if change:
+        change(source)
+    result = run_cli(capsys, "publish", "model", source, "--name", "bad", *args, "--repo", settings.repository)
+    assert result.code == 3 and message in result.err, result.err
+    assert len(result.err.strip().splitlines()) <= 2
+    assert not Path(settings.repository).exists() or not any(Path(settings.repository).iterdir())

@@ -27,16 +27,23 @@ from repo_manager.publish.hf_pipeline import Pipeline
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """transformers' load reports and progress bars off: trm prints its own one-line outcome."""
+    """transformers' and sentence-transformers' load reports, length warnings and progress bars off: trm
+    prints its own one-line outcome."""
+    import logging as std_logging  # noqa: PLC0415
+
     from transformers.utils import logging  # noqa: PLC0415
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    st_logger = std_logging.getLogger("sentence_transformers")
+    st_level = st_logger.level
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    st_logger.setLevel(std_logging.ERROR)
     try:
         yield
     finally:
         logging.set_verbosity(verbosity)
+        st_logger.setLevel(st_level)
         if bars:
             logging.enable_progress_bar()
 
@@ -105,6 +112,10 @@ class LibraryReference:
         return SentenceTransformer(modules=modules, device="cpu")
 
     def __call__(self, items: list[Any]) -> np.ndarray:
+        with quiet_transformers():
+            return self._call(items)
+
+    def _call(self, items: list[Any]) -> np.ndarray:
         model = self._load()
         task = self.pipeline.task
         if task == "embedding":
