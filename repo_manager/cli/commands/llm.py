@@ -15,7 +15,7 @@ from repo_manager.llm.engine import plan_for
 from repo_manager.llm.layout import ServingOptions
 from repo_manager.llm.node import NodeFacts, probe_node
 from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
-from repo_manager.llm.publish import TrtllmOptions
+from repo_manager.publish.tensorrt_llm import TrtllmOptions
 
 
 def plan_text(plan) -> str:
