@@ -126,6 +126,9 @@ def test_second_version_is_pinned_beside_the_first(settings, tmp_path):
     first = publish_model(settings, hf.tiny_bert(tmp_path / "a", seed=1), "tiny")
     second = publish_model(settings, hf.tiny_bert(tmp_path / "b", seed=2), "tiny")
     assert (first.version, second.version) == (1, 2)
+    # a plain checkpoint without options: what SentenceTransformer(path) builds (mean pooling, not normalised)
+    assert first.verification["reference"]["call"] == ("SentenceTransformer(modules=[Transformer(path), "
+                                                       "Pooling(mode='mean')]).encode(texts)")
     assert second.members == {"tiny_tokenizer": 2, "tiny_encoder": 2}
     repo = LocalRepository(settings.repository)
     assert repo.manifest("tiny", 1).members == {"tiny_tokenizer": 1, "tiny_encoder": 1}
@@ -146,7 +149,8 @@ def test_second_version_is_pinned_beside_the_first(settings, tmp_path):
 def test_distilbert_checkpoint_without_token_type_ids(settings, tmp_path, capsys):
     source = hf.tiny_bert(tmp_path / "d", model_type="distilbert")
     result = run_cli(capsys, "--json", "publish", "model", source, "--name", "dist", "--task", "embedding",
-                     "--max-length", "16", "--repo", settings.repository, "--url", settings.triton_url)
+                     "--max-length", "16", "--pooling", "cls", "--normalize", "--repo", settings.repository,
+                     "--url", settings.triton_url)
     assert result.code == 0, result.err
     data = result.json()
     assert data["members"] == {"dist_tokenizer": 1, "dist_encoder": 1}
@@ -154,6 +158,12 @@ def test_distilbert_checkpoint_without_token_type_ids(settings, tmp_path, capsys
     repo = LocalRepository(settings.repository)
     assert [t.name for t in repo.config("dist_encoder").input] == ["input_ids", "attention_mask"]
     assert repo.manifest("dist").source["max_length"] == 16
+    # no modules.json: the options decide, and the reference is sentence-transformers with the same modules
+    source_record = repo.manifest("dist").source
+    assert (source_record["pipeline_from"], source_record["pooling"], source_record["normalize"]) == \
+        ("options", "cls", "l2")
+    assert data["verification"]["reference"]["call"].startswith("SentenceTransformer(modules=[Transformer(path), "
+                                                                 "Pooling(mode='cls'), Normalize()])")
 
 
 @pytest.mark.parametrize("how, message", [
