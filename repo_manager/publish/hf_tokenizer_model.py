@@ -6,10 +6,10 @@ backend stub, so it imports only what the serving environment has (numpy, tokeni
 
 The checkpoint's fast tokenizer is used as is (the same ``tokenizers`` object transformers wraps, with the
 checkpoint's lower-casing already in its normalizer), with truncation to ``max_length`` (longest first for
-pairs) and padding to the longest text of each request, set from the config's ``parameters``: what
-``AutoTokenizer(..., truncation=True, max_length=N, padding=True)`` does. The ``prompt`` parameter, when
-set, is prepended to every text, as sentence-transformers does. With a ``QUERY`` input (a reranker) each
-batch item is the pair (query, text).
+pairs) and padding to the longest text of each request, rounded up to ``pad_to_multiple_of`` so that
+requests of similar length share a shape the dynamic batcher can join; all set from the config's
+``parameters``. The ``prompt`` parameter, when set, is prepended to every text, as sentence-transformers
+does. With a ``QUERY`` input (a reranker) each batch item is the pair (query, text).
 """
 
 import json
@@ -33,8 +33,9 @@ class TritonPythonModel:
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(int(params["max_length"]))
+        multiple = int(params.get("pad_to_multiple_of", "0")) or None
         self.tokenizer.enable_padding(pad_id=int(params["pad_id"]), pad_token=params["pad_token"],
-                                      pad_type_id=int(params.get("pad_type_id", "0")))
+                                      pad_type_id=int(params.get("pad_type_id", "0")), pad_to_multiple_of=multiple)
         self.prompt = params.get("prompt", "")
         names = [t["name"] for t in config["input"]]
         self.pair = "QUERY" in names

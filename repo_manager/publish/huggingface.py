@@ -594,6 +594,12 @@ def _tokenizer_config(name: str, loaded: _Loaded, options: cfg.ConfigOptions) ->
     _parameter(config, "pad_type_id", getattr(tokenizer, "pad_token_type_id", 0) or 0)
     if loaded.pipeline.prompt:
         _parameter(config, "prompt", loaded.pipeline.prompt)
+    # Lengths padded to a multiple of 16 tokens: single-text requests of similar length then share a shape,
+    # so the encoder's dynamic batcher can run them as one call (it groups requests by shape). The attention
+    # mask keeps the answer the same; verification compares it with the library, which pads to the longest.
+    multiple = next((m for m in (16, 8) if loaded.checkpoint.max_length % m == 0), 0)
+    if multiple:
+        _parameter(config, "pad_to_multiple_of", multiple)
     return config
 
 
