@@ -347,17 +347,46 @@ def _unknown_module(folder: Path) -> None:
     (folder / "modules.json").write_text(json.dumps(modules))
 
 
+def _custom_activation(folder: Path) -> None:
+    config = json.loads((folder / "2_Dense" / "config.json").read_text())
+    config["activation_function"] = "mypackage.activations.Swish"
+    (folder / "2_Dense" / "config.json").write_text(json.dumps(config))
+
+
 @pytest.mark.parametrize("change, args, message", [
     (_unknown_module, [], "module sentence_transformers.models.LayerNorm in modules.json cannot be served"),
+    (_custom_activation, [], "uses the activation mypackage.activations.Swish, which is not a torch module"),
     (None, ["--task", "classify"], "the checkpoint is a sentence-embedding model, it cannot serve --task classify"),
     (None, ["--pooling", "max"], "modules.json already says how it pools"),
     (None, ["--prompt-name", "passage"], "prompt 'passage' is not one of the checkpoint's prompts"),
 ])
 def test_what_the_checkpoint_does_not_say_is_refused(settings, tmp_path, capsys, change, args, message):
-    source = hf.st_checkpoint(tmp_path / "st", prompts={"query": "query: "})
+    source = hf.st_checkpoint(tmp_path / "st", prompts={"query": "query: "}, dense=8)
     if change:
         change(source)
     result = run_cli(capsys, "publish", "model", source, "--name", "bad", *args, "--repo", settings.repository)
     assert result.code == 3 and message in result.err, result.err
     assert len(result.err.strip().splitlines()) <= 2
     assert not Path(settings.repository).exists() or not any(Path(settings.repository).iterdir())
+
+
+def test_task_is_detected_from_the_checkpoint(tmp_path):
+    """sentence-transformers' own CrossEncoder save, a one-logit save_pretrained checkpoint (how the ms-marco
+    rerankers are shipped), a multi-label classifier, and a sentence-transformers embedding model."""
+    from repo_manager.publish.huggingface import inspect_checkpoint
+
+    def pipeline(folder: Path, **options):
+        return inspect_checkpoint(folder, **options).pipeline
+
+    assert (pipeline(hf.cross_encoder(tmp_path / "ce")).task, pipeline(tmp_path / "ce").activation) == \
+        ("rerank", "sigmoid")
+    one = hf.tiny_encoder(tmp_path / "one", head="classify", num_labels=1)
+    assert pipeline(one).task == "rerank" and pipeline(one, task="classify").task == "classify"
+    three = hf.tiny_encoder(tmp_path / "three", head="classify", labels=["neg", "neu", "pos"])
+    assert (pipeline(three).task, pipeline(three).activation, pipeline(three).labels) == \
+        ("classify", "softmax", ("neg", "neu", "pos"))
+    assert pipeline(hf.st_checkpoint(tmp_path / "st")).task == "embedding"
+    with pytest.raises(InputError, match="cannot serve --task embedding"):
+        pipeline(tmp_path / "ce", task="embedding")
+    with pytest.raises(InputError, match="has no classification head"):
+        pipeline(hf.tiny_bert(tmp_path / "plain"), task="rerank")

@@ -15,7 +15,8 @@ graph, instead of approximating it:
 says whether the checkpoint is a ``CrossEncoder`` (a reranker). A plain transformers checkpoint (no
 ``modules.json``) is served the way ``SentenceTransformer(path)`` loads one: mean pooling, no
 normalisation, unless ``--pooling`` / ``--normalize`` say otherwise; a ``*ForSequenceClassification``
-checkpoint is a classifier (or, with ``--task rerank``, a cross-encoder).
+checkpoint is a reranker when it has one logit and a classifier when it has several (``--task`` chooses
+otherwise).
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ def read_pipeline(folder: Path, config: dict[str, Any], *, task: str | None = No
     is_cross_encoder = (st_config.get("model_type") == "CrossEncoder" or "sentence_transformers" in config
                         or "sbert_ce_default_activation_function" in config)
     has_modules = (folder / "modules.json").is_file()
-    detected = "rerank" if is_cross_encoder else "classify" if classifier and not has_modules else "embedding"
+    # One logit and no sentence-transformers config: a cross-encoder saved with save_pretrained (the
+    # ms-marco rerankers are), so a reranker; several labels: a classifier
+    single_logit = label_count(config) == 1
+    detected = ("rerank" if is_cross_encoder or (classifier and single_logit and not has_modules)
+                else "classify" if classifier and not has_modules else "embedding")
     if task is None:
         task = detected
     elif task != detected and (is_cross_encoder or has_modules):
@@ -179,6 +184,12 @@ def read_pipeline(folder: Path, config: dict[str, Any], *, task: str | None = No
         raise InputError("the checkpoint's modules.json already says how it pools and normalises",
                          hint="drop --pooling/--normalize: trm serves what the checkpoint declares")
     return _modules_pipeline(folder, prompts, chosen)
+
+
+def label_count(config: dict[str, Any]) -> int:
+    """As transformers reads it: id2label's size, else num_labels, else its default of 2."""
+    id2label = config.get("id2label") or {}
+    return len(id2label) if id2label else int(config.get("num_labels") or 2)
 
 
 def _describe(task: str) -> str:
@@ -247,7 +258,7 @@ def _pooling_modes(config: dict[str, Any]) -> tuple[str, ...]:
 def _scoring_pipeline(folder: Path, config: dict[str, Any], st_config: dict[str, Any], task: str,
                       has_modules: bool) -> Pipeline:
     id2label = config.get("id2label") or {}
-    count = int(config.get("num_labels") or len(id2label) or 1)
+    count = label_count(config)
     labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count))
     transformer = _optional_json(folder / "sentence_bert_config.json")
     if has_modules:

@@ -336,7 +336,10 @@ def _dense_layers(checkpoint: Checkpoint) -> list[Any]:
                 residual.load_state_dict({k.removeprefix("residual."): v for k, v in state.items()
                                           if k.startswith("residual.")})
             module_name, _, class_name = spec.activation.rpartition(".")
-            activation = getattr(importlib.import_module(module_name), class_name)()
+            activation_class = getattr(importlib.import_module(module_name), class_name)
+            if not (isinstance(activation_class, type) and issubclass(activation_class, torch.nn.Module)):
+                raise TypeError(f"{spec.activation} is not a torch.nn module")
+            activation = activation_class()
         except Exception as exc:  # noqa: BLE001 - missing file, shape mismatch, unknown activation
             raise InputError(f"load: the Dense module in {folder} cannot be loaded: {_first_line(exc)}") from exc
         layers.append((linear, activation, spec.residual, residual))
