@@ -55,6 +55,10 @@ class LibraryReference:
     pipeline: Pipeline
     folder: Path
     max_length: int
+    """What trm truncates at; the classification pipeline truncates there too (it does not on its own)."""
+    override: int | None = None
+    """--max-length, given to the library as a user would; without it the library finds its own length, so
+    a wrong guess of trm's would show as a parity failure, not be copied into the reference."""
 
     def __post_init__(self) -> None:
         self._model: Any = None
@@ -74,7 +78,7 @@ class LibraryReference:
             call = (f"SentenceTransformer(modules=[Transformer(path), Pooling(mode={self.pipeline.pooling[0]!r})"
                     + (", Normalize()" if self.pipeline.normalize else "") + "]).encode(texts)")
         return {"library": self.library, "version": _version(self.library), "call": call,
-                "max_length": self.max_length}
+                "max_length": self.override or "the library's own"}
 
     def _load(self) -> Any:
         if self._model is not None:
@@ -96,16 +100,17 @@ class LibraryReference:
         if self.pipeline.task == "rerank":
             from sentence_transformers import CrossEncoder  # noqa: PLC0415
 
-            return CrossEncoder(path, device="cpu", max_length=self.max_length)
+            return CrossEncoder(path, device="cpu", max_length=self.override)
         from sentence_transformers import SentenceTransformer  # noqa: PLC0415
 
         if self.pipeline.sentence_transformers:
             model = SentenceTransformer(path, device="cpu")
-            model.max_seq_length = self.max_length
+            if self.override:
+                model.max_seq_length = self.override
             return model
         from sentence_transformers.models import Normalize, Pooling, Transformer  # noqa: PLC0415
 
-        transformer = Transformer(path, max_seq_length=self.max_length)
+        transformer = Transformer(path, max_seq_length=self.override)
         modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=self.pipeline.pooling[0])]
         if self.pipeline.normalize:
             modules.append(Normalize())

@@ -450,7 +450,7 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
                                     prompt_name=prompt_name)
     pipeline = checkpoint.pipeline
     loaded = _Loaded(checkpoint)  # loads tokenizer and weights: any failure here is still before staging
-    reference = LibraryReference(pipeline, checkpoint.path, checkpoint.max_length)
+    reference = LibraryReference(pipeline, checkpoint.path, checkpoint.max_length, override=max_length)
     with quiet_transformers():  # the long case is longer than the max length on purpose: no warning
         cases = verification_cases(loaded)
     record = {"kind": "huggingface", "path": str(source.resolve()), **pipeline.record(),
