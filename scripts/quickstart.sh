@@ -16,7 +16,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== 1. publish MiniLM (export to ONNX, verify on Triton against PyTorch, write a version)"
+echo "== 1. publish MiniLM (export to ONNX, verify on Triton against sentence-transformers, write a version)"
 trm publish model --example minilm --name minilm
 trm list
 

@@ -20,8 +20,8 @@ from helpers import run_cli
 from repo_manager.errors import CompatibilityError
 from repo_manager.llm.doctor import check_engine_compatible, diagnose
 from repo_manager.llm.node import GpuFacts, NodeFacts, probe_node
-from repo_manager.llm.publish import TrtllmOptions
 from repo_manager.publish import publish_model
+from repo_manager.publish.tensorrt_llm import TrtllmOptions
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 

@@ -6,6 +6,7 @@ tiny random BERT/DistilBERT checkpoints built locally cover other shapes, versio
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import hf_checkpoints as hf
@@ -25,7 +26,7 @@ from repo_manager.triton.server import TritonServer
 
 EDGE_TEXTS = ["", "A man is eating a piece of bread.", "Zürich ist schön — 東京は大きい, naïve café ☕",
               "word " * 400 + "and an ending that truncation removes"]
-CASES = {"sentence", "empty", "long", "non_ascii", "mixed_batch"}
+CASES = {"sentence", "empty", "long", "non_ascii", "emoji", "mixed_batch"}
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +63,13 @@ def test_minilm_publish_verifies_every_edge_case_and_records_it(minilm):
     assert set(cases) == CASES
     assert all(c["min_cosine"] > MIN_COSINE for c in cases.values())
     assert cases["long"]["tokens"][0] > cases["long"]["max_length"] == 256  # sentence-transformers' limit
-    assert cases["mixed_batch"]["texts"] == 5
+    assert cases["mixed_batch"]["texts"] == 6
+    assert all(c["max_length_ratio_diff"] <= 1e-3 for c in cases.values())
     assert manifest.source["architecture"] == "BertModel" and manifest.source["pooling"] == "mean"
+    assert manifest.source["pipeline_from"] == "modules.json" and manifest.source["normalize"] == "l2"
+    reference = manifest.verification["reference"]
+    assert reference["library"] == "sentence-transformers" and reference["version"]
+    assert reference["call"].startswith("SentenceTransformer(path).encode")
     # every member is a model of its own, with its own manifest and the same verification
     assert {f.path for f in repo.manifest("minilm_tokenizer", 1).files} == {"model.py", "tokenizer.json"}
     assert {f.path for f in repo.manifest("minilm_encoder", 1).files} == {"model.onnx"}
@@ -120,6 +126,9 @@ def test_second_version_is_pinned_beside_the_first(settings, tmp_path):
     first = publish_model(settings, hf.tiny_bert(tmp_path / "a", seed=1), "tiny")
     second = publish_model(settings, hf.tiny_bert(tmp_path / "b", seed=2), "tiny")
     assert (first.version, second.version) == (1, 2)
+    # a plain checkpoint without options: what SentenceTransformer(path) builds (mean pooling, not normalised)
+    assert first.verification["reference"]["call"] == ("SentenceTransformer(modules=[Transformer(path), "
+                                                       "Pooling(mode='mean')]).encode(texts)")
     assert second.members == {"tiny_tokenizer": 2, "tiny_encoder": 2}
     repo = LocalRepository(settings.repository)
     assert repo.manifest("tiny", 1).members == {"tiny_tokenizer": 1, "tiny_encoder": 1}
@@ -140,7 +149,8 @@ def test_second_version_is_pinned_beside_the_first(settings, tmp_path):
 def test_distilbert_checkpoint_without_token_type_ids(settings, tmp_path, capsys):
     source = hf.tiny_bert(tmp_path / "d", model_type="distilbert")
     result = run_cli(capsys, "--json", "publish", "model", source, "--name", "dist", "--task", "embedding",
-                     "--max-length", "16", "--repo", settings.repository, "--url", settings.triton_url)
+                     "--max-length", "16", "--pooling", "cls", "--normalize", "--repo", settings.repository,
+                     "--url", settings.triton_url)
     assert result.code == 0, result.err
     data = result.json()
     assert data["members"] == {"dist_tokenizer": 1, "dist_encoder": 1}
@@ -148,13 +158,19 @@ def test_distilbert_checkpoint_without_token_type_ids(settings, tmp_path, capsys
     repo = LocalRepository(settings.repository)
     assert [t.name for t in repo.config("dist_encoder").input] == ["input_ids", "attention_mask"]
     assert repo.manifest("dist").source["max_length"] == 16
+    # no modules.json: the options decide, and the reference is sentence-transformers with the same modules
+    source_record = repo.manifest("dist").source
+    assert (source_record["pipeline_from"], source_record["pooling"], source_record["normalize"]) == \
+        ("options", "cls", "l2")
+    assert data["verification"]["reference"]["call"].startswith("SentenceTransformer(modules=[Transformer(path), "
+                                                                 "Pooling(mode='cls'), Normalize()])")
 
 
 @pytest.mark.parametrize("how, message", [
     ("no_config", "no config.json"),
     ("no_weights", "has no weights"),
     ("no_tokenizer", "has no tokenizer files"),
-    ("unsupported", "architecture GPT2LMHeadModel"),
+    ("unsupported", "load: GPT2LMHeadModel checkpoint"),
 ])
 def test_bad_checkpoints_fail_clearly_and_write_nothing(settings, tmp_path, capsys, how, message):
     source = hf.break_checkpoint(hf.tiny_bert(tmp_path / "ckpt"), how)
@@ -186,11 +202,191 @@ def test_cosine_check_refuses_an_embedding_that_drifts(tmp_path):
     texts = ["the fox", "a man is eating"]
     check = _checker([("pair", texts)], loaded)
     want = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
-    record = check(_sample(texts), {"EMBEDDING": want + 1e-4}, {"EMBEDDING": want})
+    record = check(_sample(texts, "embedding"), {"EMBEDDING": want + 1e-5}, {"EMBEDDING": want})
     assert record["case"] == "pair" and record["min_cosine"] > MIN_COSINE and record["tokens"] == [4, 6]
     drifted = want.copy()
     drifted[1] = [0.0, 0.99, 0.14]  # cosine ~0.990 for the second sentence only
-    with pytest.raises(VerificationError, match="case pair: cosine similarity"):
-        check(_sample(texts), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+    with pytest.raises(VerificationError, match="parity: BertModel: case pair: cosine similarity"):
+        check(_sample(texts, "embedding"), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+    # the same directions, one vector 0.5% longer: cosine 1.0, and still refused (a missing/extra normalisation)
+    longer = want.copy()
+    longer[0] *= 1.005
+    with pytest.raises(VerificationError, match="vector length"):
+        check(_sample(texts, "embedding"), {"EMBEDDING": longer}, {"EMBEDDING": want})
     with pytest.raises(VerificationError, match="shape"):
-        check(_sample(texts), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
+        check(_sample(texts, "embedding"), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
+
+
+def _st_reference(folder: Path, texts: list[str], **encode) -> np.ndarray:
+    """What the sentence-transformers library itself answers for the checkpoint: the tests' reference."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True, **encode)
+
+
+def _assert_same_embeddings(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    assert np.all(_cosines(got, want) >= MIN_COSINE), _cosines(got, want)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1), rtol=1e-3)
+
+
+SERVE_TEXTS = ["A man is eating a piece of bread.", "", "Zürich ist schön — 東京は大きい 🚀",
+               "the quick brown fox " * 30 + "ending"]
+
+
+def _served(settings: Settings, name: str, texts: list[str]) -> np.ndarray:
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        load_version(client, LocalRepository(settings.repository), name)
+        return client.infer(name, text_inputs(client.model_config(name), texts))["EMBEDDING"]
+
+
+def test_cls_pooling_without_normalize_is_served_as_sentence_transformers_computes_it(settings, tmp_path):
+    """The checkpoint's own pipeline (CLS pooling, no Normalize module) is what Triton serves."""
+    source = hf.st_checkpoint(tmp_path / "cls", pooling="cls", normalize=False)
+    result = publish_model(settings, source, "cls")
+    assert result.verified
+    got = _served(settings, "cls", SERVE_TEXTS)
+    want = _st_reference(source, SERVE_TEXTS)
+    assert np.all(np.abs(np.linalg.norm(want, axis=1) - 1.0) > 0.01)  # really not normalised
+    _assert_same_embeddings(got, want)
+
+
+# The exported graph for every pooling mode, with and without Dense/Normalize, prompts excluded from pooling,
+# and each encoder architecture; onnxruntime answers vs SentenceTransformer(path).encode (no Triton needed:
+# the served path around the graph is covered by the publishes above and below).
+GRAPH_CASES = {  # each pooling mode once, each architecture once (CLS and DistilBERT: the publishes above)
+    "bert_weightedmean+prompt_excluded+lowercase": dict(pooling="weightedmean", prompts={"query": "query: "},
+                                                        default_prompt="query", include_prompt=False,
+                                                        lowercase=True),
+    "mpnet_mean_sqrt_len+dense": dict(arch="mpnet", pooling="mean_sqrt_len_tokens", normalize=False, dense=16),
+    "roberta_lasttoken": dict(arch="roberta", pooling="lasttoken", normalize=False),
+    "xlm-roberta_max+normalize": dict(arch="xlm-roberta", pooling="max"),
+    "modernbert_cls+mean+dense_identity": dict(arch="modernbert", pooling=("cls", "mean"), dense=8,
+                                               activation="identity"),
+}
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES)
+def test_exported_graph_follows_the_checkpoint(tmp_path, case):
+    import onnxruntime as ort
+
+    from repo_manager.publish.huggingface import _Loaded, inspect_checkpoint
+
+    source = hf.st_checkpoint(tmp_path / "st", **GRAPH_CASES[case])
+    loaded = _Loaded(inspect_checkpoint(source))
+    loaded.export(tmp_path / "model.onnx")
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    texts = SERVE_TEXTS + ["short"]
+    got = session.run(None, loaded.encode(texts))[0]
+    _assert_same_embeddings(got, _st_reference(source, texts))
+    for text in texts[:2]:  # alone: other padding, same answer
+        _assert_same_embeddings(session.run(None, loaded.encode([text]))[0], _st_reference(source, [text]))
+
+
+def test_reranker_classifier_and_prompted_embedding_are_served_as_their_libraries_compute(settings, tmp_path,
+                                                                                           capsys):
+    """Three checkpoints published into one repository, served by one Triton, each compared with its own
+    library: CrossEncoder.predict, the transformers text-classification pipeline, SentenceTransformer.encode."""
+    from sentence_transformers import CrossEncoder
+    from transformers import pipeline
+
+    reranker = hf.cross_encoder(tmp_path / "ce")
+    classifier = hf.tiny_encoder(tmp_path / "clf", head="classify", labels=["negative", "neutral", "positive"])
+    # a BERT whose tokenizer gives no token_type_ids, a prompt left out of pooling, Dense, Normalize
+    prompted = hf.st_checkpoint(tmp_path / "emb", pooling="weightedmean", dense=16, prompts={"query": "query: "},
+                                default_prompt="query", include_prompt=False, token_types=False)
+    for source, name in ((reranker, "rerank"), (classifier, "clf"), (prompted, "emb")):
+        result = run_cli(capsys, "--json", "publish", "model", source, "--name", name, "--repo", settings.repository,
+                         "--url", settings.triton_url)
+        assert result.code == 0, result.err
+        assert {c["case"] for c in result.json()["verification"]["cases"]} == CASES
+    repo = LocalRepository(settings.repository)
+    assert repo.manifest("rerank").source["task"] == "rerank"
+    assert repo.manifest("rerank").verification["reference"]["call"] == "CrossEncoder(path).predict(pairs)"
+    assert repo.manifest("clf").source["labels"] == ["negative", "neutral", "positive"]
+    assert repo.manifest("clf").verification["reference"]["library"] == "transformers"
+    assert repo.manifest("emb").source["prompt"] == "query: " and repo.manifest("emb").source["include_prompt"] is False
+    assert repo.manifest("emb").source["inputs"] == ["input_ids", "attention_mask"]  # not wired: not produced
+
+    query, passages = "what is the man eating?", SERVE_TEXTS
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        for name in ("rerank", "clf", "emb"):
+            load_version(client, repo, name)
+        scores = client.infer("rerank", {"QUERY": np.array([[query.encode()]] * len(passages), dtype=np.object_),
+                                         "TEXT": np.array([[p.encode()] for p in passages], dtype=np.object_)})["SCORE"]
+        want = CrossEncoder(str(reranker), device="cpu").predict([(query, p) for p in passages])
+        np.testing.assert_allclose(scores[:, 0], want, atol=1e-4)
+        got = client.infer("clf", text_inputs(client.model_config("clf"), passages))["SCORES"]
+        answers = pipeline("text-classification", model=str(classifier), device="cpu", top_k=None)(
+            passages, truncation=True, max_length=24)
+        want = np.array([[{a["label"]: a["score"] for a in answer}[label] for label in ("negative", "neutral",
+                                                                                         "positive")]
+                         for answer in answers])
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        embeddings = client.infer("emb", text_inputs(client.model_config("emb"), passages))["EMBEDDING"]
+        _assert_same_embeddings(embeddings, _st_reference(prompted, passages))  # the default prompt applies
+
+        ranked = run_cli(capsys, "--json", "infer", "rerank", "--query", query, *sum((["--text", p] for p in passages),
+                                                                                     []), "--url", server.url)
+        assert ranked.code == 0, ranked.err
+        order = [r["index"] for r in ranked.json()["ranking"]]
+        assert order == list(np.argsort(-CrossEncoder(str(reranker), device="cpu").predict(
+            [(query, p) for p in passages]), kind="stable"))
+        text = run_cli(capsys, "infer", "rerank", "--query", query, "--text", "bread", "--text", "dog",
+                       "--url", server.url)
+        assert text.code == 0 and "passages by score for the query" in text.out
+        labels = run_cli(capsys, "infer", "clf", "--text", "hello world", "--url", server.url)
+        assert labels.code == 0 and "'hello world': " in labels.out and "positive" in labels.out
+        assert run_cli(capsys, "infer", "rerank", "--text", "no query", "--url", server.url).code == 2
+
+
+def _unknown_module(folder: Path) -> None:
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm",
+                       "type": "sentence_transformers.models.LayerNorm"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+def _custom_activation(folder: Path) -> None:
+    config = json.loads((folder / "2_Dense" / "config.json").read_text())
+    config["activation_function"] = "mypackage.activations.Swish"
+    (folder / "2_Dense" / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("change, args, message", [
+    (_unknown_module, [], "module sentence_transformers.models.LayerNorm in modules.json cannot be served"),
+    (_custom_activation, [], "uses the activation mypackage.activations.Swish, which is not a torch module"),
+    (None, ["--task", "classify"], "the checkpoint is a sentence-embedding model, it cannot serve --task classify"),
+    (None, ["--pooling", "max"], "modules.json already says how it pools"),
+    (None, ["--prompt-name", "passage"], "prompt 'passage' is not one of the checkpoint's prompts"),
+])
+def test_what_the_checkpoint_does_not_say_is_refused(settings, tmp_path, capsys, change, args, message):
+    source = hf.st_checkpoint(tmp_path / "st", prompts={"query": "query: "}, dense=8)
+    if change:
+        change(source)
+    result = run_cli(capsys, "publish", "model", source, "--name", "bad", *args, "--repo", settings.repository)
+    assert result.code == 3 and message in result.err, result.err
+    assert len(result.err.strip().splitlines()) <= 2
+    assert not Path(settings.repository).exists() or not any(Path(settings.repository).iterdir())
+
+
+def test_task_is_detected_from_the_checkpoint(tmp_path):
+    """sentence-transformers' own CrossEncoder save, a one-logit save_pretrained checkpoint (how the ms-marco
+    rerankers are shipped), a multi-label classifier, and a sentence-transformers embedding model."""
+    from repo_manager.publish.huggingface import inspect_checkpoint
+
+    def pipeline(folder: Path, **options):
+        return inspect_checkpoint(folder, **options).pipeline
+
+    assert (pipeline(hf.cross_encoder(tmp_path / "ce")).task, pipeline(tmp_path / "ce").activation) == \
+        ("rerank", "sigmoid")
+    one = hf.tiny_encoder(tmp_path / "one", head="classify", num_labels=1)
+    assert pipeline(one).task == "rerank" and pipeline(one, task="classify").task == "classify"
+    three = hf.tiny_encoder(tmp_path / "three", head="classify", labels=["neg", "neu", "pos"])
+    assert (pipeline(three).task, pipeline(three).activation, pipeline(three).labels) == \
+        ("classify", "softmax", ("neg", "neu", "pos"))
+    assert pipeline(hf.st_checkpoint(tmp_path / "st")).task == "embedding"
+    with pytest.raises(InputError, match="cannot serve --task embedding"):
+        pipeline(tmp_path / "ce", task="embedding")
+    with pytest.raises(InputError, match="has no classification head"):
+        pipeline(hf.tiny_bert(tmp_path / "plain"), task="rerank")

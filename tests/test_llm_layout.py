@@ -26,8 +26,8 @@ from repo_manager import config as cfg
 from repo_manager.errors import CompatibilityError, InputError
 from repo_manager.llm.layout import ServingOptions, localize_gpt_model_path
 from repo_manager.llm.node import NodeFacts, probe_node
-from repo_manager.llm.publish import TrtllmOptions
 from repo_manager.publish import publish_model
+from repo_manager.publish.tensorrt_llm import TrtllmOptions
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient

@@ -287,8 +287,8 @@ def _publish_engine(tmp_path, repo_root):
     import llm_fixtures as fx
 
     from repo_manager.llm.node import NodeFacts
-    from repo_manager.llm.publish import TrtllmOptions
     from repo_manager.publish import publish_model
+    from repo_manager.publish.tensorrt_llm import TrtllmOptions
     from repo_manager.settings import Settings
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")

@@ -21,7 +21,7 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
                   progress: Progress = quiet, **format_options) -> PublishResult:
     """Publish ``source`` as the next version of ``name`` in ``settings.repository``.
 
-    ``fmt="tensorrt-llm"`` takes ``trtllm=TrtllmOptions(...)`` (``repo_manager.llm.publish``); its versions are
+    ``fmt="tensorrt-llm"`` takes ``trtllm=TrtllmOptions(...)`` (``publish.tensorrt_llm``); its versions are
     not verified on Triton (that needs a GPU and the TensorRT-LLM backend) and say why in their manifest.
     """
     check_model_name(name)
@@ -36,11 +36,12 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
         build = build_python(source, inputs or [], outputs or [], options)
     elif fmt == "huggingface":
         from repo_manager.publish.huggingface import build_huggingface  # noqa: PLC0415
-        hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length")}
+        hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length", "pooling", "normalize",
+                                                                           "prompt_name")}
         build = build_huggingface(source, options, **hf_options)
     elif fmt == "tensorrt-llm":
         from repo_manager.llm.node import probe_node  # noqa: PLC0415
-        from repo_manager.llm.publish import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415
+        from repo_manager.publish.tensorrt_llm import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415
         node = format_options.get("node") or probe_node()
         trtllm = format_options.get("trtllm") or TrtllmOptions()
         if not trtllm.builder and settings.trtllm_builder:

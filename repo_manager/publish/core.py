@@ -78,6 +78,8 @@ class Staged:
     tuning: dict[str, Any] | None = None
     labels: dict[str, str] = field(default_factory=dict)
     """Label files its config names (path in the model folder -> text), carried in the manifest."""
+    verification_extra: dict[str, Any] = field(default_factory=dict)
+    """Facts about the reference (library, version, criterion) that the manifests record with the result."""
 
     def files(self) -> dict[str, Path]:
         return {e.path: self.folder / e.path for e in scan_files(self.folder)}
@@ -151,7 +153,7 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
             else:
                 with triton_client(settings) as client:
                     report = verify(client, candidates, entry.name, samples, entry.reference, entry.check)
-            verification = report.to_dict()
+            verification = {**report.to_dict(), **entry.verification_extra}
             timings["verify"] = round(time.monotonic() - t0, 3)
         t0 = time.monotonic()
         committed: dict[str, int] = {}
@@ -210,7 +212,7 @@ def detect_format(source: Path) -> str:
                               "Hugging Face checkpoint folder (config.json)")
     if (source / "model.py").is_file():
         return "python"
-    if (source / "config.json").is_file():
+    if (source / "config.json").is_file() or (source / "modules.json").is_file():
         return "huggingface"
     onnx_files = list(source.glob("*.onnx"))
     if len(onnx_files) == 1:

@@ -4,10 +4,12 @@ Not imported by trm: ``trm publish model`` copies this file as ``model.py`` into
 ``<name>_tokenizer`` model, beside the checkpoint's ``tokenizer.json``. It runs inside Triton's python
 backend stub, so it imports only what the serving environment has (numpy, tokenizers).
 
-The checkpoint's fast tokenizer is used as is (the same ``tokenizers`` object transformers wraps), with
-truncation to ``max_length`` and padding to the longest text of each request, set from the config's
-``parameters``: exactly what ``AutoTokenizer(..., truncation=True, max_length=N, padding=True)`` does, which
-is what publish verification compares against.
+The checkpoint's fast tokenizer is used as is (the same ``tokenizers`` object transformers wraps, with the
+checkpoint's lower-casing already in its normalizer), with truncation to ``max_length`` (longest first for
+pairs) and padding to the longest text of each request, rounded up to ``pad_to_multiple_of`` so that
+requests of similar length share a shape the dynamic batcher can join; all set from the config's
+``parameters``. The ``prompt`` parameter, when set, is prepended to every text, as sentence-transformers
+does. With a ``QUERY`` input (a reranker) each batch item is the pair (query, text).
 """
 
 import json
@@ -31,9 +33,13 @@ class TritonPythonModel:
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(int(params["max_length"]))
+        multiple = int(params.get("pad_to_multiple_of", "0")) or None
         self.tokenizer.enable_padding(pad_id=int(params["pad_id"]), pad_token=params["pad_token"],
-                                      pad_type_id=int(params.get("pad_type_id", "0")))
-        self.input_name = config["input"][0]["name"]
+                                      pad_type_id=int(params.get("pad_type_id", "0")), pad_to_multiple_of=multiple)
+        self.prompt = params.get("prompt", "")
+        names = [t["name"] for t in config["input"]]
+        self.pair = "QUERY" in names
+        self.input_name = "TEXT" if "TEXT" in names else names[0]
         self.outputs = [t["name"] for t in config["output"]]
         unknown = [name for name in self.outputs if name not in _FIELDS]
         if unknown:
@@ -43,9 +49,11 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                raw = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy().reshape(-1)
-                texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]
-                encodings = self.tokenizer.encode_batch(texts)
+                texts = [self.prompt + t for t in _strings(request, self.input_name)]
+                if self.pair:
+                    encodings = self.tokenizer.encode_batch(list(zip(_strings(request, "QUERY"), texts)))
+                else:
+                    encodings = self.tokenizer.encode_batch(texts)
                 tensors = [pb_utils.Tensor(name, np.array([getattr(e, _FIELDS[name]) for e in encodings],
                                                           dtype=np.int64).reshape(len(texts), -1))
                            for name in self.outputs]
@@ -54,3 +62,8 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(
                     output_tensors=[], error=pb_utils.TritonError(f"tokenizer model: {exc}")))
         return responses
+
+
+def _strings(request, name):
+    raw = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
+    return [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]

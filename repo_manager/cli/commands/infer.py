@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option, url_option
@@ -11,18 +13,19 @@ from repo_manager.errors import UsageError
 @cli.command("infer")
 @click.argument("name", shell_complete=complete_models)
 @click.option("--text", "texts", multiple=True, help="Text for a model with one STRING input (repeatable).")
+@click.option("--query", help="For a reranker: the query the --text passages are scored against.")
 @click.option("--input", "input_files", multiple=True, help="NAME=FILE.npy for tensor models (repeatable).")
 @click.option("--version", type=int, help="Default: the version the server routes to (the latest).")
 @repo_option
 @url_option
 @json_option
 @pass_ctx
-def infer_command(ctx: Context, name: str, texts: tuple[str, ...], input_files: tuple[str, ...],
+def infer_command(ctx: Context, name: str, texts: tuple[str, ...], query: str | None, input_files: tuple[str, ...],
                   version: int | None, repository: str | None, triton_url: str | None) -> None:
     """Send one request to NAME (embedded server on the repository, or --url) and print the outputs."""
     import numpy as np  # noqa: PLC0415 - heavy imports stay off the --help path
 
-    from repo_manager.embeddings import text_similarities  # noqa: PLC0415
+    from repo_manager.embeddings import labelled, ranked, text_similarities  # noqa: PLC0415
     from repo_manager.serving import embedded_server  # noqa: PLC0415
     from repo_manager.triton.client import TritonClient  # noqa: PLC0415
 
@@ -32,17 +35,27 @@ def infer_command(ctx: Context, name: str, texts: tuple[str, ...], input_files: 
     if settings.triton_url:
         with TritonClient(settings.triton_url) as client:
             client.require_ready()
-            outputs = _run(settings, client, name, texts, input_files, version)
+            outputs, config = _run(settings, client, name, texts, query, input_files, version)
     else:
         ctx.progress("starting an embedded tritonserver")
         with embedded_server(settings, [name], http_port=0, grpc_port=0, metrics_port=0) as info, \
                 TritonClient(info.endpoints.http) as client:
-            outputs = _run(settings, client, name, texts, input_files, version)
+            outputs, config = _run(settings, client, name, texts, query, input_files, version)
     data = {"model": name, "outputs": {k: _jsonable(v) for k, v in outputs.items()},
             "shapes": {k: list(v.shape) for k, v in outputs.items()}}
     text = "\n".join(f"{k} {list(v.shape)} {v.dtype}:\n{np.array2string(v, threshold=20, precision=5)}"
                      for k, v in outputs.items())
-    similarities = text_similarities(outputs, len(texts))
+    task = config.parameters["task"].string_value if config is not None and "task" in config.parameters else ""
+    if task == "rerank" and "SCORE" in outputs:
+        data["ranking"] = ranked(outputs["SCORE"], list(texts))
+        text = f"passages by score for the query {query!r}:" + "".join(
+            f"\n  {r['score']:.4f}  [{r['index']}] {_short(r['text'])}" for r in data["ranking"])
+    elif task == "classify" and "SCORES" in outputs:
+        labels = json.loads(config.parameters["labels"].string_value or "[]")
+        data["labels"] = labelled(outputs["SCORES"], labels, list(texts))
+        text = "\n".join(f"{_short(r['text'])!r}: {r['label']} ({r['scores'][r['label']]:.4f}); "
+                         + ", ".join(f"{k} {v:.4f}" for k, v in r["scores"].items()) for r in data["labels"])
+    similarities = text_similarities(outputs, len(texts)) if task in ("", "embedding") else {}
     if similarities:
         data["cosine_similarity"] = similarities
         text += "".join(_similarity_text(output, matrix, texts) for output, matrix in similarities.items())
@@ -57,15 +70,29 @@ def _similarity_text(output: str, matrix: list[list[float]], texts: tuple[str, .
     return "\n".join(lines)
 
 
-def _run(settings, client, name, texts, input_files, version):
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _run(settings, client, name, texts, query, input_files, version):
+    from repo_manager.embeddings import pair_inputs, takes_pairs  # noqa: PLC0415
     from repo_manager.inputs import load_input_files  # noqa: PLC0415
     from repo_manager.serving import model_config_for, text_inputs  # noqa: PLC0415
 
+    config = None
     if texts:
-        inputs = text_inputs(model_config_for(settings, client, name), list(texts))
+        config = model_config_for(settings, client, name)
+        if takes_pairs(config):
+            if query is None:
+                raise UsageError(f"{name} is a reranker: give --query and the passages as --text")
+            inputs = pair_inputs(query, list(texts))
+        elif query is not None:
+            raise UsageError(f"{name} takes no --query (only a reranker does)")
+        else:
+            inputs = text_inputs(config, list(texts))
     else:
         inputs = load_input_files(list(input_files))
-    return client.infer(name, inputs, version=version)
+    return client.infer(name, inputs, version=version), config
 
 
 def _jsonable(array):

@@ -134,7 +134,7 @@ def trtllm_options(function):
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         from repo_manager.llm.layout import ServingOptions  # noqa: PLC0415 - off the --help path
-        from repo_manager.llm.publish import TrtllmOptions  # noqa: PLC0415
+        from repo_manager.publish.tensorrt_llm import TrtllmOptions  # noqa: PLC0415
 
         values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("trtllm_")}
         kwargs["trtllm"] = TrtllmOptions(

