@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from repo_manager.errors import ConfigError
 
 DEFAULT_CONFIG = Path("configs/trm.yaml")
@@ -100,6 +98,8 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"settings file {path} does not exist", hint="pass an existing file to --config")
+        import yaml  # noqa: PLC0415 - only when there is a settings file (not on a bare `trm sync`)
+
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:

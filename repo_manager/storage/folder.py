@@ -106,6 +106,13 @@ class FolderStore(Store):
             raise StoreError(f"cannot read {key} in {self.location}: {exc.strerror}") from exc
         return data, hashlib.sha256(data).hexdigest()
 
+    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
+        if self._mutable(key) and etag is not None:
+            revisions = self._revisions(key)
+            if revisions and str(revisions[-1]) == etag:
+                return None, etag  # the newest revision is the one the caller has: nothing read
+        return super().get_if_changed(key, etag)
+
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         try:
             handle = open(self._path(key), "rb")  # noqa: SIM115 - closed by the generator
