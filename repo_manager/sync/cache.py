@@ -303,6 +303,10 @@ class BlobCache:
             if on_unit is None:
                 os.pwrite(fd, chunk, offset)
                 offset += len(chunk)
+            elif not pending and len(chunk) == UNIT:  # the S3 reader streams whole units: no copy
+                _pwrite_all(fd, chunk, offset)
+                offset += UNIT
+                on_unit(chunk)
             else:
                 pending += chunk
                 while len(pending) >= UNIT:
