@@ -34,6 +34,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -155,9 +156,10 @@ class BlobCache:
             downloaded = resumed = failures = lost = 0
             adopt = True
             while True:
-                folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
-                adopt = False  # a retry always starts from scratch
+                folder = None
                 try:
+                    folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
+                    adopt = False  # a retry always starts from scratch
                     got, kept, actual = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
                     downloaded += got
                     resumed += kept
@@ -168,7 +170,8 @@ class BlobCache:
                     self._install(folder, digest)
                     return downloaded, resumed
                 except IntegrityError:
-                    shutil.rmtree(folder, ignore_errors=True)
+                    if folder is not None:
+                        shutil.rmtree(folder, ignore_errors=True)
                     failures += 1
                     if failures == 2:
                         raise
@@ -214,8 +217,12 @@ class BlobCache:
         raise AssertionError("unreachable")
 
     def _new_partial(self, digest: str) -> Path:
-        folder = self.partial / f"{digest}.{uuid.uuid4().hex}"
-        (folder / "done").mkdir(parents=True)
+        """A new partial folder, made complete under a name no adopter looks at, then renamed in."""
+        token = uuid.uuid4().hex
+        fresh = self.partial / f".new-{token}"
+        (fresh / "done").mkdir(parents=True)
+        folder = self.partial / f"{digest}.{token}"
+        os.rename(fresh, folder)
         return folder
 
     def _adopt_partial(self, digest: str) -> Path | None:
@@ -249,8 +256,8 @@ class BlobCache:
             done = folder / "done"
             lengths = [min(part_size, size - i * part_size) for i in range(count)]
             have = [min(_units(done / str(i)) * UNIT, lengths[i]) for i in range(count)]
-            hasher = _StreamHasher(fd, part_size, lengths, have)
             missing = [i for i in range(count) if have[i] < lengths[i]]
+            hasher = _StreamHasher(fd, part_size, lengths, have)
 
             def part(index: int) -> int:
                 try:
@@ -268,13 +275,16 @@ class BlobCache:
                 except BaseException:
                     hasher.abort()
                     raise
-            if parts_pool is None:
-                got = sum(map(part, missing))
-            else:
-                # wait for every part before the fd is closed, even when one fails: a part still running
-                # could otherwise write into whatever file reuses the fd number
-                got = sum(settle([parts_pool.submit(part, i) for i in missing]))
-            return got, size - got, hasher.finish()
+            try:
+                if parts_pool is None:
+                    got = sum(map(part, missing))
+                else:
+                    # wait for every part before the fd is closed, even when one fails: a part still
+                    # running could otherwise write into whatever file reuses the fd number
+                    got = sum(settle([parts_pool.submit(part, i) for i in missing]))
+                return got, size - got, hasher.finish()
+            finally:
+                hasher.close()  # the hashing thread reads the fd too: it ends before the fd is closed
         finally:
             os.close(fd)
 
@@ -426,10 +436,10 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 class _StreamHasher:
     """sha256 of a file whose parts arrive in parallel, computed from the bytes as they arrive.
 
-    sha256 is sequential, so a unit is hashed when everything before it was: units of the part at the
-    hash position are hashed by the thread that received them, units of later parts wait in memory until
-    the position reaches them. A part may start only within ``WINDOW`` parts of the position, which
-    bounds that memory (``WINDOW * part size`` per blob); the part at the position always started
+    sha256 is sequential, so units are hashed in file order by one hashing thread: receivers only queue
+    each unit they wrote (never wait for the hash), and the thread takes the next unit in order as soon
+    as it is there. A part may start only within ``WINDOW`` parts of the hash position, which bounds the
+    units waiting in memory (``WINDOW * part size`` per blob); the part at the position always started
     earlier (parts are queued in order), so the wait always ends. Bytes kept from an earlier run (the
     resumed prefix of a part) are read back from the file when the position reaches them: the only
     second read, and only of what this process did not receive.
@@ -439,13 +449,12 @@ class _StreamHasher:
         self.fd, self.part_size, self.lengths, self.have = fd, part_size, lengths, have
         self.hash = hashlib.sha256()
         self.position = 0  # the part being hashed
-        self.hashed = 0  # bytes of that part hashed so far
-        self.pending: dict[int, list[bytes]] = {}
-        self.received = list(have)  # bytes of each part on disk or in ``pending``
+        self.pending: dict[int, deque[bytes]] = {}
         self.failed = False
+        self.input_done = False
         self.cond = threading.Condition()
-        with self.cond:
-            self._advance()
+        self.thread = threading.Thread(target=self._run, name="trm-sha256", daemon=True)
+        self.thread.start()
 
     def wait_turn(self, index: int) -> bool:
         """Block until part ``index`` may start; False if the download failed meanwhile."""
@@ -455,50 +464,62 @@ class _StreamHasher:
 
     def feed(self, index: int, unit: bytes) -> None:
         with self.cond:
-            self.received[index] += len(unit)
-            if index == self.position and self.hashed == self.received[index] - len(unit):
-                self.hash.update(unit)
-                self.hashed += len(unit)
-            else:
-                self.pending.setdefault(index, []).append(unit)
-            self._advance()
+            self.pending.setdefault(index, deque()).append(unit)
+            if index == self.position:
+                self.cond.notify_all()
 
     def part_done(self, index: int) -> None:
-        with self.cond:
-            self._advance()
+        pass  # the hashing thread moves on when a part's bytes are all hashed
 
     def abort(self) -> None:
         with self.cond:
             self.failed = True
             self.cond.notify_all()
 
-    def _advance(self) -> None:
-        """Hash whatever is next in order; move the position past complete parts (under the lock)."""
-        moved = False
-        while self.position < len(self.lengths):
-            index = self.position
-            if self.hashed < self.have[index]:  # resumed bytes: read back from the file
-                offset = index * self.part_size + self.hashed
-                end = index * self.part_size + self.have[index]
+    def _run(self) -> None:
+        hashed = 0  # bytes of the part at the position hashed so far (only this thread changes it)
+        while True:
+            with self.cond:
+                while True:
+                    if self.failed or self.position == len(self.lengths):
+                        return
+                    index = self.position
+                    if hashed < self.have[index]:
+                        unit = None
+                        break
+                    queue = self.pending.get(index)
+                    if queue:
+                        unit = queue.popleft()
+                        break
+                    if hashed >= self.lengths[index]:
+                        self.pending.pop(index, None)
+                        self.position, hashed = index + 1, 0
+                        self.cond.notify_all()
+                        continue
+                    if self.input_done:
+                        return  # every part returned and this one is short: "incomplete"
+                    self.cond.wait()
+            if unit is None:  # resumed bytes: read back from the file
+                offset, end = index * self.part_size + hashed, index * self.part_size + self.have[index]
                 while offset < end:
                     chunk = os.pread(self.fd, min(CHUNK, end - offset), offset)
                     if not chunk:
                         break  # shorter than expected: the size check reports it
                     self.hash.update(chunk)
                     offset += len(chunk)
-                self.hashed = self.have[index]
-            for unit in self.pending.pop(index, []):
-                self.hash.update(unit)
-                self.hashed += len(unit)
-            if self.hashed < self.lengths[index]:
-                break
-            self.position, self.hashed, moved = index + 1, 0, True
-        if moved:
-            self.cond.notify_all()
+                hashed = self.have[index]
+            else:
+                self.hash.update(unit)  # outside the lock: receivers keep queueing meanwhile
+                hashed += len(unit)
 
     def finish(self) -> str:
+        """The sha256, once every part was received and hashed ("incomplete" if some bytes never came)."""
         with self.cond:
-            self._advance()
-            if self.position != len(self.lengths):
-                return "incomplete"  # not a digest: the caller reports the mismatch
-        return self.hash.hexdigest()
+            self.input_done = True
+            self.cond.notify_all()
+        self.thread.join()
+        return self.hash.hexdigest() if self.position == len(self.lengths) else "incomplete"
+
+    def close(self) -> None:
+        self.abort()
+        self.thread.join()

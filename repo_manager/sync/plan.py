@@ -211,12 +211,17 @@ def prune_actions(repo: LocalRepository, wanted: dict[str, int], loaded: dict[st
     return actions
 
 
+def _from_tensorrt_llm(manifest: Manifest) -> bool:
+    """A cheap pre-filter of ``llm.doctor.holds_engine`` (which judges only TensorRT-LLM versions)."""
+    return isinstance(manifest.source, dict) and manifest.source.get("kind") == "tensorrt-llm"
+
+
 def check_engines(actions: list[ModelAction], node: NodeFacts | None) -> None:
     """Refuse the whole plan (CompatibilityError, before anything changes) when a version it would
     install holds an engine this node cannot run. The node is probed only when such a version is in the
     plan, so a node without a GPU syncs models without engines as before."""
-    if all(a.action == PRESENT for a in actions):
-        return  # an unchanged environment (the common sync) does not pay for importing the LLM checks
+    if all(a.action == PRESENT or not _from_tensorrt_llm(a.manifest) for a in actions):
+        return  # nothing an engine check judges: do not pay for importing the LLM checks
     from repo_manager.llm.doctor import check_engine_compatible, holds_engine  # noqa: PLC0415
     from repo_manager.llm.node import probe_node  # noqa: PLC0415
 
