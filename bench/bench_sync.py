@@ -4,7 +4,8 @@ What a user (or an init container) pays is the whole process: interpreter start,
 writes. Every tool here runs as its own command line against one real SeaweedFS on 127.0.0.1 (free
 ports), on the same data. trm reads its content-addressed store (``push --env prod``); s5cmd and aws read
 the same versions exported as a plain Triton layout (``trm export``), which is what they would sync.
-Each run is timed with ``os.wait4`` (wall time and the child's peak RSS).
+Each run is timed as wall time; the tool's peak RSS and CPU seconds (user + system) come from ``wait4``
+(through GNU time). CPU seconds are what a loaded machine does not blur.
 
 Scenarios (each repetition has its own empty node, so a median is over independent nodes):
 
@@ -64,7 +65,7 @@ def timed(command: list[str], env: dict[str, str]) -> dict:
     the benchmark's memory rather than the tool's."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        process = subprocess.run(["/usr/bin/time", "-f", "\nbench-rss-kb %M", *command], stdout=out, stderr=err,
+        process = subprocess.run(["/usr/bin/time", "-f", "\nbench-rss-kb %M %U %S", *command], stdout=out, stderr=err,
                                  env=env, check=False)
         seconds = time.perf_counter() - started
         out.seek(0)
@@ -72,8 +73,8 @@ def timed(command: list[str], env: dict[str, str]) -> dict:
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if process.returncode != 0:
         raise RuntimeError(f"{command[:4]} exited {process.returncode}: {stderr[-2000:]}")
-    rss_kb = int(stderr.rsplit("bench-rss-kb ", 1)[1].split()[0])
-    return {"seconds": seconds, "rss_mb": rss_kb / 1024, "stdout": stdout}
+    rss_kb, user, system = stderr.rsplit("bench-rss-kb ", 1)[1].split()[:3]
+    return {"seconds": seconds, "rss_mb": int(rss_kb) / 1024, "cpu_s": float(user) + float(system), "stdout": stdout}
 
 
 def tree_bytes(folder: Path) -> int:
@@ -145,6 +146,7 @@ def publish(source: Path, endpoint: str, store: str, plain: str) -> None:
 
 def summarize(runs: list[dict]) -> dict:
     return {"seconds": statistics.median(r["seconds"] for r in runs), "rss_mb": max(r["rss_mb"] for r in runs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
             "bytes": statistics.median(r["bytes"] for r in runs), "runs": [round(r["seconds"], 3) for r in runs]}
 
 
@@ -212,14 +214,16 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(report: dict) -> str:
     lines = ["| scenario | trm sync | s5cmd sync | aws s3 sync | s5cmd / trm | aws / trm | GB/s trm · s5cmd · aws "
-             "| peak RSS MB trm · s5cmd · aws |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| peak RSS MB trm · s5cmd · aws | CPU s trm · s5cmd · aws |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["results"].items():
         t, s, a = (r[k] for k in ("trm", "s5cmd", "aws"))
         rates = " · ".join(f"{x['bytes'] / x['seconds'] / 1e9:.2f}" if x["bytes"] > 1e6 else "–" for x in (t, s, a))
         rss = " · ".join(f"{x['rss_mb']:.0f}" for x in (t, s, a))
+        cpu = " · ".join(f"{x['cpu_s']:.2f}" for x in (t, s, a))
         lines.append(f"| {name} | {t['seconds']:.3f} s | {s['seconds']:.3f} s | {a['seconds']:.3f} s | "
-                     f"{s['seconds'] / t['seconds']:.2f}x | {a['seconds'] / t['seconds']:.1f}x | {rates} | {rss} |")
+                     f"{s['seconds'] / t['seconds']:.2f}x | {a['seconds'] / t['seconds']:.1f}x | {rates} | {rss} "
+                     f"| {cpu} |")
     lines.append("")
     lines += [f"- {tool} verifies: {text}" for tool, text in report["verifies"].items()]
     return "\n".join(lines)
