@@ -116,13 +116,6 @@ class Store(ABC):
     def _get_bytes(self, key: str) -> tuple[bytes, str]:
         """(content, tag); ``NotFoundError`` when absent."""
 
-    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
-        """(None, etag) when ``key`` still has tag ``etag``, else (content, new tag); ``NotFoundError``
-        when absent. A backend with conditional reads (S3: ``If-None-Match``) does it in one request
-        that transfers no body when unchanged."""
-        payload, tag = self._get_bytes(key)
-        return (None, tag) if etag is not None and tag == etag else (payload, tag)
-
     @abstractmethod
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         """Stream ``length`` bytes from ``start``; ``NotFoundError`` when absent."""
@@ -138,6 +131,12 @@ class Store(ABC):
     @abstractmethod
     def _upload_file(self, key: str, path: Path, size: int, sha256: str) -> None:
         """Create ``key`` from ``path`` if absent; the store must check the content's sha256."""
+
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        """(content, tag), or None when the object still has ``tag``. Backends override this with a
+        request that does not transfer an unchanged object (S3: ``If-None-Match``)."""
+        payload, new_tag = self._get_bytes(key)
+        return None if tag is not None and new_tag == tag else (payload, new_tag)
 
     # ------------------------------------------------------------------------------------ blobs
     def has_blob(self, digest: str) -> bool:
@@ -197,25 +196,29 @@ class Store(ABC):
 
     # ----------------------------------------------------------------------------- environments
     def get_env(self, env: str) -> EnvPointer:
-        pointer, _ = self.get_env_if_changed(env, None)
-        if pointer is None:  # unreachable: without a tag there is always content
-            raise NotFoundError(f"environment {env} does not exist in {self.location}", env=env)
-        return pointer
-
-    def get_env_if_changed(self, env: str, etag: str | None) -> tuple[EnvPointer | None, str]:
-        """(None, etag) when the pointer still has tag ``etag`` (one conditional read, no body), else
-        (the pointer, its tag)."""
         try:
-            payload, tag = self.get_if_changed(env_key(env), etag)
+            payload, tag = self._get_bytes(env_key(env))
         except NotFoundError as exc:
             raise NotFoundError(f"environment {env} does not exist in {self.location}",
                                 hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
-        if payload is None:
-            return None, tag
         pointer = EnvPointer.from_json(payload, f"{self.location}/{env_key(env)}", tag)
         if pointer.name != env:
             raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
-        return pointer, tag
+        return pointer
+
+    def get_env_if_changed(self, env: str, etag: str | None) -> EnvPointer | None:
+        """The pointer, or None when it still has ``etag`` (a conditional read: what `trm agent` polls)."""
+        try:
+            got = self._get_bytes_if_changed(env_key(env), etag)
+        except NotFoundError as exc:
+            raise NotFoundError(f"environment {env} does not exist in {self.location}",
+                                hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
+        if got is None:
+            return None
+        pointer = EnvPointer.from_json(got[0], f"{self.location}/{env_key(env)}", got[1])
+        if pointer.name != env:
+            raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
+        return pointer
 
     def put_env(self, pointer: EnvPointer) -> str:
         """Compare-and-swap: write ``pointer`` only if the stored one still has ``pointer.etag``

@@ -106,12 +106,12 @@ class FolderStore(Store):
             raise StoreError(f"cannot read {key} in {self.location}: {exc.strerror}") from exc
         return data, hashlib.sha256(data).hexdigest()
 
-    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
-        if self._mutable(key) and etag is not None:
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        if self._mutable(key) and tag is not None:
             revisions = self._revisions(key)
-            if revisions and str(revisions[-1]) == etag:
-                return None, etag  # the newest revision is the one the caller has: nothing read
-        return super().get_if_changed(key, etag)
+            if revisions and str(revisions[-1]) == tag:
+                return None  # the newest revision is the one the caller has: nothing read
+        return super()._get_bytes_if_changed(key, tag)
 
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         try:

@@ -119,15 +119,17 @@ class S3Store(Store):
         except StoreError as exc:
             raise type(exc)(exc.message.replace(self._key(key), where), hint=exc.hint, store=self.location) from exc
 
-    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
-        """One conditional GET (If-None-Match), without urllib3 or botocore: the no-op sync's only read."""
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        """One GET with ``If-None-Match`` (a 304 carries no body), without urllib3 or botocore: the
+        no-op sync's only read, and what `trm agent` polls."""
         where = f"s3://{self.bucket}/{self._key(key)}"
         try:
-            return self.reader.conditional_get(self._key(key), etag)
+            payload, new_tag = self.reader.conditional_get(self._key(key), tag)
         except NotFoundError as exc:
             raise NotFoundError(f"{where} does not exist", store=self.location) from exc
         except StoreError as exc:
             raise type(exc)(exc.message.replace(self._key(key), where), hint=exc.hint, store=self.location) from exc
+        return None if payload is None else (payload, new_tag)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key

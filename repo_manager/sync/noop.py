@@ -114,8 +114,8 @@ def try_unchanged(store: Store, cache: Path, repository: Path, env: str,
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    pointer, tag = store.get_env_if_changed(env, etag)
-    if (pointer is not None and tag != etag) or not _serves(Path(repository), models):
+    pointer = store.get_env_if_changed(env, etag)
+    if (pointer is not None and pointer.etag != etag) or not _serves(Path(repository), models):
         # (a service that ignores If-None-Match answers 200 with the same tag: still unchanged)
         return None
     return SyncResult(store=store.location, env=env, repository=str(repository),
