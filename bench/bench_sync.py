@@ -1,34 +1,31 @@
-"""Benchmark: `trm sync` vs `aws s3 sync` vs a Triton-style one-object-at-a-time full download.
+"""Benchmark: `trm sync` vs `s5cmd sync` vs `aws s3 sync`, as whole processes, on one SeaweedFS.
 
-One run, one real SeaweedFS on 127.0.0.1 (free ports), one data set: a repository with a few large files
-(model shards) and a few hundred small ones (tokenizer / python files). trm reads its content-addressed
-store (``push --env prod``); aws and the Triton-style download read the same versions exported as a plain
-Triton layout (``trm export``). Scenarios, in order, each for every tool:
+What a user (or an init container) pays is the whole process: interpreter start, imports, requests,
+writes. Every tool here runs as its own command line against one real SeaweedFS on 127.0.0.1 (free
+ports), on the same data. trm reads its content-addressed store (``push --env prod``); s5cmd and aws read
+the same versions exported as a plain Triton layout (``trm export``), which is what they would sync.
+Each run is timed as wall time; the tool's peak RSS and CPU seconds (user + system) come from ``wait4``
+(through GNU time). CPU seconds are what a loaded machine does not blur.
 
-1. first sync into an empty node;
-2. a second pod on the same node (trm: same node cache, new repository; the others have no cache);
-3. a re-sync with nothing changed;
-4. a sync after one new version (one shard changed, the rest identical).
+Scenarios (each repetition has its own empty node, so a median is over independent nodes):
 
-Each scenario runs three times (three separate nodes, each with its own repositories and cache) and
-reports the median; the machine's load average is printed with the table.
+1. cold: first sync into an empty node;
+2. unchanged: the same node again, nothing changed;
+3. second pod: trm: a new repository on the same node (the shared node cache); peers: an empty folder;
+4. new version: the node after one new version was pushed (one 64 MiB shard changed);
+5. multi-GB: a cold sync of one model of several large files (``--big-files`` x ``--big-mb``).
 
-Triton's own S3 repository support downloads the whole model, every version, one object at a time into
-a fresh temporary folder on each load: that is what the third column does (boto3, sequential GETs).
+    python bench/bench_sync.py [--repeat 3] [--big-files 4] [--big-mb 1100] [--out bench/results]
 
-Two timings per tool: ``in-process`` (each tool called as a library with warm imports: the work itself)
-and ``process`` (the command line, interpreter start-up included, as an operator runs it).
-
-    python bench/bench_sync.py [--large 3] [--large-mb 64] [--small 300] [--out bench/results]
+Writes ``bench/results/sync.md`` and ``sync.json``; the machine's load average is recorded with them.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -48,10 +45,66 @@ from repo_manager.push import push  # noqa: E402
 from repo_manager.repository import LocalRepository  # noqa: E402
 from repo_manager.settings import Settings  # noqa: E402
 from repo_manager.storage import open_store  # noqa: E402
-from repo_manager.sync import sync  # noqa: E402
 
-STORE = f"s3://{BUCKET}/store"
-PLAIN = f"s3://{BUCKET}/plain"
+BIN = Path(sys.executable).parent
+VERIFIES = {
+    "trm": "sha256 of every byte against the manifest (ranged parts included), before a version folder "
+           "appears by one rename; corrupt objects refused",
+    "s5cmd": "nothing beyond the object size (sync compares size and modification time; no checksum on "
+             "download)",
+    "aws": "size/mtime to decide; on download, botocore checks a response checksum only where the object "
+           "stores one and the GET is whole-object (not for ranged multipart downloads)",
+}
+
+
+def timed(command: list[str], env: dict[str, str]) -> dict:
+    """Run ``command``; wall seconds and the tool's peak RSS (MB).
+
+    The RSS comes from ``wait4`` in GNU time (``%M``), not in this process: a child forked from this
+    (large) Python process inherits its high-water mark until it execs, so its own ``wait4`` would report
+    the benchmark's memory rather than the tool's."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        process = subprocess.run(["/usr/bin/time", "-f", "\nbench-rss-kb %M %U %S", *command], stdout=out, stderr=err,
+                                 env=env, check=False)
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if process.returncode != 0:
+        raise RuntimeError(f"{command[:4]} exited {process.returncode}: {stderr[-2000:]}")
+    rss_kb, user, system = stderr.rsplit("bench-rss-kb ", 1)[1].split()[:3]
+    return {"seconds": seconds, "rss_mb": int(rss_kb) / 1024, "cpu_s": float(user) + float(system), "stdout": stdout}
+
+
+def tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+class Tools:
+    def __init__(self, endpoint: str, env: dict[str, str]) -> None:
+        self.endpoint = endpoint
+        self.env = dict(env, PYTHONPATH=str(ROOT))
+
+    def trm(self, store: str, repo: Path, cache: Path) -> dict:
+        result = timed([sys.executable, "-m", "repo_manager", "-q", "sync", store, "--env", "prod", "--repo",
+                        str(repo), "--cache", str(cache), "--endpoint-url", self.endpoint, "--json"], self.env)
+        data = json.loads(result.pop("stdout"))
+        return {**result, "bytes": data["bytes_downloaded"], "remote_reads": data["remote_reads"]}
+
+    def s5cmd(self, plain: str, dest: Path) -> dict:
+        before = tree_bytes(dest)
+        result = timed([str(BIN / "s5cmd"), "--endpoint-url", self.endpoint, "sync", f"{plain}/*", f"{dest}/"],
+                       self.env)
+        result.pop("stdout")
+        return {**result, "bytes": tree_bytes(dest) - before}
+
+    def aws(self, plain: str, dest: Path) -> dict:
+        before = tree_bytes(dest)
+        result = timed([str(BIN / "aws"), "s3", "sync", plain, str(dest), "--endpoint-url", self.endpoint,
+                        "--only-show-errors"], self.env)
+        result.pop("stdout")
+        return {**result, "bytes": tree_bytes(dest) - before}
 
 
 def build_source(root: Path, large: int, large_mb: int, small: int, version: int) -> None:
@@ -64,140 +117,133 @@ def build_source(root: Path, large: int, large_mb: int, small: int, version: int
         make_version(root, "tok", {**files, "model.py": b"# tokenizer\n"})
 
 
-def publish_to_store(source: Path, endpoint: str) -> None:
+def build_big(root: Path, files: int, megabytes: int) -> None:
+    """One model of ``files`` large files, written in 64 MiB pieces (bounded memory)."""
+    from store_helpers import python_config  # noqa: PLC0415
+
+    from repo_manager.manifest import Manifest, scan_files  # noqa: PLC0415
+
+    repo = LocalRepository(root)
+    staging = repo.stage("big")
+    generator = random.Random(42)
+    for i in range(files):
+        with open(staging / f"weights-{i:02d}.bin", "wb") as handle:
+            left = megabytes * 1024 * 1024
+            while left:
+                piece = min(left, 64 * 1024 * 1024)
+                handle.write(generator.randbytes(piece))
+                left -= piece
+    (staging / "model.py").write_bytes(b"# big\n")
+    repo.commit(staging, Manifest(model="big", version=1, files=scan_files(staging), config=python_config("big")))
+
+
+def publish(source: Path, endpoint: str, store: str, plain: str) -> None:
     settings = Settings(s3_endpoint_url=endpoint)
-    store = open_store(STORE, settings)
-    push(store, LocalRepository(source), [], env="prod")
-    export(store, PLAIN, settings, models=())  # every version: what a stock Triton pointed at S3 sees
+    target = open_store(store, settings)
+    push(target, LocalRepository(source), [], env="prod")
+    export(target, plain, settings, models=())  # every version: what the peers sync
 
 
-# ------------------------------------------------------------------------------------------ the tools
-def trm_in_process(repo: Path, cache: Path, endpoint: str) -> dict:
-    settings = Settings(repository=repo, cache_dir=cache, s3_endpoint_url=endpoint)
-    started = time.perf_counter()
-    result = sync(settings, open_store(STORE, settings), env="prod")
-    return {"seconds": time.perf_counter() - started, "downloaded": result.bytes_downloaded,
-            "reused": result.bytes_reused}
+def summarize(runs: list[dict]) -> dict:
+    return {"seconds": statistics.median(r["seconds"] for r in runs), "rss_mb": max(r["rss_mb"] for r in runs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "bytes": statistics.median(r["bytes"] for r in runs), "runs": [round(r["seconds"], 3) for r in runs]}
 
 
-def trm_process(repo: Path, cache: Path, endpoint: str) -> dict:
-    command = [sys.executable, "-m", "repo_manager", "-q", "sync", STORE, "--env", "prod", "--repo", str(repo),
-               "--cache", str(cache), "--endpoint-url", endpoint, "--json"]
-    started = time.perf_counter()
-    out = subprocess.run(command, check=True, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
-    seconds = time.perf_counter() - started
-    data = json.loads(out)
-    return {"seconds": seconds, "downloaded": data["bytes_downloaded"], "reused": data["bytes_reused"]}
-
-
-def aws_in_process(dest: Path, endpoint: str) -> dict:
-    from awscli.clidriver import create_clidriver  # noqa: PLC0415
-
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = create_clidriver().main(["s3", "sync", PLAIN, str(dest), "--endpoint-url", endpoint,
-                                        "--only-show-errors"])
-    if code:
-        raise RuntimeError(f"aws s3 sync exited {code}")
-    return {"seconds": time.perf_counter() - started}
-
-
-def aws_process(dest: Path, endpoint: str) -> dict:
-    aws = Path(sys.executable).parent / "aws"
-    started = time.perf_counter()
-    subprocess.run([str(aws), "s3", "sync", PLAIN, str(dest), "--endpoint-url", endpoint, "--only-show-errors"],
-                   check=True, capture_output=True)
-    return {"seconds": time.perf_counter() - started}
-
-
-def triton_style(endpoint: str) -> dict:
-    """Every object of every model, one GET at a time, into a fresh temporary folder (then discarded)."""
-    import boto3  # noqa: PLC0415
-
-    client = boto3.client("s3", endpoint_url=endpoint)
-    started = time.perf_counter()
-    total = 0
-    with tempfile.TemporaryDirectory(prefix="triton-s3-") as scratch:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="plain/"):
-            for item in page.get("Contents", []):
-                target = Path(scratch) / item["Key"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                body = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"]
-                with open(target, "wb") as handle:
-                    for chunk in body.iter_chunks(1024 * 1024):
-                        handle.write(chunk)
-                        total += len(chunk)
-    return {"seconds": time.perf_counter() - started, "downloaded": total}
-
-
-# ------------------------------------------------------------------------------------------- the run
 def run(args: argparse.Namespace) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="trm-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="trm-bench-", dir=args.work))
     results: dict[str, dict[str, dict]] = {}
+    loads: list[tuple[float, float, float]] = []
     try:
         with SeaweedServer(work / "weed") as server:
+            tools = Tools(server.endpoint, dict(os.environ, **server.env))
             os.environ.update(server.env)
-            endpoint = server.endpoint
+            store, plain = f"s3://{BUCKET}/store", f"s3://{BUCKET}/plain"
             source = work / "source"
             build_source(source, args.large, args.large_mb, args.small, 1)
-            publish_to_store(source, endpoint)
-            size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
-            print(f"data: {args.large} x {args.large_mb} MB + {args.small} small files, {size / 1e6:.0f} MB",
-                  file=sys.stderr)
+            publish(source, server.endpoint, store, plain)
+            print(f"data: {args.large} x {args.large_mb} MiB + {args.small} small files, "
+                  f"{tree_bytes(source) / 1e6:.0f} MB", file=sys.stderr)
 
-            def scenario(name: str, pod: str, cache: str, aws_dest: str, repeat: int = 3) -> None:
-                """Run every tool ``repeat`` times (median); names may use {r}, the repetition."""
-                rows: dict[str, list[dict]] = {}
-                for r in range(repeat):
-                    def at(prefix: str, template: str, r: int = r) -> Path:
-                        return work / f"{prefix}-{template.format(r=r)}"
-                    rows.setdefault("trm in-process", []).append(
-                        trm_in_process(at("ip", pod), at("ip", cache), endpoint))
-                    rows.setdefault("aws in-process", []).append(aws_in_process(at("ip", aws_dest), endpoint))
-                    rows.setdefault("trm process", []).append(trm_process(at("p", pod), at("p", cache), endpoint))
-                    rows.setdefault("aws process", []).append(aws_process(at("p", aws_dest), endpoint))
-                    rows.setdefault("triton-style", []).append(triton_style(endpoint))
-                results[name] = {tool: {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs),
-                                        "runs": [round(r["seconds"], 3) for r in runs]}
-                                 for tool, runs in rows.items()}
-                print(f"{name}: " + ", ".join(f"{t} {r['runs']}" for t, r in results[name].items()), file=sys.stderr)
+            def scenario(name: str, pod: str, dest: str) -> None:
+                rows: dict[str, list[dict]] = {"trm": [], "s5cmd": [], "aws": []}
+                for r in range(args.repeat):
+                    rows["trm"].append(tools.trm(store, work / f"{pod}-{r}", work / f"cache-{r}"))
+                    rows["s5cmd"].append(tools.s5cmd(plain, work / f"s5-{dest}-{r}"))
+                    rows["aws"].append(tools.aws(plain, work / f"aws-{dest}-{r}"))
+                results[name] = {tool: summarize(runs) for tool, runs in rows.items()}
+                loads.append(os.getloadavg())
+                print(f"{name}: " + ", ".join(f"{t} {r['runs']}" for t, r in results[name].items()) +
+                      f" (load {loads[-1][0]:.1f})", file=sys.stderr)
 
-            # every repetition r gets its own empty node (repository + cache) for the first sync, a second
-            # pod on that node, and takes its node through the re-sync and the new version
-            scenario("first sync, empty node", "pod1-{r}", "cache-{r}", "aws1-{r}")
-            scenario("second pod, same node", "pod2-{r}", "cache-{r}", "aws2-{r}")
-            scenario("re-sync, nothing changed", "pod1-{r}", "cache-{r}", "aws1-{r}")
+            scenario("cold, empty node", "pod1", "1")
+            scenario("unchanged re-sync", "pod1", "1")
+            scenario("second pod on the node", "pod2", "2")
             build_source(source, args.large, args.large_mb, args.small, 2)
-            publish_to_store(source, endpoint)
-            scenario("after one new version", "pod1-{r}", "cache-{r}", "aws1-{r}")
+            publish(source, server.endpoint, store, plain)
+            scenario("after one new version", "pod1", "1")
+            for path in work.iterdir():
+                if path.name != "weed":
+                    shutil.rmtree(path)
+            if args.big_files:
+                big_store, big_plain = f"s3://{BUCKET}/big-store", f"s3://{BUCKET}/big-plain"
+                big = work / "big-source"
+                build_big(big, args.big_files, args.big_mb)
+                publish(big, server.endpoint, big_store, big_plain)
+                shutil.rmtree(big)
+                rows: dict[str, list[dict]] = {"trm": [], "s5cmd": [], "aws": []}
+                for _ in range(args.big_repeat):
+                    for tool in rows:
+                        dest = work / f"big-{tool}"
+                        if tool == "trm":
+                            rows[tool].append(tools.trm(big_store, dest / "repo", dest / "cache"))
+                        else:
+                            rows[tool].append(getattr(tools, tool)(big_plain, dest))
+                        shutil.rmtree(dest)
+                name = f"multi-GB model ({args.big_files} x {args.big_mb} MiB)"
+                results[name] = {tool: summarize(runs) for tool, runs in rows.items()}
+                loads.append(os.getloadavg())
+                print(f"{name}: " + ", ".join(f"{t} {r['runs']}" for t, r in results[name].items()) +
+                      f" (load {loads[-1][0]:.1f})", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"data": {"large_files": args.large, "large_mb": args.large_mb, "small_files": args.small},
-            "load_average": os.getloadavg(), "results": results}
+    return {"data": {"large_files": args.large, "large_mb": args.large_mb, "small_files": args.small,
+                     "big_files": args.big_files, "big_mb": args.big_mb, "repeat": args.repeat},
+            "load_averages": loads, "cpus": os.cpu_count(), "results": results, "verifies": VERIFIES}
 
 
 def table(report: dict) -> str:
-    lines = ["| scenario | trm sync | aws s3 sync | triton-style | aws / trm | triton / trm | trm sync (process) | "
-             "aws s3 sync (process) | aws / trm (process) |",
+    lines = ["| scenario | trm sync | s5cmd sync | aws s3 sync | s5cmd / trm | aws / trm | GB/s trm · s5cmd · aws "
+             "| peak RSS MB trm · s5cmd · aws | CPU s trm · s5cmd · aws |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["results"].items():
-        trm, aws, tri = (r[k]["seconds"] for k in ("trm in-process", "aws in-process", "triton-style"))
-        trm_p, aws_p = r["trm process"]["seconds"], r["aws process"]["seconds"]
-        lines.append(f"| {name} | {trm:.3f} s | {aws:.3f} s | {tri:.3f} s | {aws / trm:.1f}x | {tri / trm:.1f}x | "
-                     f"{trm_p:.3f} s | {aws_p:.3f} s | {aws_p / trm_p:.1f}x |")
+        t, s, a = (r[k] for k in ("trm", "s5cmd", "aws"))
+        rates = " · ".join(f"{x['bytes'] / x['seconds'] / 1e9:.2f}" if x["bytes"] > 1e6 else "–" for x in (t, s, a))
+        rss = " · ".join(f"{x['rss_mb']:.0f}" for x in (t, s, a))
+        cpu = " · ".join(f"{x['cpu_s']:.2f}" for x in (t, s, a))
+        lines.append(f"| {name} | {t['seconds']:.3f} s | {s['seconds']:.3f} s | {a['seconds']:.3f} s | "
+                     f"{s['seconds'] / t['seconds']:.2f}x | {a['seconds'] / t['seconds']:.1f}x | {rates} | {rss} "
+                     f"| {cpu} |")
+    lines.append("")
+    lines += [f"- {tool} verifies: {text}" for tool, text in report["verifies"].items()]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--large", type=int, default=3, help="number of large files")
-    parser.add_argument("--large-mb", type=int, default=64, help="size of each large file")
-    parser.add_argument("--small", type=int, default=300, help="number of small files (4-32 KB)")
+    parser.add_argument("--repeat", type=int, default=3, help="independent nodes per scenario (median)")
+    parser.add_argument("--large", type=int, default=3, help="large files of model 'llm'")
+    parser.add_argument("--large-mb", type=int, default=64, help="MiB per large file")
+    parser.add_argument("--small", type=int, default=300, help="small files (4-32 KB) of model 'tok'")
+    parser.add_argument("--big-files", type=int, default=4, help="files of the multi-GB model (0: skip it)")
+    parser.add_argument("--big-mb", type=int, default=1100, help="MiB per file of the multi-GB model")
+    parser.add_argument("--big-repeat", type=int, default=3, help="runs of the multi-GB cold sync (median)")
+    parser.add_argument("--work", default=None, help="scratch folder (default: the system temp folder)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     report = run(args)
-    text = table(report) + "\n\nload average at the end: " + ", ".join(f"{x:.1f}" for x in report["load_average"])
+    loads = ", ".join(f"{x[0]:.1f}" for x in report["load_averages"])
+    text = table(report) + f"\n\n{report['cpus']} CPUs; 1-minute load average after each scenario: {loads}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sync.json").write_text(json.dumps(report, indent=2))
     (args.out / "sync.md").write_text(text + "\n")

@@ -8,26 +8,59 @@ its syntax is rejected here first; ``write_config`` writes atomically (temp file
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from repo_manager import paths
 from repo_manager.errors import ConfigError, InputError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def _model_config_pb2() -> Any:
+    """tritonclient's ``model_config_pb2`` without running ``tritonclient.grpc/__init__`` (it imports
+    grpc and numpy: ~0.3 s that `trm sync` and other config-only commands do not need). The module is
+    registered under its own name, so a later ``import tritonclient.grpc`` reuses it (one descriptor)."""
+    name = "tritonclient.grpc.model_config_pb2"
+    if name in sys.modules:
+        return sys.modules[name]
+    import importlib.util  # noqa: PLC0415
+
+    try:
+        package = importlib.util.find_spec("tritonclient")
+        path = Path(next(iter(package.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    except Exception:  # noqa: BLE001 - any other layout: the ordinary (slower) import
+        sys.modules.pop(name, None)
+        from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+        return model_config_pb2
+
+
+mc = _model_config_pb2()
 ModelConfig = mc.ModelConfig
 
-# Triton data type name (without TYPE_) <-> numpy dtype. BF16 has no numpy type.
-_TRITON_TO_NUMPY: dict[str, type | str] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "STRING": np.object_,
-}
+
+@functools.cache
+def _triton_to_numpy() -> dict[str, Any]:
+    """Triton data type name (without TYPE_) -> numpy dtype. BF16 has no numpy type."""
+    import numpy as np  # noqa: PLC0415 - only tensor-shaped work needs numpy
+
+    return {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+            "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+            "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "STRING": np.object_}
 
 
 def dtype_name(data_type: int) -> str:
@@ -48,17 +81,21 @@ def data_type(name: str) -> int:
 
 
 def numpy_dtype(data_type_value: int) -> np.dtype:
+    import numpy as np  # noqa: PLC0415
+
     name = dtype_name(data_type_value)
-    if name not in _TRITON_TO_NUMPY:
+    if name not in _triton_to_numpy():
         raise InputError(f"data type {name} has no numpy equivalent")
-    return np.dtype(_TRITON_TO_NUMPY[name])
+    return np.dtype(_triton_to_numpy()[name])
 
 
 def from_numpy_dtype(dtype: np.dtype) -> int:
+    import numpy as np  # noqa: PLC0415
+
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return mc.TYPE_STRING
-    for name, np_type in _TRITON_TO_NUMPY.items():
+    for name, np_type in _triton_to_numpy().items():
         if np.dtype(np_type) == dtype:
             return data_type(name)
     raise InputError(f"numpy dtype {dtype} has no Triton data type")

@@ -15,7 +15,6 @@ import platform
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +78,8 @@ def sha256_file(path: Path) -> str:
 
 
 def package_versions(*names: str) -> dict[str, str]:
+    from importlib import metadata  # noqa: PLC0415 - ~20 ms of imports; only publishing needs it
+
     found: dict[str, str] = {"python": platform.python_version()}
     for name in ("trm", *names):
         try:

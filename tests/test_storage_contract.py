@@ -159,3 +159,36 @@ def test_multipart_upload_round_trip(store, tmp_path, monkeypatch):
     got = hashlib.sha256(b"".join(store.read_blob(digest))).hexdigest()
     assert got == digest
     assert blob_key(digest).endswith(digest)
+
+
+def test_conditional_read_of_a_pointer_returns_nothing_while_its_tag_is_unchanged(store):
+    tag = store.put_env(EnvPointer("prod", {"m": 1}))
+    assert store.get_env_if_changed("prod", tag) is None  # S3: one GET answered 304, no body
+    changed = store.update_env("prod", {"m": 2})
+    pointer = store.get_env_if_changed("prod", tag)
+    assert pointer is not None and pointer.models == {"m": 2} and pointer.etag == changed.etag != tag
+    pointer = store.get_env_if_changed("prod", None)
+    assert pointer is not None and pointer.models == {"m": 2}
+    with pytest.raises(NotFoundError):
+        store.get_env_if_changed("absent", tag)
+
+
+def test_sigv4_signer_matches_botocore():
+    """The stdlib signer of the sync read path signs exactly as botocore does (with and without a
+    session token)."""
+    import calendar  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from botocore.auth import S3SigV4Auth  # noqa: PLC0415
+    from botocore.awsrequest import AWSRequest  # noqa: PLC0415
+    from botocore.credentials import Credentials  # noqa: PLC0415
+
+    from repo_manager.storage.sigv4 import Keys, Signer  # noqa: PLC0415
+
+    url = "http://127.0.0.1:8333/bucket/some%20dir/blobs/sha256/a~b_c.json"
+    for token in (None, "session-token"):
+        request = AWSRequest(method="GET", url=url, headers={})
+        S3SigV4Auth(Credentials("AKID", "secret/key+x", token), "s3", "eu-west-1").add_auth(request)
+        now = calendar.timegm(time.strptime(request.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+        ours = Signer("eu-west-1").get_headers(url, Keys("AKID", "secret/key+x", token), now=now)
+        assert ours["Authorization"] == request.headers["Authorization"]

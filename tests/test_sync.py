@@ -12,7 +12,7 @@ import boto3
 import pytest
 from helpers import run_cli
 from seaweed import BUCKET, SeaweedServer
-from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
+from store_helpers import ROOT, finish, make_version, pseudo_random, tree_digest, trm_process
 
 from repo_manager.repository import LocalRepository
 from repo_manager.storage import open_store
@@ -373,3 +373,87 @@ def test_a_bad_environment_name_on_the_command_line_is_bad_input(capsys, tmp_pat
                                       if_absent=True)
     result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c")
     assert result.code == 7, result.err
+
+
+HEAVY_MODULES = ("boto3", "botocore", "urllib3", "rich", "numpy", "onnx", "google.protobuf", "tritonclient", "grpc")
+
+
+def test_unchanged_sync_is_one_conditional_read_with_light_imports(capsys, s3_location, tmp_path):
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    make_version(src, "a", {"model.py": b"# a", "w.bin": pseudo_random(100_000, 1)})
+    make_version(src, "b", {"model.py": b"# b"})
+    _push(capsys, src, s3_location)
+    assert _sync(capsys, s3_location, dst, cache).code == 0
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json")
+    code, summary, err = finish(process)
+    assert code == 0, err
+    assert summary["unchanged"] and summary["remote_reads"] == 1 and summary["bytes_downloaded"] == 0
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    traced = subprocess.run([sys.executable, "-X", "importtime", "-m", "repo_manager", "sync", s3_location, "--env",
+                             "prod", "--repo", str(dst), "--cache", str(cache), "--json"], capture_output=True,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert traced.returncode == 0, traced.stderr
+    assert json.loads(traced.stdout)["remote_reads"] == 1
+    imported = {line.rsplit("|", 1)[-1].strip() for line in traced.stderr.splitlines() if "|" in line}
+    assert not {m for m in imported if m.split(".")[0] in HEAVY_MODULES or m == "google.protobuf"}
+    # a file gone from the repository: the no-op path notices (local stats) and the full sync repairs it
+    (dst / "a" / "1" / "w.bin").unlink()
+    repaired = _sync(capsys, s3_location, dst, cache).json()
+    assert not repaired["unchanged"] and repaired["bytes_downloaded"] == 0  # from the node cache
+    assert (dst / "a" / "1" / "w.bin").read_bytes() == pseudo_random(100_000, 1)
+    # the environment moved: the conditional read sees a new tag and the full sync installs the version
+    make_version(src, "b", {"model.py": b"# b2"})
+    _push(capsys, src, s3_location, "--model", "b:2")
+    moved = _sync(capsys, s3_location, dst, cache).json()
+    assert moved["installed"] == ["b/2"]
+    assert _sync(capsys, s3_location, dst, cache).json()["remote_reads"] == 1
+
+
+def _kept_bytes(cache, part_size: int, size: int) -> tuple[int, list[int]]:
+    """Bytes a killed sync kept in its partial download, from its progress records (and per part)."""
+    folders = list((cache / "partial").glob("*/done"))
+    assert len(folders) == 1
+    lengths = [min(part_size, size - i * part_size) for i in range((size + part_size - 1) // part_size)]
+    kept = [min((folders[0] / str(i)).stat().st_size * MB if (folders[0] / str(i)).exists() else 0, n)
+            for i, n in enumerate(lengths)]
+    return sum(kept), kept
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_killed_sync_resumes_each_part_from_its_length_and_still_verifies_the_whole_file(capsys, s3_location,
+                                                                                       tmp_path, corrupt):
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    weights = pseudo_random(20 * MB, 5)
+    make_version(src, "m", {"weights.bin": weights})
+    _push(capsys, src, s3_location)
+    part_size = 8 * MB
+    env = {"TRM_SYNC_PART_SIZE": str(part_size)}
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "4", env=env)
+    deadline = time.monotonic() + 60
+    while not (cache / "partial").exists() or sum(p.stat().st_size for p in (cache / "partial").glob("*/done/*")) < 3:
+        assert process.poll() is None and time.monotonic() < deadline, "sync ended before it could be killed"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    kept, per_part = _kept_bytes(cache, part_size, len(weights))
+    assert any(0 < n < part_size for n in per_part)  # killed inside a part: only byte-level resume keeps it
+    assert not (dst / "m" / "1").exists()
+    if corrupt:  # a kept byte changed on disk: the whole-file sha256 catches it, the blob is fetched again
+        data = next((cache / "partial").glob("*/data"))
+        os.chmod(data, 0o644)
+        with open(data, "r+b") as handle:
+            handle.seek(per_part.index(next(n for n in per_part if n)) * part_size)
+            first = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([first[0] ^ 0xFF]))
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json", env=env))
+    assert code == 0, err
+    assert summary["bytes_resumed"] == kept
+    expected = len(weights) - kept + (len(weights) if corrupt else 0)  # corrupt: the second try from scratch
+    assert summary["bytes_downloaded"] == expected
+    assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
+    assert not list((cache / "partial").iterdir())

@@ -28,7 +28,6 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -45,6 +44,7 @@ from repo_manager.errors import (
 from repo_manager.manifest import sha256_file
 from repo_manager.redact import check_no_userinfo
 from repo_manager.storage.base import Store
+from repo_manager.storage.sigv4 import Signer, env_keys, frozen
 
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
 PART_SIZE = 16 * 1024 * 1024
@@ -131,6 +131,21 @@ class S3Store(Store):
         except StoreError as exc:
             raise type(exc)(exc.message.replace(self._key(key), where), hint=exc.hint, store=self.location) from exc
 
+    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
+        """One GET with ``If-None-Match`` (a 304 carries no body), without urllib3 or botocore: the
+        no-op sync's only read, and what `trm agent` polls."""
+        where = f"s3://{self.bucket}/{self._key(key)}"
+        try:
+            payload, new_tag = self.reader.conditional_get(self._key(key), tag)
+        except NotFoundError as exc:
+            raise NotFoundError(f"{where} does not exist", store=self.location) from exc
+        except StoreError as exc:
+            raise type(exc)(exc.message.replace(self._key(key), where), hint=exc.hint, store=self.location) from exc
+        if payload is None:
+            return None
+        documents.check_size(len(payload), where)  # only documents are read this way: bounded like _get_bytes
+        return payload, new_tag
+
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
@@ -200,31 +215,6 @@ class S3Store(Store):
         finally:
             response.release_conn()
 
-    def _get_bytes_if_changed(self, key: str, tag: str | None) -> tuple[bytes, str] | None:
-        """A signed GET with ``If-None-Match``: an unchanged object costs a 304 without a body (what
-        `trm agent` sends every interval; priced as one GET, never a listing)."""
-        import urllib3  # noqa: PLC0415
-        from botocore.auth import S3SigV4Auth  # noqa: PLC0415
-        from botocore.awsrequest import AWSRequest  # noqa: PLC0415
-
-        if tag is None:
-            return self._get_bytes(key)
-        reader = self.reader
-        url = f"{reader.base}/{quote(self._key(key), safe='/~')}"
-        request = AWSRequest(method="GET", url=url, headers={"If-None-Match": tag})
-        S3SigV4Auth(reader.credentials.get_frozen_credentials(), "s3", reader.region).add_auth(request)
-        try:
-            response = reader.pool.request("GET", url, headers=dict(request.headers.items()))
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise self._error(exc, key, "conditional read") from exc
-        if response.status == 304:
-            return None
-        if response.status == 200:
-            return response.data, str(response.headers.get("ETag", ""))
-        if response.status == 404:
-            raise NotFoundError(f"s3://{self.bucket}/{self._key(key)} does not exist", store=self.location)
-        return self._get_bytes(key)  # any other answer: the plain read reports it the usual way
-
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
         import urllib3  # noqa: PLC0415
 
@@ -287,6 +277,8 @@ class S3Store(Store):
                               PartNumber=number, Body=data, ChecksumSHA256=checksum)
             return {"PartNumber": number, "ETag": part["ETag"], "ChecksumSHA256": checksum}
 
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
         count = (size + PART_SIZE - 1) // PART_SIZE
         try:
             with ThreadPoolExecutor(PART_WORKERS) as pool:
@@ -312,8 +304,8 @@ class SignedReader:
     RETRIES = 3
 
     def __init__(self, bucket: str, endpoint_url: str | None, max_connections: int = 32) -> None:
-        import urllib3  # noqa: PLC0415
-
+        self.max_connections = max_connections
+        self._pool: Any = None
         self.credentials, self.region = _credentials_and_region()
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
@@ -324,23 +316,71 @@ class SignedReader:
             self.base = f"https://{bucket}.s3.{self.region}.amazonaws.com"
         self.endpoint = endpoint or "AWS S3"
         self.bucket = bucket
-        self.pool = urllib3.PoolManager(maxsize=max_connections, retries=False,
-                                        timeout=urllib3.Timeout(connect=5, read=60))
+        self.signer = Signer(self.region)
+
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            import urllib3  # noqa: PLC0415 - ~0.05 s of imports the no-op path (``conditional_get``) skips
+
+            self._pool = urllib3.PoolManager(maxsize=self.max_connections, retries=False,
+                                             timeout=urllib3.Timeout(connect=5, read=60))
+        return self._pool
+
+    def conditional_get(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
+        """GET with ``If-None-Match: etag`` over a plain ``http.client`` connection (one request: no
+        pool, no urllib3). (None, etag) when unchanged (304), else (content, its ETag)."""
+        import http.client  # noqa: PLC0415
+
+        url = self.url(key)
+        parts = urlsplit(url)
+        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        for attempt in range(1, self.RETRIES + 1):
+            headers = self.headers(url)
+            if etag:
+                headers["If-None-Match"] = etag
+            connection = connection_class(parts.netloc, timeout=10)
+            try:
+                connection.request("GET", parts.path, headers=headers)
+                response = connection.getresponse()
+                body = response.read()
+                status, tag = response.status, response.getheader("ETag", "")
+            except (http.client.HTTPException, OSError) as exc:
+                if attempt == self.RETRIES:
+                    raise StoreError(f"S3 endpoint {self.endpoint} is not reachable (download of {key}): "
+                                     f"{type(exc).__name__}", hint="check --endpoint-url and that the service is up"
+                                     ) from exc
+                time.sleep(0.2 * 2 ** attempt)
+                continue
+            finally:
+                connection.close()
+            if status == 304:
+                return None, etag or tag
+            if status == 200:
+                return body, tag
+            if status >= 500 and attempt < self.RETRIES:
+                time.sleep(0.2 * 2 ** attempt)
+                continue
+            _raise_for_status(key, status, body[:2048])
+        raise AssertionError("unreachable")
+
+    def url(self, key: str) -> str:
+        return f"{self.base}/{quote(key, safe='/~')}"
+
+    def headers(self, url: str) -> dict[str, str]:
+        return self.signer.get_headers(url, frozen(self.credentials))
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Any:
         """An open response (status 200/206); NotFoundError, ConflictError or StoreError otherwise."""
         import urllib3  # noqa: PLC0415
-        from botocore.auth import S3SigV4Auth  # noqa: PLC0415
-        from botocore.awsrequest import AWSRequest  # noqa: PLC0415
 
-        url = f"{self.base}/{quote(key, safe='/~')}"
-        headers = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
+        url = self.url(key)
         for attempt in range(1, self.RETRIES + 1):
-            request = AWSRequest(method="GET", url=url, headers=headers)
-            S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", self.region).add_auth(request)
+            headers = self.headers(url)
+            if byte_range:
+                headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
             try:
-                response = self.pool.request("GET", url, headers=dict(request.headers.items()),
-                                             preload_content=False)
+                response = self.pool.request("GET", url, headers=headers, preload_content=False)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt == self.RETRIES:
                     raise StoreError(f"S3 endpoint {self.endpoint} is not reachable (download of {key}): "
@@ -352,34 +392,37 @@ class SignedReader:
                 return response
             body = response.read(2048)
             response.release_conn()
-            if response.status == 404:
-                if _error_code(body) == "NoSuchBucket":  # not "the object is absent": the whole store is
-                    raise StoreNotFoundError(f"bucket {self.bucket} does not exist at {self.endpoint}",
-                                             hint="create it, or fix the store location")
-                raise NotFoundError(f"s3 object {key} does not exist")
-            if response.status in (409, 412):
-                raise ConflictError(f"s3 object {key} was changed by another writer")
-            if response.status == 416:  # a range its manifest promises is not there: truncated object
-                raise IntegrityError(f"s3 object {key} is shorter than its manifest says (HTTP 416)",
-                                     hint="the object in the store is corrupt: push the version again")
+            if response.status == 404 and _error_code(body) == "NoSuchBucket":
+                # not "the object is absent": the whole store is
+                raise StoreNotFoundError(f"bucket {self.bucket} does not exist at {self.endpoint}",
+                                         hint="create it, or fix the store location")
             if response.status >= 500 and attempt < self.RETRIES:
                 time.sleep(0.2 * 2 ** attempt)
                 continue
-            code = _error_code(body)
-            hint = "check the AWS credentials (environment, profile or role)" if response.status == 403 else None
-            raise StoreError(f"download of {key} failed: HTTP {response.status} {code}".rstrip(), hint=hint)
+            _raise_for_status(key, response.status, body)
         raise AssertionError("unreachable")
+
+
+def _raise_for_status(key: str, status: int, body: bytes) -> None:
+    if status == 404:
+        raise NotFoundError(f"s3 object {key} does not exist")
+    if status in (409, 412):
+        raise ConflictError(f"s3 object {key} was changed by another writer")
+    if status == 416:  # a range its manifest promises is not there: truncated object
+        raise IntegrityError(f"s3 object {key} is shorter than its manifest says (HTTP 416)",
+                             hint="the object in the store is corrupt: push the version again")
+    code = _error_code(body)
+    hint = "check the AWS credentials (environment, profile or role)" if status == 403 else None
+    raise StoreError(f"download of {key} failed: HTTP {status} {code}".rstrip(), hint=hint)
 
 
 def _credentials_and_region() -> tuple[Any, str]:
     """The standard AWS chain. Keys in the environment come first in that chain anyway; taking them
-    directly skips building a botocore session (tens of milliseconds, most of an unchanged sync)."""
-    from botocore.credentials import Credentials  # noqa: PLC0415
-
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    directly skips importing botocore and building a session (~0.1 s, most of an unchanged sync)."""
+    found = env_keys()
+    if found is not None:
+        return found
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if key and secret and region:
-        return Credentials(key, secret, os.environ.get("AWS_SESSION_TOKEN")), region
     import botocore.session  # noqa: PLC0415
 
     session = botocore.session.Session()  # env, profile, shared files, SSO, web identity, instance role

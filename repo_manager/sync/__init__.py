@@ -1,25 +1,27 @@
 """`trm sync`: make a node's local Triton repository serve what an environment in a store says.
 
 ``plan_sync`` reads the pointer and manifests and decides (changing nothing); ``execute`` carries the
-plan out. See ``cache.py`` (the shared node cache), ``plan.py`` and ``executor.py``.
+plan out. See ``cache.py`` (the shared node cache), ``plan.py``, ``executor.py`` and ``noop.py`` (an
+unchanged environment: one conditional read and local stats).
+
+Importing this package is cheap: the planner, executor and their dependencies (protobuf, the store
+adapters) are imported when a function needs them, so ``trm sync`` of an unchanged environment never
+loads them.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from repo_manager.repository import LocalRepository
-from repo_manager.settings import Settings
-from repo_manager.storage import Store
-from repo_manager.sync.cache import BlobCache
-from repo_manager.sync.executor import SyncProgress, SyncResult, execute
-from repo_manager.sync.plan import SyncPlan, build_plan
-from repo_manager.triton.client import TritonClient
+from repo_manager.sync.result import SyncProgress, SyncResult
 
 if TYPE_CHECKING:
     from repo_manager.llm.node import NodeFacts
+    from repo_manager.settings import Settings
+    from repo_manager.storage import Store
+    from repo_manager.sync.plan import SyncPlan
 
 __all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "plan_sync", "sync", "sync_versions"]
 
@@ -32,9 +34,23 @@ def cache_dir_for(settings: Settings) -> Path:
     return Path(settings.repository).absolute().parent / ".trm-cache"
 
 
+def __getattr__(name: str) -> Any:
+    if name == "execute":
+        from repo_manager.sync.executor import execute  # noqa: PLC0415
+
+        return execute
+    if name == "SyncPlan":
+        from repo_manager.sync.plan import SyncPlan  # noqa: PLC0415
+
+        return SyncPlan
+    raise AttributeError(name)
+
+
 def loaded_versions(url: str, models: list[str]) -> dict[str, list[int]]:
     """Versions of ``models`` the running Triton at ``url`` has loaded (a ServerError when unreachable:
     pruning never guesses)."""
+    from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
     with TritonClient(url) as client:
         client.require_ready()
         index = client.repository_index()
@@ -50,6 +66,10 @@ def plan_sync(settings: Settings, store: Store, *, env: str | None, models: tupl
               prune: bool = False, node: NodeFacts | None = None) -> SyncPlan:
     """The plan; CompatibilityError when a version to install holds an engine ``node`` (default: this
     node) cannot run."""
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.sync.cache import BlobCache  # noqa: PLC0415
+    from repo_manager.sync.plan import build_plan  # noqa: PLC0415
+
     repo = LocalRepository(settings.repository)
     cache = BlobCache(cache_dir_for(settings))
     loaded = None
@@ -62,6 +82,11 @@ def plan_sync(settings: Settings, store: Store, *, env: str | None, models: tupl
 def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
                   progress: SyncProgress | None = None) -> SyncResult:
     """Install exactly these versions (and the members they pin) from ``store`` into the repository."""
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.sync.cache import BlobCache  # noqa: PLC0415
+    from repo_manager.sync.executor import execute  # noqa: PLC0415
+    from repo_manager.sync.plan import build_plan  # noqa: PLC0415
+
     started = time.monotonic()
     repo = LocalRepository(settings.repository)
     plan = build_plan(store, repo, BlobCache(cache_dir_for(settings)), env=None, versions=versions)
@@ -71,6 +96,8 @@ def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
 def sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (), prune: bool = False,
          progress: SyncProgress | None = None, limit_bytes_per_s: float | None = None,
          node: NodeFacts | None = None) -> SyncResult:
+    from repo_manager.sync.executor import execute  # noqa: PLC0415
+
     started = time.monotonic()
     plan = plan_sync(settings, store, env=env, models=models, prune=prune, node=node)
     return execute(plan, store, progress=progress, limit_bytes_per_s=limit_bytes_per_s, started=started)

@@ -14,24 +14,29 @@ writer works in its own uniquely named partial folder, and an existing blob is o
 nothing (``link`` refuses to overwrite). The lock makes a second sync wait for the first one's
 download of the same blob and then reuse it, instead of downloading it again.
 
-Large blobs are fetched as ranged parts in parallel; each finished part leaves a marker, so a sync
-killed with SIGKILL resumes with the missing parts only. Resuming adopts an abandoned partial folder by
-renaming it (atomic: one adopter wins), and only while holding the blob's lock, i.e. when its previous
-owner is gone. botocore does not validate ranged reads, so every byte is checked here: length per
-part, then size and sha256 of the whole file before it is installed. A mismatch is fetched once more
-from scratch, then reported; a bad blob is never installed.
+Large blobs are fetched as ranged parts in parallel, hashed as the bytes arrive (no second read of the
+file). Each part records its progress (``done/<part>``: one byte per MiB written), so a sync killed with
+SIGKILL resumes every part from where it stopped (byte-level, to within 1 MiB); the kept bytes are read
+back once for the hash. Resuming adopts an abandoned partial folder by renaming it (atomic: one adopter
+wins), and only while holding the blob's lock, i.e. when its previous owner is gone. Ranged reads carry
+no checksum, so every byte is checked here: length per part, then size and sha256 of the whole file
+(resumed bytes included: a corrupted partial is caught) before it is installed. A mismatch is fetched
+once more from scratch, then reported; a bad blob is never installed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -48,6 +53,10 @@ PART_SIZE = int(os.environ.get("TRM_SYNC_PART_SIZE", 16 * 1024 * 1024))
 """Ranged part size; blobs above ``RANGED_THRESHOLD`` are fetched as parts of this size."""
 RANGED_THRESHOLD = 2 * PART_SIZE
 PART_WORKERS = 8
+UNIT = 1024 * 1024
+"""Write and resume granularity of ranged downloads."""
+WINDOW = PART_WORKERS
+"""Parts of one blob that may be in flight beyond the hash position (bounds memory per blob)."""
 STALE_PARTIAL_S = 24 * 3600
 
 OnBytes = Callable[[int], None]
@@ -151,9 +160,10 @@ class BlobCache:
             downloaded = resumed = failures = lost = 0
             adopt = True
             while True:
-                folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
-                adopt = False  # a retry always starts from scratch
+                folder = None
                 try:
+                    folder = (self._adopt_partial(digest) if adopt else None) or self._new_partial(digest)
+                    adopt = False  # a retry always starts from scratch
                     got, kept, actual = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
                     downloaded += got
                     resumed += kept
@@ -164,7 +174,8 @@ class BlobCache:
                     self._install(folder, digest)
                     return downloaded, resumed
                 except IntegrityError:
-                    shutil.rmtree(folder, ignore_errors=True)
+                    if folder is not None:
+                        shutil.rmtree(folder, ignore_errors=True)
                     failures += 1
                     if failures == 2:
                         raise
@@ -210,8 +221,12 @@ class BlobCache:
         raise AssertionError("unreachable")
 
     def _new_partial(self, digest: str) -> Path:
-        folder = self.partial / f"{digest}.{uuid.uuid4().hex}"
-        (folder / "done").mkdir(parents=True)
+        """A new partial folder, made complete under a name no adopter looks at, then renamed in."""
+        token = uuid.uuid4().hex
+        fresh = self.partial / f".new-{token}"
+        (fresh / "done").mkdir(parents=True)
+        folder = self.partial / f"{digest}.{token}"
+        os.rename(fresh, folder)
         return folder
 
     def _adopt_partial(self, digest: str) -> Path | None:
@@ -230,31 +245,52 @@ class BlobCache:
 
     def _download(self, store: Store, digest: str, size: int, folder: Path, on_bytes: OnBytes,
                   parts_pool: ThreadPoolExecutor | None, limit: RateLimit | None) -> tuple[int, int, str]:
-        """Fetch the missing parts into ``folder/data``. Returns (bytes fetched, bytes resumed, sha256)."""
+        """Fetch what ``folder/data`` lacks. Returns (bytes fetched, bytes resumed, sha256 of the file).
+
+        Each part's progress is ``done/<part>``: one byte appended per ``UNIT`` written, after the write
+        returned, so a killed sync resumes every part from its last whole unit (byte-level, to within
+        1 MiB). The sha256 is computed from the bytes as they arrive (``_StreamHasher``); only bytes
+        kept from an earlier run are read back, and the whole file is checked against the manifest."""
         data = folder / "data"
         fd = _open_nofollow(data, os.O_RDWR | os.O_CREAT)
         try:
-            os.ftruncate(fd, size)
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
             part_size = self._part_size(folder)
             count = (size + part_size - 1) // part_size
             done = folder / "done"
-            missing = [i for i in range(count) if not (done / str(i)).exists()]
-            hasher = _InOrderHasher(fd, size, part_size, set(range(count)) - set(missing))
+            lengths = [min(part_size, size - i * part_size) for i in range(count)]
+            have = [min(_units(done / str(i)) * UNIT, lengths[i]) for i in range(count)]
+            missing = [i for i in range(count) if have[i] < lengths[i]]
+            hasher = _StreamHasher(fd, part_size, lengths, have)
 
             def part(index: int) -> int:
-                start = index * part_size
-                length = min(part_size, size - start)
-                self._copy(store.read_blob(digest, start, length), fd, start, length, digest, on_bytes, limit)
-                (done / str(index)).touch()  # after the bytes are written: a marker never lies
-                hasher.completed(index)
-                return length
-            if parts_pool is None:
-                got = sum(map(part, missing))
-            else:
-                # wait for every part before the fd is closed, even when one fails: a part still running
-                # could otherwise write into whatever file reuses the fd number
-                got = sum(settle([parts_pool.submit(part, i) for i in missing]))
-            return got, size - got, hasher.finish()
+                try:
+                    if not hasher.wait_turn(index):
+                        return 0  # another part failed: its error is what the caller sees
+                    start, length, kept = index * part_size, lengths[index], have[index]
+                    with _Marks(done / str(index)) as marks:
+                        def unit_written(unit: bytes) -> None:
+                            hasher.feed(index, unit)
+                            marks.add()
+                        self._copy(store.read_blob(digest, start + kept, length - kept), fd, start + kept,
+                                   length - kept, digest, on_bytes, limit, unit_written)
+                    _start_writeback(fd, start, length)
+                    hasher.part_done(index)
+                    return length - kept
+                except BaseException:
+                    hasher.abort()
+                    raise
+            try:
+                if parts_pool is None:
+                    got = sum(map(part, missing))
+                else:
+                    # wait for every part before the fd is closed, even when one fails: a part still
+                    # running could otherwise write into whatever file reuses the fd number
+                    got = sum(settle([parts_pool.submit(part, i) for i in missing]))
+                return got, size - got, hasher.finish()
+            finally:
+                hasher.close()  # the hashing thread reads the fd too: it ends before the fd is closed
         finally:
             os.close(fd)
 
@@ -270,16 +306,37 @@ class BlobCache:
 
     @staticmethod
     def _copy(chunks: Iterator[bytes], fd: int, start: int, length: int, digest: str, on_bytes: OnBytes,
-              limit: RateLimit | None) -> None:
+              limit: RateLimit | None, on_unit: Callable[[bytes], None] | None = None) -> None:
+        """Write ``chunks`` at ``start``; with ``on_unit``, in writes of ``UNIT`` bytes (the last one may be
+        shorter), each reported after it was written."""
         offset = start
+        pending = bytearray()
         for chunk in chunks:
-            if offset + len(chunk) > start + length:
+            if offset + len(pending) + len(chunk) > start + length:
                 raise IntegrityError(f"blob {digest[:12]}… is longer than its manifest says")
             if limit:
                 limit.take(len(chunk))
-            os.pwrite(fd, chunk, offset)
-            offset += len(chunk)
+            if on_unit is None:
+                os.pwrite(fd, chunk, offset)
+                offset += len(chunk)
+            elif not pending and len(chunk) == UNIT:  # the S3 reader streams whole units: no copy
+                _pwrite_all(fd, chunk, offset)
+                offset += UNIT
+                on_unit(chunk)
+            else:
+                pending += chunk
+                while len(pending) >= UNIT:
+                    unit = bytes(pending[:UNIT])
+                    del pending[:UNIT]
+                    _pwrite_all(fd, unit, offset)
+                    offset += UNIT
+                    on_unit(unit)
             on_bytes(len(chunk))
+        if pending:
+            unit = bytes(pending)
+            _pwrite_all(fd, unit, offset)
+            offset += len(unit)
+            on_unit(unit)  # type: ignore[misc]
         if offset != start + length:
             raise IntegrityError(f"blob {digest[:12]}… was truncated: got {offset - start} of {length} bytes "
                                  f"at offset {start}")
@@ -365,40 +422,149 @@ def _hashed(chunks: Iterator[bytes], hasher: Any) -> Iterator[bytes]:
         yield chunk
 
 
-class _InOrderHasher:
-    """sha256 of a file whose parts arrive out of order, computed while the download runs.
+def _units(marks: Path) -> int:
+    try:
+        return marks.stat().st_size
+    except FileNotFoundError:
+        return 0
 
-    Each finished part is reported; whichever thread gets the lock hashes every part that is next in
-    order (read back from the page cache), so hashing overlaps the remaining downloads instead of
-    following them. A thread that finds the lock taken leaves its part to the holder or to ``finish``.
+
+class _Marks:
+    """``done/<part>``: one byte appended per unit written (created with the first one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def add(self) -> None:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self.fd, b".")
+
+    def __enter__(self) -> _Marks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
+    return function
+
+
+def _start_writeback(fd: int, start: int, length: int) -> None:
+    """Start writing a finished part to disk now (Linux ``sync_file_range``, asynchronous, pages stay
+    cached), so the fsync before the blob is installed finds little left to write instead of the whole
+    file. Elsewhere a no-op: the fsync does it all."""
+    function = _sync_file_range()
+    if function is not None:
+        function(fd, start, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+class _StreamHasher:
+    """sha256 of a file whose parts arrive in parallel, computed from the bytes as they arrive.
+
+    sha256 is sequential, so units are hashed in file order by one hashing thread: receivers only queue
+    each unit they wrote (never wait for the hash), and the thread takes the next unit in order as soon
+    as it is there. A part may start only within ``WINDOW`` parts of the hash position, which bounds the
+    units waiting in memory (``WINDOW * part size`` per blob); the part at the position always started
+    earlier (parts are queued in order), so the wait always ends. Bytes kept from an earlier run (the
+    resumed prefix of a part) are read back from the file when the position reaches them: the only
+    second read, and only of what this process did not receive.
     """
 
-    def __init__(self, fd: int, size: int, part_size: int, ready: set[int]) -> None:
-        self.fd, self.size, self.part_size = fd, size, part_size
-        self.ready = ready
-        self.next = 0
+    def __init__(self, fd: int, part_size: int, lengths: list[int], have: list[int]) -> None:
+        self.fd, self.part_size, self.lengths, self.have = fd, part_size, lengths, have
         self.hash = hashlib.sha256()
-        self.lock = threading.Lock()
+        self.position = 0  # the part being hashed
+        self.pending: dict[int, deque[bytes]] = {}
+        self.failed = False
+        self.input_done = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="trm-sha256", daemon=True)
+        self.thread.start()
 
-    def completed(self, index: int, block: bool = False) -> None:
-        self.ready.add(index)
-        if not self.lock.acquire(blocking=block):
-            return
-        try:
-            while self.next in self.ready:
-                offset = self.next * self.part_size
-                end = min(offset + self.part_size, self.size)
+    def wait_turn(self, index: int) -> bool:
+        """Block until part ``index`` may start; False if the download failed meanwhile."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.failed or index < self.position + WINDOW)
+            return not self.failed
+
+    def feed(self, index: int, unit: bytes) -> None:
+        with self.cond:
+            self.pending.setdefault(index, deque()).append(unit)
+            if index == self.position:
+                self.cond.notify_all()
+
+    def part_done(self, index: int) -> None:
+        pass  # the hashing thread moves on when a part's bytes are all hashed
+
+    def abort(self) -> None:
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        hashed = 0  # bytes of the part at the position hashed so far (only this thread changes it)
+        while True:
+            with self.cond:
+                while True:
+                    if self.failed or self.position == len(self.lengths):
+                        return
+                    index = self.position
+                    if hashed < self.have[index]:
+                        unit = None
+                        break
+                    queue = self.pending.get(index)
+                    if queue:
+                        unit = queue.popleft()
+                        break
+                    if hashed >= self.lengths[index]:
+                        self.pending.pop(index, None)
+                        self.position, hashed = index + 1, 0
+                        self.cond.notify_all()
+                        continue
+                    if self.input_done:
+                        return  # every part returned and this one is short: "incomplete"
+                    self.cond.wait()
+            if unit is None:  # resumed bytes: read back from the file
+                offset, end = index * self.part_size + hashed, index * self.part_size + self.have[index]
                 while offset < end:
                     chunk = os.pread(self.fd, min(CHUNK, end - offset), offset)
                     if not chunk:
-                        return  # shorter than expected: the size check reports it
+                        break  # shorter than expected: the size check reports it
                     self.hash.update(chunk)
                     offset += len(chunk)
-                self.next += 1
-        finally:
-            self.lock.release()
+                hashed = self.have[index]
+            else:
+                self.hash.update(unit)  # outside the lock: receivers keep queueing meanwhile
+                hashed += len(unit)
 
     def finish(self) -> str:
-        if self.ready:
-            self.completed(next(iter(self.ready)), block=True)
-        return self.hash.hexdigest()
+        """The sha256, once every part was received and hashed ("incomplete" if some bytes never came)."""
+        with self.cond:
+            self.input_done = True
+            self.cond.notify_all()
+        self.thread.join()
+        return self.hash.hexdigest() if self.position == len(self.lengths) else "incomplete"
+
+    def close(self) -> None:
+        self.abort()
+        self.thread.join()

@@ -16,9 +16,7 @@ import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from repo_manager import config as cfg
 from repo_manager import paths
@@ -26,6 +24,7 @@ from repo_manager.errors import ConflictError, NotFoundError
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
 from repo_manager.sync.cache import PART_WORKERS, BlobCache, RateLimit, settle
+from repo_manager.sync.noop import record
 from repo_manager.sync.plan import (
     INSTALL,
     PRESENT,
@@ -35,58 +34,9 @@ from repo_manager.sync.plan import (
     config_differs,
     local_state,
 )
+from repo_manager.sync.result import SyncProgress, SyncResult
 
 BLOB_WORKERS = 16  # small blobs are latency-bound: more in flight than CPU cores
-
-
-class SyncProgress:
-    """What a sync reports while it runs; the CLI draws it (rich bars on stderr). No-op by default."""
-
-    def start(self, total_bytes: int, total_files: int) -> None:
-        pass
-
-    def advance(self, nbytes: int) -> None:
-        pass
-
-    def file_done(self) -> None:
-        pass
-
-    def message(self, text: str) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class SyncResult:
-    store: str
-    env: str | None
-    repository: str
-    models: dict[str, int]
-    installed: tuple[str, ...]
-    configs_replaced: tuple[str, ...]
-    pruned: tuple[str, ...]
-    kept_loaded: tuple[str, ...]
-    bytes_downloaded: int
-    bytes_resumed: int
-    bytes_reused: int
-    files: int
-    blobs_downloaded: int
-    remote_reads: int
-    gc_removed: int
-    gc_freed_bytes: int
-    seconds: float
-    unchanged: bool
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def throughput_mb_s(self) -> float:
-        return round(self.bytes_downloaded / 1e6 / self.seconds, 1) if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        data.update(seconds=round(self.seconds, 3), throughput_mb_s=self.throughput_mb_s,
-                    installed=list(self.installed), configs_replaced=list(self.configs_replaced),
-                    pruned=list(self.pruned), kept_loaded=list(self.kept_loaded))
-        return data
 
 
 def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncProgress,
@@ -228,6 +178,7 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     if plan.gc:
         removed, freed = cache.collect(plan.needed_digests())
     files = sum(a.files for a in plan.models)
+    record(plan, store)  # the next sync of an unchanged environment: one conditional read (noop.py)
     return SyncResult(
         store=plan.store, env=plan.env, repository=str(plan.repository),
         models={a.model: a.version for a in plan.models}, installed=tuple(installed), configs_replaced=tuple(configs),

@@ -7,7 +7,6 @@ local stats) and changes nothing. ``--dry-run`` prints the plan; ``execute`` run
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name
 from repo_manager.repository import CONFIG_NAME, LocalRepository
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
+from repo_manager.sync.noop import store_id
 
 if TYPE_CHECKING:
     from repo_manager.llm.node import NodeFacts
@@ -80,6 +80,10 @@ class SyncPlan:
     gc: bool
     remote_reads: int
     """Objects read from the store to build this plan (the pointer and uncached manifests)."""
+    pointer_etag: str | None = None
+    """The store's tag of the environment pointer this plan was built from (the no-op path's key)."""
+    selection: tuple[str, ...] = ()
+    """The models asked for (``--model``); empty: the whole environment."""
 
     @property
     def fetch_bytes(self) -> int:
@@ -111,15 +115,11 @@ class SyncPlan:
         return "\n".join(lines)
 
 
-def store_id(store: Store) -> str:
-    """Names a store in the node cache (manifests of different stores never mix)."""
-    endpoint = getattr(store, "endpoint_url", None) or ""
-    return hashlib.sha256(f"{endpoint}|{store.location}".encode()).hexdigest()[:16]
-
-
-def wanted_versions(store: Store, env: str | None, models: tuple[str, ...]) -> tuple[dict[str, int], int]:
-    """(model -> version to serve, remote reads). With an environment: its pointer (one read), limited
-    to ``models`` if given. Without: the newest version in the store of each of ``models``."""
+def wanted_versions(store: Store, env: str | None,
+                    models: tuple[str, ...]) -> tuple[dict[str, int], int, str | None]:
+    """(model -> version to serve, remote reads, the pointer's tag). With an environment: its pointer
+    (one read), limited to ``models`` if given. Without: the newest version in the store of each of
+    ``models``."""
     for model in models:
         check_model_name(model)
     if env is None:
@@ -131,15 +131,15 @@ def wanted_versions(store: Store, env: str | None, models: tuple[str, ...]) -> t
             if not versions:
                 raise NotFoundError(f"model {model} has no version in {store.location}", model=model)
             wanted[model] = versions[-1]
-        return wanted, len(models)
+        return wanted, len(models), None
     pointer = store.get_env(env)
     if models:
         absent = sorted(set(models) - set(pointer.models))
         if absent:
             raise NotFoundError(f"environment {env} in {store.location} does not serve {', '.join(absent)}",
                                 env=env)
-        return {m: pointer.models[m] for m in models}, 1
-    return dict(pointer.models), 1
+        return {m: pointer.models[m] for m in models}, 1, pointer.etag
+    return dict(pointer.models), 1, pointer.etag
 
 
 def load_manifest(store: Store, cache: BlobCache, model: str, version: int) -> tuple[Manifest, bytes, int]:
@@ -237,12 +237,17 @@ def prune_actions(repo: LocalRepository, wanted: dict[str, int], loaded: dict[st
     return actions
 
 
+def _from_tensorrt_llm(manifest: Manifest) -> bool:
+    """A cheap pre-filter of ``llm.doctor.holds_engine`` (which judges only TensorRT-LLM versions)."""
+    return isinstance(manifest.source, dict) and manifest.source.get("kind") == "tensorrt-llm"
+
+
 def check_engines(actions: list[ModelAction], node: NodeFacts | None) -> None:
     """Refuse the whole plan (CompatibilityError, before anything changes) when a version it would
     install holds an engine this node cannot run. The node is probed only when such a version is in the
     plan, so a node without a GPU syncs models without engines as before."""
-    if all(a.action == PRESENT for a in actions):
-        return  # an unchanged environment (the common sync) does not pay for importing the LLM checks
+    if all(a.action == PRESENT or not _from_tensorrt_llm(a.manifest) for a in actions):
+        return  # nothing an engine check judges: do not pay for importing the LLM checks
     from repo_manager.llm.doctor import check_engine_compatible, holds_engine  # noqa: PLC0415
     from repo_manager.llm.node import probe_node  # noqa: PLC0415
 
@@ -273,10 +278,11 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
     """``node``: the facts engines are checked against (default: this node, probed when needed).
     ``versions`` (model -> version) replaces the environment's pointer: what a rollout installs.
     Ensemble members pinned by a wanted version are wanted too, at the pinned version."""
+    etag = None
     if versions is not None:
         wanted, reads = {check_model_name(m): v for m, v in versions.items()}, 0
     else:
-        wanted, reads = wanted_versions(store, env, models)
+        wanted, reads, etag = wanted_versions(store, env, models)
     actions: list[ModelAction] = []
     fetch: dict[str, BlobFetch] = {}
     reuse = 0
@@ -309,4 +315,4 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
     check_engines(actions, node)
     pruning = prune_actions(repo, wanted, loaded or {}) if prune else []
     return SyncPlan(store.location, env, repo.root, cache.root, tuple(actions), tuple(fetch.values()), reuse,
-                    tuple(pruning), prune, reads)
+                    tuple(pruning), prune, reads, etag if versions is None else None, tuple(sorted(models)))

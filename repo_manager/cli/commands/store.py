@@ -1,4 +1,8 @@
-"""`trm push`, `trm sync`, `trm export`: the remote store (S3 or a folder)."""
+"""`trm push`, `trm sync`, `trm export`: the remote store (S3 or a folder).
+
+Operations are imported inside each command: `trm sync` of an unchanged environment (every pod start)
+imports only click, the settings, the store adapter and ``sync/noop.py`` (see docs/store-and-sync.md).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import threading
 import click
 
 from repo_manager.cli import Context, cli, complete_envs, json_option, pass_ctx, repo_option, url_option
+from repo_manager.sync.result import SyncResult
 
 
 def endpoint_option(function):
@@ -122,22 +127,21 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
                  limit_rate: float | None, s3_endpoint_url: str | None) -> None:
     """Make the local repository serve what ENV in STORE says: only missing blobs are downloaded, verified,
     and each version folder appears complete or not at all."""
-    from repo_manager.storage import open_store  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.sync import execute, plan_sync  # noqa: PLC0415
+    from repo_manager.storage import open_store  # noqa: PLC0415
+    from repo_manager.sync import cache_dir_for  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
                                     s3_endpoint_url=s3_endpoint_url)
     source = open_store(store, settings)
-    plan = plan_sync(settings, source, env=env, models=models, prune=prune)
-    if dry_run:
-        ctx.emit({"dry_run": True, "plan": plan.to_dict()}, plan.describe())
-        return
-    progress = RichProgress(enabled=not ctx.quiet and not ctx.json)
-    try:
-        result = execute(plan, source, progress=progress,
-                         limit_bytes_per_s=limit_rate * 1e6 if limit_rate else None)
-    finally:
-        progress.stop()
+    result = None
+    if env and not prune and not dry_run:
+        from repo_manager.sync.noop import try_unchanged  # noqa: PLC0415
+
+        result = try_unchanged(source, cache_dir_for(settings), settings.repository, env, models)
+    if result is None:
+        result = _sync_in_full(ctx, settings, source, env, models, prune, dry_run, limit_rate)
+        if result is None:
+            return
     state = "unchanged" if result.unchanged else (f"installed {', '.join(result.installed)}" if result.installed
                                                   else "up to date")
     text = (f"synced {result.env or 'newest versions'} from {result.store}: {state}; "
@@ -146,6 +150,21 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
     if result.pruned or result.kept_loaded:
         text += f"\npruned {list(result.pruned)}; kept (loaded) {list(result.kept_loaded)}"
     ctx.emit(result.to_dict(), text)
+
+
+def _sync_in_full(ctx: Context, settings, source, env: str | None, models: tuple[str, ...], prune: bool,
+                  dry_run: bool, limit_rate: float | None) -> SyncResult | None:
+    from repo_manager.sync import execute, plan_sync  # noqa: PLC0415
+
+    plan = plan_sync(settings, source, env=env, models=models, prune=prune)
+    if dry_run:
+        ctx.emit({"dry_run": True, "plan": plan.to_dict()}, plan.describe())
+        return None
+    progress = RichProgress(enabled=not ctx.quiet and not ctx.json)
+    try:
+        return execute(plan, source, progress=progress, limit_bytes_per_s=limit_rate * 1e6 if limit_rate else None)
+    finally:
+        progress.stop()
 
 
 @cli.command("export")
