@@ -17,6 +17,7 @@ from helpers import run_cli
 from repo_manager.agent.lease import DrainLease
 from repo_manager.loadgen import Workload
 from repo_manager.storage import open_store
+from repo_manager.triton.client import TritonClient
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 
@@ -154,3 +155,60 @@ class ReadyBalancer:
         self.stop.set()
         for thread in self.threads:
             thread.join(30)
+
+
+def test_a_change_that_fails_on_one_model_rolls_the_other_back(capsys, tmp_path):
+    """An environment of two models whose change moves both, and the second one fails to load: the
+    first, already switched, is rolled back, so the server serves the old set as a whole; /status says
+    why; no request fails. The restarted agent also removes the staging folders a sync SIGKILLed
+    mid-way left in its repository."""
+    import subprocess  # noqa: PLC0415
+
+    from agent_helpers import Fleet  # noqa: PLC0415
+
+    from repo_manager.loadgen import BackgroundLoad  # noqa: PLC0415
+    from repo_manager.repository import STAGING_PREFIX, LocalRepository  # noqa: PLC0415
+
+    location, src = str(tmp_path / "store"), tmp_path / "src"
+    for model in ("a", "b"):
+        publish(capsys, src, location, model, 1, env=None)
+    store = open_store(location)
+    store.update_env("production", {"a": 1, "b": 1})
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"n": 1}, interval=0.2)
+    # what a sync SIGKILLed mid-way leaves: a staging folder named with its (now dead) pid
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = fleet.repo("n-pod1") / "a" / f"{STAGING_PREFIX}{dead.pid}-killed-sync"
+    leftover.mkdir(parents=True)
+    (leftover / "model.py").write_text("half")
+    try:
+        fleet.start()
+        agent = fleet.agents["n-pod1"]
+        agent.wait_serving({"a": 1, "b": 1})
+        assert not leftover.exists() and LocalRepository(fleet.repo("n-pod1")).validate() == []
+        url = fleet.servers["n-pod1"].url
+        with BackgroundLoad(url, "a", clients=1, workload=WORKLOAD, check=tag) as load_a, \
+                BackgroundLoad(url, "b", clients=1, workload=WORKLOAD, check=tag) as load_b:
+            load_a.wait_for(10)
+            publish(capsys, src, location, "a", 2, env=None)
+            publish(capsys, src, location, "b", 2, env=None, fail_load=True)
+            store.update_env("production", {"a": 2, "b": 2})  # "a" moves first (sorted), then "b" fails
+            status = agent.wait(lambda s: s["state"] == "degraded", what="refusal")
+            load_b.wait_for(load_b.count() + 10)
+        assert status["served"] == {"a": 1, "b": 1}, status
+        assert status["ready"] and "b" in status["degraded_reason"]
+        assert [m["model"] for m in status["last_rollout"]["models"]] == ["a"]  # moved, then rolled back
+        for load in (load_a, load_b):
+            summary = load.summary()
+            assert summary.failed == 0, summary.errors
+        assert "v1" in load_a.summary().label_counts
+        with TritonClient(url) as client:
+            loaded = {(e["name"], e.get("version")) for e in client.repository_index() if e.get("state") == "READY"}
+        assert loaded == {("a", "1"), ("b", "1")}, loaded  # no pre-check leftover, a back at 1
+        # the pointer moves to a good set: both follow
+        publish(capsys, src, location, "b", 3, env=None)
+        store.update_env("production", {"a": 2, "b": 3})
+        agent.wait_serving({"a": 2, "b": 3})
+        assert agent.stop() == 0
+    finally:
+        fleet.stop()

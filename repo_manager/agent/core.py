@@ -315,7 +315,16 @@ class Agent:
                                              and self.verified.get(m) == self.served.get(m) for m in self.wanted)
 
     def _clean_leftovers(self, client: TritonClient) -> None:
-        """Unload pre-check models an agent killed mid-rollout left loaded under temporary names."""
+        """Unload pre-check models an agent killed mid-rollout left loaded under temporary names, and
+        remove the staging folders a sync killed mid-way left in the node repository (Triton ignores
+        them, but `trm validate` reports them and they hold disk). Nothing of this agent's is being
+        written yet, so folders named with its own pid are a killed predecessor's too (pid 1 again in
+        a restarted container)."""
+        try:
+            for folder in self.repo.clean_staging(ours=True):
+                self.log("removed a staging folder a killed sync left", folder=str(folder))
+        except OSError as exc:
+            self.log("could not remove leftover staging folders", error=str(exc))
         for entry in client.repository_index():
             name = str(entry.get("name", ""))
             if name.startswith(VERIFY_PREFIX) and entry.get("state") == "READY":
