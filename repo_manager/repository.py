@@ -305,15 +305,24 @@ class LocalRepository:
                 return changed
         return changed
 
-    def clean_staging(self, model: str | None = None) -> list[Path]:
-        """Remove leftover staging folders (from a crash). Returns what was removed."""
+    def clean_staging(self, model: str | None = None, *, ours: bool = False) -> list[Path]:
+        """Remove leftover staging folders (from a crash). Returns what was removed.
+
+        ``ours``: also folders named with this process's own pid, for a caller that has written
+        nothing yet: a process restarted in a container gets the pid its killed predecessor had (often
+        1), so that predecessor's folders would otherwise look like a running writer's forever.
+        """
         removed = []
+        if not self.root.is_dir():
+            return removed
+        mine = f"{STAGING_PREFIX}{os.getpid()}-"
         for name in [model] if model else [p.name for p in self.root.iterdir() if p.is_dir()]:
             folder = self.root / name
             if folder.is_symlink() or not folder.is_dir():
                 continue  # never delete through a link: what it points to is not this repository's
             for child in folder.iterdir():
-                if child.name.startswith(STAGING_PREFIX) and not _owner_running(child.name):
+                if child.name.startswith(STAGING_PREFIX) and (
+                        not _owner_running(child.name) or (ours and child.name.startswith(mine))):
                     paths.remove_tree(self.root, child)
                     removed.append(child)
             if removed and not any(folder.iterdir()):

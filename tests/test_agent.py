@@ -14,9 +14,11 @@ import pytest
 import rollout_models as rm
 from helpers import run_cli
 
+from repo_manager import config as cfg
 from repo_manager.agent.lease import DrainLease
 from repo_manager.loadgen import Workload
 from repo_manager.storage import open_store
+from repo_manager.triton.client import TritonClient
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 
@@ -192,3 +194,75 @@ class ReadyBalancer:
         self.stop.set()
         for thread in self.threads:
             thread.join(30)
+
+
+def test_a_change_that_fails_on_one_model_moves_no_model(capsys, tmp_path):
+    """An environment of two models whose change moves both, and the second one fails to load: the set
+    is refused before the first one switches (every model is pre-checked first), so no client ever gets
+    an answer from the refused set; /status says why; no request fails. A restarted agent also removes
+    the staging folders a sync SIGKILLed mid-way left in its repository and unloads the pre-check model
+    an agent SIGKILLed mid-pre-check left loaded."""
+    import subprocess  # noqa: PLC0415
+
+    from agent_helpers import Fleet  # noqa: PLC0415
+
+    from repo_manager.loadgen import BackgroundLoad  # noqa: PLC0415
+    from repo_manager.repository import STAGING_PREFIX, LocalRepository  # noqa: PLC0415
+
+    location, src = str(tmp_path / "store"), tmp_path / "src"
+    for model in ("a", "b"):
+        publish(capsys, src, location, model, 1, env=None)
+    store = open_store(location)
+    store.update_env("production", {"a": 1, "b": 1})
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"n": 1}, interval=0.2)
+    # what a sync SIGKILLed mid-way leaves: a staging folder named with its (now dead) pid
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = fleet.repo("n-pod1") / "a" / f"{STAGING_PREFIX}{dead.pid}-killed-sync"
+    leftover.mkdir(parents=True)
+    (leftover / "model.py").write_text("half")
+    try:
+        fleet.start()
+        agent = fleet.agents["n-pod1"]
+        agent.wait_serving({"a": 1, "b": 1})
+        assert not leftover.exists() and LocalRepository(fleet.repo("n-pod1")).validate() == []
+        url = fleet.servers["n-pod1"].url
+        with BackgroundLoad(url, "a", clients=1, workload=WORKLOAD, check=tag) as load_a, \
+                BackgroundLoad(url, "b", clients=1, workload=WORKLOAD, check=tag) as load_b:
+            load_a.wait_for(10)
+            publish(capsys, src, location, "a", 2, env=None)
+            publish(capsys, src, location, "b", 2, env=None, fail_load=True)
+            store.update_env("production", {"a": 2, "b": 2})  # "a" would move first (sorted); "b" fails
+            status = agent.wait(lambda s: s["state"] == "degraded", what="refusal")
+            load_b.wait_for(load_b.count() + 10)
+        assert status["served"] == {"a": 1, "b": 1}, status
+        assert status["ready"] and "b" in status["degraded_reason"]
+        assert status["last_rollout"]["models"] == []  # every model pre-checked before any moved
+        for load in (load_a, load_b):
+            summary = load.summary()
+            assert summary.failed == 0, summary.errors
+            assert set(summary.label_counts) == {"v1"}, summary.label_counts  # no answer from the refused set
+        with TritonClient(url) as client:
+            loaded = {(e["name"], e.get("version")) for e in client.repository_index() if e.get("state") == "READY"}
+        assert loaded == {("a", "1"), ("b", "1")}, loaded  # no pre-check leftover, a back at 1
+        # an agent SIGKILLed during a pre-check leaves its temporary model loaded (with file overrides,
+        # so only Triton's statistics list it, not the repository index): the next agent unloads it
+        agent.kill()
+        repo = LocalRepository(fleet.repo("n-pod1"))
+        manifest = repo.manifest("a", 1)
+        config = cfg.parse_config(manifest.config)
+        config.name = "trm-verify-0123abcd-a"
+        with TritonClient(url) as client:
+            client.load(config.name, config, {f"1/{f.path}": (repo.version_dir("a", 1) / f.path).read_bytes()
+                                              for f in manifest.files})
+            assert config.name in {e["name"] for e in client.statistics()}
+            agent = fleet.agents["n-pod1"] = fleet.new_agent("n", "n-pod1").start()
+            agent.wait(lambda s: s["state"] == "degraded", what="refusal again")
+            assert not [e["name"] for e in client.statistics() if e["name"].startswith("trm-verify-")]
+        # the pointer moves to a good set: both follow
+        publish(capsys, src, location, "b", 3, env=None)
+        store.update_env("production", {"a": 2, "b": 3})
+        agent.wait_serving({"a": 2, "b": 3})
+        assert agent.stop() == 0
+    finally:
+        fleet.stop()

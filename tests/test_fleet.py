@@ -156,6 +156,8 @@ def test_fleet_promotes_refuses_and_recovers_with_zero_failed_requests(capsys, s
         for pod, server in fleet.servers.items():
             with TritonClient(server.url) as client:
                 loaded = {(e["name"], e.get("version")) for e in client.repository_index() if e.get("state") == "READY"}
+                # pre-check models are loaded with file overrides: only the statistics list them
+                loaded |= {(e["name"], e.get("version")) for e in client.statistics()}
             assert loaded == {("m", "4")}, (pod, loaded)  # no pre-check leftovers, no old version
             assert LocalRepository(fleet.repo(pod)).validate() == []  # no partial version
             deadline = time.monotonic() + 20

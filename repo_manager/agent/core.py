@@ -60,7 +60,7 @@ from repo_manager.errors import (
 from repo_manager.manifest import now_iso
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout import RolloutOptions, execute
-from repo_manager.rollout.checks import smoke_cases, smoke_live
+from repo_manager.rollout.checks import precheck, smoke_cases, smoke_live
 from repo_manager.rollout.plan import DRAIN, SKIP, build_plan, served_versions, with_settings
 from repo_manager.serving import dependencies, load_version
 from repo_manager.settings import Settings
@@ -318,10 +318,22 @@ class Agent:
                                              and self.verified.get(m) == self.served.get(m) for m in self.wanted)
 
     def _clean_leftovers(self, client: TritonClient) -> None:
-        """Unload pre-check models an agent killed mid-rollout left loaded under temporary names."""
-        for entry in client.repository_index():
-            name = str(entry.get("name", ""))
-            if name.startswith(VERIFY_PREFIX) and entry.get("state") == "READY":
+        """Unload pre-check models an agent killed mid-rollout left loaded under temporary names, and
+        remove the staging folders a sync killed mid-way left in the node repository (Triton ignores
+        them, but `trm validate` reports them and they hold disk). Nothing of this agent's is being
+        written yet, so folders named with its own pid are a killed predecessor's too (pid 1 again in
+        a restarted container)."""
+        try:
+            for folder in self.repo.clean_staging(ours=True):
+                self.log("removed a staging folder a killed sync left", folder=str(folder))
+        except OSError as exc:
+            self.log("could not remove leftover staging folders", error=str(exc))
+        # A pre-check model is loaded with file overrides, so it is not in the repository index (that
+        # lists the folder); Triton's statistics list every loaded model, overrides included.
+        loaded = {str(e.get("name", "")) for e in client.statistics()}
+        loaded |= {str(e.get("name", "")) for e in client.repository_index() if e.get("state") == "READY"}
+        for name in sorted(loaded):
+            if name.startswith(VERIFY_PREFIX):
                 try:
                     client.unload(name)
                     self.log("unloaded a leftover pre-check model", model=name)
@@ -357,9 +369,10 @@ class Agent:
         self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._serving_complete())
         moved: list[tuple[str, int | None]] = []
         try:
+            prechecked = self._precheck_first(wanted)
             for model in self._top_level(wanted):
                 with metrics.operation("rollout", model=model) as op:
-                    outcome = self._roll_one(model, wanted[model])
+                    outcome = self._roll_one(model, wanted[model], prechecked=model in prechecked)
                     op.outcome = "skipped" if outcome is None else ("ok" if outcome["outcome"] == "done"
                                                                     else outcome["outcome"])
                 if outcome is not None:
@@ -412,11 +425,46 @@ class Agent:
         members = {m for model, version in wanted.items() for m, _ in dependencies(self.repo, model, version)}
         return sorted(m for m in wanted if m not in members)
 
-    def _roll_one(self, model: str, version: int) -> dict[str, Any] | None:
+    def _precheck_first(self, wanted: dict[str, int]) -> set[str]:
+        """When one change moves several models, pre-check (under temporary names) every one that can
+        be before any of them switches, so that a set with a bad model is refused before clients get an
+        answer from any of its versions; a failure past this point still rolls back what moved. Only
+        side-by-side moves of models without members: an ensemble is pre-checked once its new members
+        are loaded, and a drain-swap model may not fit twice. Returns the models checked."""
+        grpc = [self.options.grpc_url] if self.options.grpc_url else None
+        candidates = []
+        with self._client() as client:
+            for model in self._top_level(wanted):
+                before = served_versions(client, [model])[model]
+                if not before or before == (wanted[model],):
+                    continue
+                options = RolloutOptions(side_by_side=self.options.side_by_side, drain_cmd="true",
+                                         restore_cmd="true")
+                try:
+                    plan = build_plan(self.repo, model, wanted[model], [self.options.url],
+                                      with_settings(options, model, self.settings.rollout), grpc_urls=grpc)
+                except UsageError:
+                    continue  # loaded by someone else: _roll_one loads it directly
+                candidates.append((model, plan))
+            if len(candidates) < 2:
+                return set()  # one model moves: its rollout pre-checks it first anyway
+            checked = set()
+            for model, plan in candidates:
+                if plan.servers[0].strategy in (SKIP, DRAIN) or plan.target.members:
+                    continue
+                config = cfg.parse_config(self.repo.manifest(model, wanted[model]).config)
+                started = time.monotonic()
+                count = precheck(client, self.repo, [(model, wanted[model])], model, smoke_cases(config, None))
+                self.log("pre-checked before any model moves", model=model, version=wanted[model],
+                         requests=count, seconds=round(time.monotonic() - started, 3))
+                checked.add(model)
+        return checked
+
+    def _roll_one(self, model: str, version: int, *, prechecked: bool = False) -> dict[str, Any] | None:
         """Roll ``model`` to ``version`` on this server; None when it already serves it."""
         with self._client() as client:
             before = served_versions(client, [model])[model]
-        options = RolloutOptions(side_by_side=self.options.side_by_side, precheck=bool(before),
+        options = RolloutOptions(side_by_side=self.options.side_by_side, precheck=bool(before) and not prechecked,
                                  # the agent drains itself around the whole transition (``_drained``)
                                  drain_cmd="true", restore_cmd="true")
         options = with_settings(options, model, self.settings.rollout)
