@@ -26,14 +26,17 @@ from repo_manager.triton.client import TritonClient
 from repo_manager.triton.server import TritonServer, free_ports
 from repo_manager.tuning import Candidate, TuneRequest, tune_batching
 
-SLO_MS = 30.0
+# A 20 ms model under a 150 ms SLO: on Triton 2.51 a queue timeout of a few ms rejected requests at low
+# traffic too (they wait past it when the batcher is not woken), so a 2 ms model's timeout could not be tuned
+# reliably on 2 cores; the queue policy is measured where its timeout is long against such stalls.
+SLO_MS = 150.0
 RATES = ("--low-rps", "50", "--peak-rps", "100")
 FAST = ("--requests", "150", "--budget", "15")
 
 
 def publish_seed_model(settings: Settings, tmp_path, name: str = "ranker") -> None:
-    source = write_cost_model(tmp_path / f"src-{name}", name=name, fixed_ms=2.0, per_item_ms=0.3, max_batch_size=4,
-                              dynamic_batching=True, delay_us=50_000, preferred=(4,))
+    source = write_cost_model(tmp_path / f"src-{name}", name=name, fixed_ms=20.0, per_item_ms=0.5, max_batch_size=4,
+                              dynamic_batching=True, delay_us=300_000, preferred=(4,))
     publish_model(settings, source, name)
 
 
@@ -61,10 +64,10 @@ def test_chosen_config_met_the_slo_at_every_level_in_the_tuners_own_measurements
         if point.level in ("low", "peak", "headroom"):
             assert point.meets_slo and point.measurement.valid and point.measurement.p99_ms <= SLO_MS
             assert point.measurement.errors == 0
-    # the seed's config (50 ms delay waiting for a batch of 4) cannot meet a 30 ms p99 at 50 requests/s
+    # the seed's config (300 ms delay waiting for a batch of 4) cannot meet a 150 ms p99 at 50 requests/s
     current = next(e for e in result.outcome.evaluations if e.candidate.origin == "current")
     assert not current.eligible and chosen.key != current.candidate.key
-    assert chosen.delay_us < 50_000
+    assert chosen.delay_us < 300_000
 
 
 def test_written_version_has_the_same_files_the_chosen_config_and_its_tuning_record(tuned):
