@@ -9,7 +9,8 @@ goes through ``ManagedProcess``:
   dies without cleaning up (SIGKILL, a crash). Linux sends that signal when the *thread* that forked the
   child exits, so children are always forked by a thread that lives as long as trm: the main thread, or
   one long-lived launcher thread when the caller is another thread;
-* ``stop()`` sends the stop signal to the whole process group, waits, then SIGKILLs the group.
+* ``stop()`` sends the stop signal to the command (through the group reaper below), waits, then SIGKILLs
+  the group.
 
 ``terminate_on_signals()`` (installed by ``cli.main``) turns SIGTERM and SIGHUP into ``Terminated``, a
 ``SystemExit``, so every ``finally`` and context manager on the way out runs: servers are stopped and
@@ -22,8 +23,10 @@ from __future__ import annotations
 import functools
 import os
 import queue
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -96,14 +99,62 @@ class _Launcher:
 _launcher = _Launcher()
 
 
+# The group reaper: the process trm forks, in a new session whose group it leads. The parent-death signal
+# (SIGUSR2) is armed on it; on that signal it kills its whole process group, so the command *and every
+# process the command started* die with trm (a tritonserver's Python stubs are its children: a death signal
+# on tritonserver alone left a stub behind when trm was killed while a model was loading). Otherwise it
+# waits for the command and exits as it did, passing SIGTERM/SIGINT/SIGHUP on to it (``stop()`` and a user's
+# `kill PID` stop the command gracefully; what it leaves in the group is killed after it exits).
+_GROUP_REAPER = """
+import os, signal, sys
+death, parent, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def reap(*_):
+    os.killpg(0, death)
+    os._exit(128 + death)
+signal.signal(signal.SIGUSR2, reap)
+STOPS, pending, child = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP), [], []
+def forward(signum, _frame):
+    if child:
+        os.kill(child[0], signum)
+    else:
+        pending.append(signum)
+for s in STOPS:
+    signal.signal(s, forward)
+if os.getppid() != parent:
+    reap()
+pid = os.fork()
+if pid == 0:
+    for s in (signal.SIGUSR2, *STOPS):
+        signal.signal(s, signal.SIG_DFL)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        os.write(2, ("cannot start %s: %s\\n" % (command[0], exc)).encode())
+        os._exit(127)
+child.append(pid)
+for signum in pending:
+    os.kill(pid, signum)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
 def spawn(command: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
           cwd: str | Path | None = None, death_signal: int = signal.SIGKILL) -> subprocess.Popen:
-    """Start ``command`` in a new session, output appended to ``log_path``, killed with trm."""
-    setter = _death_signal_setter(death_signal)
+    """Start ``command`` in a new session under the group reaper, output appended to ``log_path``: it and
+    everything it starts are killed with trm (``death_signal`` to the group)."""
+    command = list(command)
+    if shutil.which(command[0]) is None:  # the reaper would only report it in the log: say it here
+        raise FileNotFoundError(2, "No such file or directory", command[0])
+    setter = _death_signal_setter(signal.SIGUSR2)
+    reaper = [sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(int(death_signal)), str(os.getpid()), *command]
 
     def popen() -> subprocess.Popen:
         with open(log_path, "ab") as log:
-            return subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.Popen(reaper, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None,
                                     cwd=cwd, start_new_session=True, preexec_fn=setter)
 
@@ -157,7 +208,10 @@ class ManagedProcess:
         if self.process is None:
             return None
         if self.process.poll() is None:
-            self._signal_group(self.stop_signal if stop_signal is None else stop_signal)
+            try:  # to the reaper, which passes it to the command (the command stops its own children)
+                self.process.send_signal(self.stop_signal if stop_signal is None else stop_signal)
+            except ProcessLookupError:
+                pass
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
