@@ -347,9 +347,7 @@ class SignedReader:
                 status, tag = response.status, response.getheader("ETag", "")
             except (http.client.HTTPException, OSError) as exc:
                 if attempt == self.RETRIES:
-                    raise StoreError(f"S3 endpoint {self.endpoint} is not reachable (download of {key}): "
-                                     f"{type(exc).__name__}", hint="check --endpoint-url and that the service is up"
-                                     ) from exc
+                    raise self._unreachable(key, exc) from exc
                 time.sleep(0.2 * 2 ** attempt)
                 continue
             finally:
@@ -361,8 +359,19 @@ class SignedReader:
             if status >= 500 and attempt < self.RETRIES:
                 time.sleep(0.2 * 2 ** attempt)
                 continue
-            _raise_for_status(key, status, body[:2048])
+            self._refuse(key, status, body[:2048])
         raise AssertionError("unreachable")
+
+    def _unreachable(self, key: str, exc: Exception) -> StoreError:
+        return StoreError(f"S3 endpoint {self.endpoint} is not reachable (download of {key}): {type(exc).__name__}",
+                          hint="check --endpoint-url and that the service is up")
+
+    def _refuse(self, key: str, status: int, body: bytes) -> None:
+        """The error for a final non-success answer: a missing bucket is the whole store, not one object."""
+        if status == 404 and _error_code(body) == "NoSuchBucket":
+            raise StoreNotFoundError(f"bucket {self.bucket} does not exist at {self.endpoint}",
+                                     hint="create it, or fix the store location")
+        _raise_for_status(key, status, body)
 
     def url(self, key: str) -> str:
         return f"{self.base}/{quote(key, safe='/~')}"
@@ -383,23 +392,17 @@ class SignedReader:
                 response = self.pool.request("GET", url, headers=headers, preload_content=False)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt == self.RETRIES:
-                    raise StoreError(f"S3 endpoint {self.endpoint} is not reachable (download of {key}): "
-                                     f"{type(exc).__name__}", hint="check --endpoint-url and that the service is up"
-                                     ) from exc
+                    raise self._unreachable(key, exc) from exc
                 time.sleep(0.2 * 2 ** attempt)
                 continue
             if response.status in (200, 206):
                 return response
             body = response.read(2048)
             response.release_conn()
-            if response.status == 404 and _error_code(body) == "NoSuchBucket":
-                # not "the object is absent": the whole store is
-                raise StoreNotFoundError(f"bucket {self.bucket} does not exist at {self.endpoint}",
-                                         hint="create it, or fix the store location")
             if response.status >= 500 and attempt < self.RETRIES:
                 time.sleep(0.2 * 2 ** attempt)
                 continue
-            _raise_for_status(key, response.status, body)
+            self._refuse(key, response.status, body)
         raise AssertionError("unreachable")
 
 
