@@ -97,6 +97,83 @@ def test_served_minilm_matches_sentence_transformers(minilm_server):
         assert _cosines(_embed(minilm_server.url, "minilm", [text]), want[None])[0] > MIN_COSINE
 
 
+def test_concurrent_requests_of_mixed_lengths_are_joined_and_each_text_answered_as_alone(minilm, minilm_server):
+    """Several clients at once, batches of 1-8 texts of 2-14 tokens: Triton's batcher joins requests of one
+    padded width, trm's onnxruntime backend runs each row at its own length (the encoder's ``unpad``), and
+    every text still gets what sentence-transformers gives it alone."""
+    import random
+    import threading
+
+    from sentence_transformers import SentenceTransformer
+
+    settings, _ = minilm
+    config = LocalRepository(settings.repository).config("minilm_encoder")
+    assert config.max_batch_size == 32 and json.loads(config.parameters["unpad"].string_value)["mask"] == \
+        "attention_mask"
+    pool = ["hi", "A man is eating.", "The girl is carrying a baby in her arms.", "Zürich ist schön",
+            "Two children are playing in the park near the river.", "ok then", "café ☕ au lait"]
+    reference = dict(zip(pool, SentenceTransformer(str(example_checkpoint("minilm")), device="cpu").encode(pool)))
+    with TritonClient(minilm_server.url) as client:
+        before = client.statistics("minilm_encoder")[0]
+    failures: list[str] = []
+
+    def client_thread(seed: int) -> None:
+        rng = random.Random(seed)
+        with TritonClient(minilm_server.url) as client:
+            config = client.model_config("minilm")
+            for _ in range(15):
+                texts = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
+                got = client.infer("minilm", text_inputs(config, texts))["EMBEDDING"]
+                want = np.stack([reference[t] for t in texts])
+                if not np.all(_cosines(got, want) > MIN_COSINE):
+                    failures.append(f"{texts}: {_cosines(got, want)}")
+
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    with TritonClient(minilm_server.url) as client:
+        after = client.statistics("minilm_encoder")[0]
+    requests = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert requests > 0 and executions < requests  # texts, executions: several requests ran as one
+
+
+def test_length_buckets_cover_every_row_once_and_keep_padding_small(monkeypatch):
+    """The grouping the unpadded path uses: consecutive spans over the sorted lengths, one span when the
+    lengths are equal, split where one long row would pad many short ones."""
+    import importlib.util
+    import sys
+    import types
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    import repo_manager.triton.server as server
+
+    # the backend runs inside Triton's stub; outside it, its one Triton import is an empty module
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    spec = importlib.util.spec_from_file_location("trm_ort_backend", server.BACKENDS_SRC / "onnxruntime" / "model.py")
+    backend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backend)
+    _buckets, CALL_COST = backend._buckets, backend.CALL_COST
+
+    @given(st.lists(st.integers(1, 512), min_size=1, max_size=64))
+    def check(lengths):
+        lengths = sorted(lengths)
+        spans = _buckets(lengths)
+        assert spans[0][0] == 0 and spans[-1][1] == len(lengths)
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(spans, spans[1:]))
+        cost = sum((end - start) * lengths[end - 1] + CALL_COST for start, end in spans)
+        assert cost <= len(lengths) * lengths[-1] + CALL_COST  # never worse than one padded call
+
+    check()
+    assert _buckets([7] * 20) == [(0, 20)]
+    assert _buckets([4] * 16 + [200]) == [(0, 16), (16, 17)]
+
+
 def test_infer_prints_the_similarity_of_two_texts(minilm, minilm_server, capsys):
     settings, _ = minilm
     args = ["infer", "minilm", "--text", "A man is eating food.", "--text", "A man is eating a piece of bread.",

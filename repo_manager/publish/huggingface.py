@@ -26,6 +26,7 @@ before anything is staged, so bad input writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import warnings
@@ -47,6 +48,11 @@ MAX_NORM_RATIO = 1e-3
 SCORE_TOLERANCE = 1e-3
 """Largest allowed |served - reference| / max(1, |reference|) of a score."""
 OPSET = 17
+# Default max_batch_size of a text service (all three models): a batch of short texts costs little per text,
+# and trm's onnxruntime backend runs the rows of a batch at their own lengths, so merging several client
+# requests into one call is where throughput comes from (bench/bench_hf_publish.py: 4 clients sending 8 texts
+# each got 1.5-1.7x sentence-transformers with 32, 1.2-1.4x with 8).
+TEXT_MAX_BATCH = 32
 TEXT_INPUT = "TEXT"
 QUERY_INPUT = "QUERY"
 OUTPUTS = {"embedding": "EMBEDDING", "rerank": "SCORE", "classify": "SCORES"}
@@ -446,6 +452,8 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
 
     if options.max_batch_size is not None and options.max_batch_size < 1:
         raise InputError("a text service takes a batch of texts: --max-batch-size must be at least 1")
+    if options.max_batch_size is None:
+        options = dataclasses.replace(options, max_batch_size=TEXT_MAX_BATCH)
     checkpoint = inspect_checkpoint(source, max_length, task=task, pooling=pooling, normalize=normalize,
                                     prompt_name=prompt_name)
     pipeline = checkpoint.pipeline
@@ -478,7 +486,7 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
             staging = stage(names["encoder"])
             loaded.export(staging / "model.onnx")
             encoder = Staged(names["encoder"], staging,
-                             _encoder_config(names["encoder"], staging / "model.onnx", options),
+                             _encoder_config(names["encoder"], staging / "model.onnx", loaded, options),
                              {**record, "converter": f"torch.onnx.export (TorchScript, opset {OPSET}) "
                                                      f"with the checkpoint's {pipeline.task} head"},
                              environment_packages=("torch", "transformers"))
@@ -606,10 +614,18 @@ def _tokenizer_config(name: str, loaded: _Loaded, options: cfg.ConfigOptions) ->
     return config
 
 
-def _encoder_config(name: str, onnx_path: Path, options: cfg.ConfigOptions) -> cfg.ModelConfig:
+def _encoder_config(name: str, onnx_path: Path, loaded: _Loaded, options: cfg.ConfigOptions) -> cfg.ModelConfig:
     from repo_manager.publish.onnx import load_onnx, onnx_config, signature  # noqa: PLC0415
 
     config = onnx_config(name, signature(load_onnx(onnx_path)), options)
+    if "attention_mask" in loaded.input_names and config.max_batch_size > 0:
+        # every output is one row per text (no sequence axis): trm's onnxruntime backend may then run each
+        # text at its own length instead of the padded one (see its docstring); Triton's own backend ignores it
+        tokenizer = loaded.tokenizer
+        pad = {"input_ids": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+               "attention_mask": 0, "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0}
+        _parameter(config, "unpad", json.dumps({"mask": "attention_mask",
+                                                "pad": {k: v for k, v in pad.items() if k in loaded.input_names}}))
     # Triton's random warm-up data would be token ids outside the vocabulary: warm up with zeros instead
     for warm in config.model_warmup:
         for data in warm.inputs.values():
