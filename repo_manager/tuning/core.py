@@ -47,6 +47,10 @@ def _quiet(message: str, used: float, budget: float) -> None:
     pass
 
 
+MAX_OVERLOAD_FACTOR = 100.0
+"""An overload beyond this multiple of capacity is no tuning question (and no client could offer it)."""
+
+
 @dataclass(frozen=True)
 class TuneRequest:
     model: str
@@ -81,8 +85,9 @@ class TuneRequest:
             raise UsageError(f"--headroom must be at least 1, not {self.headroom}")
         if not self.budget_s > 0:
             raise UsageError(f"--budget must be positive, not {self.budget_s}")
-        if self.overload_factor != 0 and not self.overload_factor > 1:
-            raise UsageError(f"--overload-factor must be above 1 (or 0: no queue policy), not {self.overload_factor}")
+        if self.overload_factor != 0 and not 1 < self.overload_factor <= MAX_OVERLOAD_FACTOR:
+            raise UsageError(f"--overload-factor must be above 1 and at most {MAX_OVERLOAD_FACTOR:g} (or 0: no "
+                             f"queue policy), not {self.overload_factor}")
         if self.priority_levels < 0:
             raise UsageError(f"--priority-levels must be 0 or more, not {self.priority_levels}")
         check_measure_arguments(requests=self.requests)
