@@ -174,6 +174,33 @@ def test_impossible_slo_exits_9_names_the_closest_writes_nothing_and_restores_th
     assert cfg.config_to_text(after) == cfg.config_to_text(before)
 
 
+def test_overload_no_policy_can_be_shown_to_keep_exits_9_names_the_closest_and_writes_nothing(
+        triton, tmp_path, capsys):
+    """The batching passes, but no queue policy is shown to keep the SLO at the overload asked for: here
+    60 x capacity, more than any client on this machine can offer, so every overload run is marked not
+    driven as offered. Exit 9, the closest policy and the reason named, nothing written."""
+    settings = Settings(repository=tmp_path / "repo", triton_url=triton.url)
+    publish_seed_model(settings, tmp_path, "spiky")
+    repo = LocalRepository(settings.repository)
+    result = run_cli(capsys, "-q", "tune-batching", "spiky", "--repo", str(repo.root), "--p99-ms", str(SLO_MS),
+                     *RATES, *FAST, "--overload-factor", "60", "--write", "--json")
+    assert result.code == 9, result.err
+    assert "no queue policy kept p99" in result.err and "60 x capacity" in result.err
+    assert "closest: " in result.err and "could not drive" in result.err
+    assert len(result.err.strip().splitlines()) <= 2  # one line, and a hint
+    data = result.json()
+    assert data["chosen"] is None and data["written_version"] is None
+    assert data["overload"]["chosen"] is None and data["overload"]["closest"]
+    assert repo.versions("spiky") == [1]
+
+
+@pytest.mark.parametrize("factor", ["1", "0.5", "nan", "inf", "101", "-2"])
+def test_absurd_overload_factors_are_refused(tmp_path, capsys, factor):
+    result = run_cli(capsys, "tune-batching", "m", "--repo", tmp_path / "repo", "--p99-ms", "40",
+                     *RATES, "--overload-factor", factor)
+    assert result.code == 2 and "--overload-factor" in result.err, result.err
+
+
 def test_down_server_and_unknown_model_are_clear_errors(tmp_path, capsys):
     port = free_ports(1)[0]
     down = run_cli(capsys, "-q", "tune-batching", "m", "--url", f"http://127.0.0.1:{port}", "--p99-ms", "10", *RATES)

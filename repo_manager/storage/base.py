@@ -179,6 +179,11 @@ class Store(ABC):
             length = self.blob_size(digest) - start
         return self._read_range(blob_key(digest), start, length)
 
+    def recycle(self, chunk: bytes | bytearray) -> None:
+        """The caller of ``read_blob`` is done with ``chunk`` (written and hashed): a store that receives
+        into reusable buffers may fill it again. Only call it once nothing refers to the chunk any more."""
+        return None  # a store that allocates per read has nothing to reuse
+
     # -------------------------------------------------------------------------------- manifests
     def put_manifest(self, manifest: Manifest) -> None:
         """Create the manifest of a version: this claims the number. ``ConflictError`` if taken."""

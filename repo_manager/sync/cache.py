@@ -262,7 +262,7 @@ class BlobCache:
             lengths = [min(part_size, size - i * part_size) for i in range(count)]
             have = [min(_units(done / str(i)) * UNIT, lengths[i]) for i in range(count)]
             missing = [i for i in range(count) if have[i] < lengths[i]]
-            hasher = _StreamHasher(fd, part_size, lengths, have)
+            hasher = _StreamHasher(fd, part_size, lengths, have, recycle=store.recycle)
 
             def part(index: int) -> int:
                 try:
@@ -490,8 +490,10 @@ class _StreamHasher:
     second read, and only of what this process did not receive.
     """
 
-    def __init__(self, fd: int, part_size: int, lengths: list[int], have: list[int]) -> None:
+    def __init__(self, fd: int, part_size: int, lengths: list[int], have: list[int],
+                 recycle: Callable[[bytes], None] = lambda unit: None) -> None:
         self.fd, self.part_size, self.lengths, self.have = fd, part_size, lengths, have
+        self.recycle = recycle  # a unit written and hashed goes back to the store's receive buffers
         self.hash = hashlib.sha256()
         self.position = 0  # the part being hashed
         self.pending: dict[int, deque[bytes]] = {}
@@ -556,6 +558,7 @@ class _StreamHasher:
             else:
                 self.hash.update(unit)  # outside the lock: receivers keep queueing meanwhile
                 hashed += len(unit)
+                self.recycle(unit)  # written before it was queued, hashed now: nothing refers to it
 
     def finish(self) -> str:
         """The sha256, once every part was received and hashed ("incomplete" if some bytes never came)."""
