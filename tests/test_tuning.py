@@ -73,7 +73,8 @@ def test_chosen_config_met_the_slo_at_every_level_in_the_tuners_own_measurements
 def test_written_version_has_the_same_files_the_chosen_config_and_its_tuning_record(tuned):
     settings, result = tuned
     repo = LocalRepository(settings.repository)
-    assert result.written_version == 2 and repo.versions("ranker") == [1, 2]
+    why = [p.note for p in result.overload.points] if result.overload else result.outcome.notes
+    assert result.written_version == 2 and repo.versions("ranker") == [1, 2], why
     old, new = repo.manifest("ranker", 1), repo.manifest("ranker", 2)
     assert [(f.path, f.sha256) for f in new.files] == [(f.path, f.sha256) for f in old.files]
     config = cfg.parse_config(new.config)

@@ -6,8 +6,10 @@ therefore also chooses ``default_queue_policy { timeout_action: REJECT, default_
 allow_timeout_override: true }`` by measurement, once the batching settings are chosen:
 
 * **the timeout T** starts from what the SLO leaves once a full batch has run
-  (``0.8 * SLO - exec(max_batch) - overhead``: an accepted request waited at most T in the queue, then
-  ran in one batch), and is halved while the accepted p99 under overload still misses the SLO;
+  (``0.7 * SLO - exec(max_batch) - overhead``: an accepted request waited at most T in the queue, then
+  ran in one batch; the rest of the SLO is margin for a saturated server's own delays, HTTP and the
+  Python stubs, which grow under overload), and is halved while the accepted p99 under overload still
+  misses the SLO;
 * the capacity is the SLO ladder's; when the ladder stopped early (the time budget), it is what the
   batching sustains closed loop (enough clients to fill every batch), measured once;
 * each try is one run of open-loop Poisson traffic: a second at the tuning's peak rate (warm-up, not
@@ -41,6 +43,11 @@ from repo_manager.loadgen import LoadSpec, Phase, PhaseStats, Trace, run_schedul
 from repo_manager.tuning.candidates import Candidate, Profile
 from repo_manager.tuning.prober import Prober
 
+FIRST_TIMEOUT_SHARE = 0.7
+"""The first queue timeout tried is this share of the SLO, less a full batch's execution and the overhead
+(at 0.8 a 150 ms SLO's accepted p99 under 2x overload was 132 ms on a quiet machine and missed on a busy
+one; at 0.6, 110 ms, but on a machine with one core taken by another process the shorter timeout shed
+requests at low traffic too, where Triton 2.51's batcher stalls)."""
 MIN_GOODPUT = 0.7
 """A policy must keep at least this share of the measured capacity as goodput under overload."""
 MIN_SHED = 0.1
@@ -150,7 +157,7 @@ class PolicySearch:
 
     def first_timeout_ms(self) -> float:
         full = self.profile.exec_at(self.batching.max_batch_size)
-        return max(0.8 * self.slo_ms - full - self.profile.overhead_ms, 1.0)
+        return max(FIRST_TIMEOUT_SHARE * self.slo_ms - full - self.profile.overhead_ms, 1.0)
 
     def _measure_capacity(self) -> None:
         """When the SLO ladder stopped early its capacity is only a lower bound, and an overload relative to
