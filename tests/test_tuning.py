@@ -178,15 +178,15 @@ def test_impossible_slo_exits_9_names_the_closest_writes_nothing_and_restores_th
 def test_overload_no_policy_can_be_shown_to_keep_exits_9_names_the_closest_and_writes_nothing(
         triton, tmp_path, capsys):
     """The batching passes, but no queue policy is shown to keep the SLO at the overload asked for: here
-    60 x capacity, more than any client on this machine can offer, so every overload run is marked not
+    100 x capacity, more than any client on this machine can offer, so every overload run is marked not
     driven as offered. Exit 9, the closest policy and the reason named, nothing written."""
     settings = Settings(repository=tmp_path / "repo", triton_url=triton.url)
     publish_seed_model(settings, tmp_path, "spiky")
     repo = LocalRepository(settings.repository)
     result = run_cli(capsys, "-q", "tune-batching", "spiky", "--repo", str(repo.root), "--p99-ms", str(SLO_MS),
-                     *RATES, *FAST, "--overload-factor", "60", "--write", "--json")
+                     *RATES, *FAST, "--overload-factor", "100", "--write", "--json")
     assert result.code == 9, result.err
-    assert "no queue policy kept p99" in result.err and "60 x capacity" in result.err
+    assert "no queue policy kept p99" in result.err and "100 x capacity" in result.err
     assert "closest: " in result.err and "could not drive" in result.err
     assert len(result.err.strip().splitlines()) <= 2  # one line, and a hint
     data = result.json()
