@@ -407,6 +407,7 @@ class SignedReader:
             headers = self.headers(url)
             if byte_range:
                 headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+            reused = getattr(self._local, "connection", None) is not None
             try:
                 connection = self._connection()
                 connection.request("GET", path, headers=headers)
@@ -415,7 +416,8 @@ class SignedReader:
                 self._drop_connection()  # a keep-alive connection the server closed meanwhile, or none at all
                 if attempt == self.RETRIES:
                     raise self._unreachable(key, exc) from exc
-                time.sleep(0.2 * 2 ** (attempt - 1))
+                if not reused:  # an idle connection the server closed is retried at once, on a new one
+                    time.sleep(0.2 * 2 ** (attempt - 1))
                 continue
             if response.status in (200, 206):
                 return _Response(response, self._drop_connection)
