@@ -153,6 +153,7 @@ class PolicySearch:
         self.points: list[OverloadPoint] = []
         self.notes: list[str] = []
         self.lower_bound = "budget" in capacity_note or capacity_rps <= headroom_rps
+        self.ladder_capacity: float | None = None  # set when the capacity was measured past the ladder's
         self.capacity_note = capacity_note or "the ladder did not climb"
 
     def first_timeout_ms(self) -> float:
@@ -173,6 +174,7 @@ class PolicySearch:
             self.notes.append(f"capacity {self.capacity:.0f}/s from the SLO ladder was a lower bound "
                               f"({self.capacity_note}); closed loop with {3 * slots} clients the batching "
                               f"sustains {saturated.achieved_rps:.0f}/s: the overload is relative to that")
+            self.ladder_capacity = self.capacity
             self.capacity = saturated.achieved_rps
             self.rate = round(self.capacity * self.factor, 1)
         else:
@@ -195,6 +197,14 @@ class PolicySearch:
             if point.meets:
                 chosen = candidate
                 break
+            if not point.overload.valid and self.ladder_capacity is not None:
+                # this client cannot offer the overload relative to the measured capacity: judge the policy
+                # at the overload it can offer, relative to the ladder's (lower-bound) capacity, and say so
+                self.notes.append(f"the client could not offer {self.rate:.0f}/s: overload taken relative to the "
+                                  f"ladder's capacity {self.ladder_capacity:.0f}/s instead (a lower bound)")
+                self.capacity, self.ladder_capacity = self.ladder_capacity, None
+                self.rate = round(self.capacity * self.factor, 1)
+                continue
             if not point.overload.valid or point.sheds_normal_traffic or timeout <= 1.0:
                 break  # a shorter timeout cannot fix a client limit nor rejections under normal traffic
             timeout = max(timeout / 2, 1.0)
