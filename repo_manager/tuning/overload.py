@@ -11,7 +11,8 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   Python stubs, which grow under overload), and is halved while the accepted p99 under overload still
   misses the SLO;
 * the capacity is the SLO ladder's; when the ladder stopped early (the time budget), it is what the
-  batching sustains closed loop (enough clients to fill every batch), measured once;
+  batching sustains closed loop (enough clients to fill every batch), measured once; if the client then
+  cannot offer the overload relative to it, the ladder's figure is used after all (noted);
 * each try is one run of open-loop Poisson traffic: a second at the tuning's peak rate (warm-up, not
   counted), ``overload_factor`` x the measured capacity for a few seconds, then the peak rate again
   (the load drops): accepted p99, rejected fraction,
