@@ -595,14 +595,22 @@ def _text_inputs(task: str) -> list[cfg.TensorSpec]:
     return [cfg.TensorSpec(QUERY_INPUT, "STRING", (1,)), *inputs] if task == "rerank" else inputs
 
 
+def _pad_values(loaded: _Loaded) -> dict[str, int]:
+    """What the served tokenizer pads each token tensor with (the encoder's ``unpad`` re-pads with the same)."""
+    tokenizer = loaded.tokenizer
+    return {"input_ids": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            "attention_mask": 0, "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0}
+
+
 def _tokenizer_config(name: str, loaded: _Loaded, options: cfg.ConfigOptions) -> cfg.ModelConfig:
     outputs = [cfg.TensorSpec(n, "INT64", (-1,)) for n in loaded.input_names]
     config = cfg.build_config(name, "python", _text_inputs(loaded.pipeline.task), outputs, True, options)
     tokenizer = loaded.tokenizer
     _parameter(config, "max_length", loaded.checkpoint.max_length)
-    _parameter(config, "pad_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    pad = _pad_values(loaded)
+    _parameter(config, "pad_id", pad["input_ids"])
     _parameter(config, "pad_token", tokenizer.pad_token or "[PAD]")
-    _parameter(config, "pad_type_id", getattr(tokenizer, "pad_token_type_id", 0) or 0)
+    _parameter(config, "pad_type_id", pad["token_type_ids"])
     if loaded.pipeline.prompt:
         _parameter(config, "prompt", loaded.pipeline.prompt)
     # Lengths padded to a multiple of 16 tokens: single-text requests of similar length then share a shape,
@@ -621,11 +629,8 @@ def _encoder_config(name: str, onnx_path: Path, loaded: _Loaded, options: cfg.Co
     if "attention_mask" in loaded.input_names and config.max_batch_size > 0:
         # every output is one row per text (no sequence axis): trm's onnxruntime backend may then run each
         # text at its own length instead of the padded one (see its docstring); Triton's own backend ignores it
-        tokenizer = loaded.tokenizer
-        pad = {"input_ids": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-               "attention_mask": 0, "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0}
-        _parameter(config, "unpad", json.dumps({"mask": "attention_mask",
-                                                "pad": {k: v for k, v in pad.items() if k in loaded.input_names}}))
+        pad = {k: v for k, v in _pad_values(loaded).items() if k in loaded.input_names}
+        _parameter(config, "unpad", json.dumps({"mask": "attention_mask", "pad": pad}))
     # Triton's random warm-up data would be token ids outside the vocabulary: warm up with zeros instead
     for warm in config.model_warmup:
         for data in warm.inputs.values():

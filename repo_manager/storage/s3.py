@@ -417,7 +417,7 @@ class SignedReader:
                 if attempt == self.RETRIES:
                     raise self._unreachable(key, exc) from exc
                 if not reused:  # an idle connection the server closed is retried at once, on a new one
-                    time.sleep(0.2 * 2 ** (attempt - 1))
+                    time.sleep(0.2 * 2 ** attempt)
                 continue
             if response.status in (200, 206):
                 return _Response(response, self._drop_connection)
@@ -425,7 +425,7 @@ class SignedReader:
                 body = response.read(2048)
             except (http.client.HTTPException, OSError):
                 body = b""
-            if response.length:  # an error body longer than we read: this connection cannot be reused
+            if not response.isclosed():  # an error body not read to its end: the connection cannot be reused
                 self._drop_connection()
             if response.status >= 500 and attempt < self.RETRIES:
                 time.sleep(0.2 * 2 ** attempt)

@@ -148,7 +148,6 @@ class PolicySearch:
     ) -> None:
         self.prober, self.profile, self.batching = prober, profile, batching.without_queue_policy()
         self.capacity, self.slo_ms, self.factor = capacity_rps, slo_ms, factor
-        self.rate = round(capacity_rps * factor, 1)
         self.recover_rps, self.headroom_rps = recover_rps, headroom_rps
         self.priority_levels, self.overload_s, self.recover_s = priority_levels, overload_s, recover_s
         self.points: list[OverloadPoint] = []
@@ -156,6 +155,11 @@ class PolicySearch:
         self.lower_bound = "budget" in capacity_note or capacity_rps <= headroom_rps
         self.ladder_capacity: float | None = None  # set when the capacity was measured past the ladder's
         self.capacity_note = capacity_note or "the ladder did not climb"
+
+    @property
+    def rate(self) -> float:
+        """The overload offered: ``factor`` x the capacity the search currently judges against."""
+        return round(self.capacity * self.factor, 1)
 
     def first_timeout_ms(self) -> float:
         full = self.profile.exec_at(self.batching.max_batch_size)
@@ -177,7 +181,6 @@ class PolicySearch:
                               f"sustains {saturated.achieved_rps:.0f}/s: the overload is relative to that")
             self.ladder_capacity = self.capacity
             self.capacity = saturated.achieved_rps
-            self.rate = round(self.capacity * self.factor, 1)
         else:
             self.notes.append(f"capacity {self.capacity:.0f}/s is a lower bound ({self.capacity_note}): the "
                               "overload is relative to it; give --budget more time for a true capacity")
@@ -204,7 +207,6 @@ class PolicySearch:
                 self.notes.append(f"the client could not offer {self.rate:.0f}/s: overload taken relative to the "
                                   f"ladder's capacity {self.ladder_capacity:.0f}/s instead (a lower bound)")
                 self.capacity, self.ladder_capacity = self.ladder_capacity, None
-                self.rate = round(self.capacity * self.factor, 1)
                 continue
             if not point.overload.valid or point.sheds_normal_traffic or timeout <= 1.0:
                 break  # a shorter timeout cannot fix a client limit nor rejections under normal traffic

@@ -121,8 +121,9 @@ class TritonPythonModel:
             mask = feeds.get(mask_name)
             if mask is None or mask.ndim != 2 or any(a.ndim != 2 or a.shape != mask.shape for a in feeds.values()):
                 raise _NotRightPadded()
-            lengths = np.maximum(mask.astype(bool).sum(axis=1), 1)
-            if not np.array_equal(mask.astype(bool), np.arange(mask.shape[1])[None, :] < lengths[:, None]):
+            real = mask.astype(bool)
+            lengths = np.maximum(real.sum(axis=1), 1)
+            if not np.array_equal(real, np.arange(mask.shape[1])[None, :] < lengths[:, None]):
                 raise _NotRightPadded()
             rows.extend((int(n), index, r) for r, n in enumerate(lengths))
         rows.sort()
@@ -148,8 +149,8 @@ class TritonPythonModel:
         for index, feeds in enumerate(arrays):
             count = len(next(iter(feeds.values())))
             per_row = [results[(index, r)] for r in range(count)]
-            responses.append(self._response([np.stack([row[j] for row in per_row]).astype(dtype, copy=False)
-                                             for j, (_, dtype) in enumerate(self.outputs)]))
+            # _run already cast every output to its config type
+            responses.append(self._response([np.stack([row[j] for row in per_row]) for j in range(len(self.outputs))]))
         return responses
 
     def _response(self, results):
