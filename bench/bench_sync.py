@@ -4,8 +4,12 @@ What a user (or an init container) pays is the whole process: interpreter start,
 writes. Every tool here runs as its own command line against one real SeaweedFS on 127.0.0.1 (free
 ports), on the same data. trm reads its content-addressed store (``push --env prod``); s5cmd and aws read
 the same versions exported as a plain Triton layout (``trm export``), which is what they would sync.
+Each tool runs as a user runs it: the ``trm`` command installed in the virtual environment (as
+scripts/setup.sh installs it), s5cmd's binary, ``aws``, all from the same neutral working folder.
 Each run is timed as wall time; the tool's peak RSS and CPU seconds (user + system) come from ``wait4``
-(through GNU time). CPU seconds are what a loaded machine does not blur.
+(through GNU time), and the S3 server's CPU seconds during the run from /proc (on a small machine the
+client and the server share the cores: the sum is what bounds a multi-GB transfer). CPU seconds are what
+a loaded machine does not blur.
 
 Scenarios (each repetition has its own empty node, so a median is over independent nodes):
 
@@ -57,24 +61,36 @@ VERIFIES = {
 }
 
 
-def timed(command: list[str], env: dict[str, str]) -> dict:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a running process has used so far (/proc), 0 when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path | None = None, server_pid: int | None = None) -> dict:
     """Run ``command``; wall seconds and the tool's peak RSS (MB).
 
     The RSS comes from ``wait4`` in GNU time (``%M``), not in this process: a child forked from this
     (large) Python process inherits its high-water mark until it execs, so its own ``wait4`` would report
     the benchmark's memory rather than the tool's."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server_before = cpu_seconds(server_pid)
         started = time.perf_counter()
         process = subprocess.run(["/usr/bin/time", "-f", "\nbench-rss-kb %M %U %S", *command], stdout=out, stderr=err,
-                                 env=env, check=False)
+                                 env=env, cwd=cwd, check=False)
         seconds = time.perf_counter() - started
+        server_cpu = cpu_seconds(server_pid) - server_before
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if process.returncode != 0:
         raise RuntimeError(f"{command[:4]} exited {process.returncode}: {stderr[-2000:]}")
     rss_kb, user, system = stderr.rsplit("bench-rss-kb ", 1)[1].split()[:3]
-    return {"seconds": seconds, "rss_mb": int(rss_kb) / 1024, "cpu_s": float(user) + float(system), "stdout": stdout}
+    return {"seconds": seconds, "rss_mb": int(rss_kb) / 1024, "cpu_s": float(user) + float(system),
+            "server_cpu_s": server_cpu, "stdout": stdout}
 
 
 def tree_bytes(folder: Path) -> int:
@@ -82,27 +98,33 @@ def tree_bytes(folder: Path) -> int:
 
 
 class Tools:
-    def __init__(self, endpoint: str, env: dict[str, str]) -> None:
+    """Each tool as a user runs it: trm's installed ``trm`` command, s5cmd's binary, aws's command, all
+    from the same neutral working folder (an init container's; a settings file in the folder a command
+    runs from is read by trm, ~15 ms of YAML)."""
+
+    def __init__(self, endpoint: str, env: dict[str, str], cwd: Path, server_pid: int | None) -> None:
         self.endpoint = endpoint
-        self.env = dict(env, PYTHONPATH=str(ROOT))
+        self.env = env
+        self.cwd = cwd
+        self.server_pid = server_pid
 
     def trm(self, store: str, repo: Path, cache: Path) -> dict:
-        result = timed([sys.executable, "-m", "repo_manager", "-q", "sync", store, "--env", "prod", "--repo",
-                        str(repo), "--cache", str(cache), "--endpoint-url", self.endpoint, "--json"], self.env)
+        result = timed([str(BIN / "trm"), "-q", "sync", store, "--env", "prod", "--repo", str(repo), "--cache",
+                        str(cache), "--endpoint-url", self.endpoint, "--json"], self.env, self.cwd, self.server_pid)
         data = json.loads(result.pop("stdout"))
         return {**result, "bytes": data["bytes_downloaded"], "remote_reads": data["remote_reads"]}
 
     def s5cmd(self, plain: str, dest: Path) -> dict:
         before = tree_bytes(dest)
         result = timed([str(BIN / "s5cmd"), "--endpoint-url", self.endpoint, "sync", f"{plain}/*", f"{dest}/"],
-                       self.env)
+                       self.env, self.cwd, self.server_pid)
         result.pop("stdout")
         return {**result, "bytes": tree_bytes(dest) - before}
 
     def aws(self, plain: str, dest: Path) -> dict:
         before = tree_bytes(dest)
         result = timed([str(BIN / "aws"), "s3", "sync", plain, str(dest), "--endpoint-url", self.endpoint,
-                        "--only-show-errors"], self.env)
+                        "--only-show-errors"], self.env, self.cwd, self.server_pid)
         result.pop("stdout")
         return {**result, "bytes": tree_bytes(dest) - before}
 
@@ -147,6 +169,7 @@ def publish(source: Path, endpoint: str, store: str, plain: str) -> None:
 def summarize(runs: list[dict]) -> dict:
     return {"seconds": statistics.median(r["seconds"] for r in runs), "rss_mb": max(r["rss_mb"] for r in runs),
             "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "server_cpu_s": statistics.median(r["server_cpu_s"] for r in runs),
             "bytes": statistics.median(r["bytes"] for r in runs), "runs": [round(r["seconds"], 3) for r in runs]}
 
 
@@ -156,7 +179,7 @@ def run(args: argparse.Namespace) -> dict:
     loads: list[tuple[float, float, float]] = []
     try:
         with SeaweedServer(work / "weed") as server:
-            tools = Tools(server.endpoint, dict(os.environ, **server.env))
+            tools = Tools(server.endpoint, dict(os.environ, **server.env), work, server.pid)
             os.environ.update(server.env)
             store, plain = f"s3://{BUCKET}/store", f"s3://{BUCKET}/plain"
             source = work / "source"
@@ -214,16 +237,17 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(report: dict) -> str:
     lines = ["| scenario | trm sync | s5cmd sync | aws s3 sync | s5cmd / trm | aws / trm | GB/s trm · s5cmd · aws "
-             "| peak RSS MB trm · s5cmd · aws | CPU s trm · s5cmd · aws |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| peak RSS MB trm · s5cmd · aws | CPU s trm · s5cmd · aws | server CPU s (with trm · s5cmd · aws) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["results"].items():
         t, s, a = (r[k] for k in ("trm", "s5cmd", "aws"))
         rates = " · ".join(f"{x['bytes'] / x['seconds'] / 1e9:.2f}" if x["bytes"] > 1e6 else "–" for x in (t, s, a))
         rss = " · ".join(f"{x['rss_mb']:.0f}" for x in (t, s, a))
         cpu = " · ".join(f"{x['cpu_s']:.2f}" for x in (t, s, a))
+        server = " · ".join(f"{x.get('server_cpu_s', 0):.2f}" for x in (t, s, a))
         lines.append(f"| {name} | {t['seconds']:.3f} s | {s['seconds']:.3f} s | {a['seconds']:.3f} s | "
                      f"{s['seconds'] / t['seconds']:.2f}x | {a['seconds'] / t['seconds']:.1f}x | {rates} | {rss} "
-                     f"| {cpu} |")
+                     f"| {cpu} | {server} |")
     lines.append("")
     lines += [f"- {tool} verifies: {text}" for tool, text in report["verifies"].items()]
     return "\n".join(lines)

@@ -1,3 +1,3 @@
-from repo_manager.cli import main
+from repo_manager.entry import main
 
 main()

@@ -1,19 +1,39 @@
-"""Remote stores: ``open_store("s3://bucket/prefix" | "/some/folder", settings)``. See ``base.py``."""
+"""Remote stores: ``open_store("s3://bucket/prefix" | "/some/folder", settings)``. See ``base.py``.
+
+Importing this package is cheap (its names are imported on first use), so that ``sigv4`` (the one
+signed read of an unchanged sync) can be imported without the store classes and their dependencies.
+"""
 
 from __future__ import annotations
 
-from repo_manager.errors import UsageError
-from repo_manager.redact import check_no_userinfo
-from repo_manager.settings import Settings
-from repo_manager.storage.base import EnvPointer, Store, blob_key, check_env_name, env_key, manifest_key
-from repo_manager.storage.folder import FolderStore
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see sigv4.py: this path is light)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from repo_manager.settings import Settings
+    from repo_manager.storage.base import Store
 
 __all__ = ["EnvPointer", "FolderStore", "Store", "blob_key", "check_env_name", "env_key", "manifest_key",
            "open_store"]
 
 
+def __getattr__(name: str) -> Any:
+    if name == "FolderStore":
+        from repo_manager.storage.folder import FolderStore  # noqa: PLC0415
+
+        return FolderStore
+    if name in __all__:
+        from repo_manager.storage import base  # noqa: PLC0415
+
+        return getattr(base, name)
+    raise AttributeError(name)
+
+
 def open_store(location: str | None, settings: Settings | None = None) -> Store:
     """The store at ``location`` (default: ``settings.store``)."""
+    from repo_manager.errors import UsageError  # noqa: PLC0415
+    from repo_manager.redact import check_no_userinfo  # noqa: PLC0415
+
     location = location or (settings.store if settings else None)
     if not location:
         raise UsageError("no store given", hint="pass STORE (s3://bucket/prefix or a folder) or set TRM_STORE")
@@ -25,4 +45,6 @@ def open_store(location: str | None, settings: Settings | None = None) -> Store:
     if "://" in location:
         raise UsageError(f"store location {location!r} is not supported",
                          hint="use s3://bucket/prefix or a folder path")
+    from repo_manager.storage.folder import FolderStore  # noqa: PLC0415
+
     return FolderStore(location)

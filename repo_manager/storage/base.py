@@ -237,25 +237,21 @@ class Store(ABC):
         return f"{listing}create it with `trm push {self.location} --env {env}`"
 
     def get_env(self, env: str) -> EnvPointer:
+        pointer = self.get_env_if_changed(env, None)
+        if pointer is None:  # no tag to compare with: never "unchanged"
+            raise AssertionError("a read without a tag answered 'unchanged'")
+        return pointer
+
+    def get_env_if_changed(self, env: str, etag: str | None) -> EnvPointer | None:
+        """The pointer, or None when it still has ``etag`` (a conditional read: what `trm agent` polls, and
+        the one read of an unchanged sync; on S3 one GET on a connection of its own)."""
         try:
-            payload, tag = self._get_bytes(env_key(env))
+            got = self._get_bytes_if_changed(env_key(env), etag)
         except StoreNotFoundError:
             raise  # the store itself is missing: saying "no such environment" would mislead
         except NotFoundError as exc:
             raise NotFoundError(f"environment {env} does not exist in {self.location}",
                                 hint=self.env_hint(env), env=env) from exc
-        pointer = EnvPointer.from_json(payload, f"{self.location}/{env_key(env)}", tag)
-        if pointer.name != env:
-            raise IntegrityError(f"{self.location}/{env_key(env)} names environment {pointer.name!r}")
-        return pointer
-
-    def get_env_if_changed(self, env: str, etag: str | None) -> EnvPointer | None:
-        """The pointer, or None when it still has ``etag`` (a conditional read: what `trm agent` polls)."""
-        try:
-            got = self._get_bytes_if_changed(env_key(env), etag)
-        except NotFoundError as exc:
-            raise NotFoundError(f"environment {env} does not exist in {self.location}",
-                                hint=f"create it with `trm push {self.location} --env {env}`", env=env) from exc
         if got is None:
             return None
         pointer = EnvPointer.from_json(got[0], f"{self.location}/{env_key(env)}", got[1])

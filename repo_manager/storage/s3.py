@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from repo_manager import documents
 from repo_manager.errors import (
@@ -46,23 +46,12 @@ from repo_manager.errors import (
     UsageError,
 )
 from repo_manager.manifest import sha256_file
-from repo_manager.redact import check_no_userinfo
 from repo_manager.storage.base import Store
-from repo_manager.storage.sigv4 import Signer, env_keys, frozen
+from repo_manager.storage.sigv4 import Signer, env_keys, frozen, object_url, parse_s3_url, s3_base_url, signed_get
 
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
 PART_SIZE = 16 * 1024 * 1024
 PART_WORKERS = 8
-
-
-def parse_s3_url(location: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix"). Credentials in it are refused."""
-    check_no_userinfo(location, "the store location")
-    rest = location[len("s3://"):]
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise StoreError(f"store location {location!r} has no bucket", hint="write s3://BUCKET[/PREFIX]")
-    return bucket, prefix.strip("/")
 
 
 def check_endpoint_url(url: str | None, origin: str = "--endpoint-url") -> str | None:
@@ -141,6 +130,8 @@ class S3Store(Store):
         where = f"s3://{self.bucket}/{self._key(key)}"
         try:
             payload, new_tag = self.reader.conditional_get(self._key(key), tag)
+        except StoreNotFoundError:
+            raise
         except NotFoundError as exc:
             raise NotFoundError(f"{where} does not exist", store=self.location) from exc
         except StoreError as exc:
@@ -316,50 +307,35 @@ class SignedReader:
         self._local = threading.local()
         self.buffers = BufferPool(READ_UNIT)
         self.credentials, self.region = _credentials_and_region()
-        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            self.base = f"{endpoint.rstrip('/')}/{bucket}"
-        elif "." in bucket:
-            self.base = f"https://s3.{self.region}.amazonaws.com/{bucket}"
-        else:
-            self.base = f"https://{bucket}.s3.{self.region}.amazonaws.com"
-        self.endpoint = endpoint or "AWS S3"
+        self.base = s3_base_url(bucket, endpoint_url, self.region)
+        self.endpoint = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+                         or "AWS S3")
         self.bucket = bucket
         self.signer = Signer(self.region)
 
     def conditional_get(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
-        """GET with ``If-None-Match: etag`` over a plain ``http.client`` connection (one request: no
-        pool, no urllib3). (None, etag) when unchanged (304), else (content, its ETag)."""
-        import http.client  # noqa: PLC0415
-
+        """GET with ``If-None-Match: etag`` on a connection of its own (``sigv4.signed_get``: no pool, not
+        even ``http.client``). (None, etag) when unchanged (304), else (content, its ETag)."""
         url = self.url(key)
-        parts = urlsplit(url)
-        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         for attempt in range(1, self.RETRIES + 1):
             headers = self.headers(url)
             if etag:
                 headers["If-None-Match"] = etag
-            connection = connection_class(parts.netloc, timeout=10)
             try:
-                connection.request("GET", parts.path, headers=headers)
-                response = connection.getresponse()
-                body = response.read()
-                status, tag = response.status, response.getheader("ETag", "")
-            except (http.client.HTTPException, OSError) as exc:
+                response = signed_get(url, headers, timeout=10)
+            except OSError as exc:
                 if attempt == self.RETRIES:
                     raise self._unreachable(key, exc) from exc
                 time.sleep(0.2 * 2 ** attempt)
                 continue
-            finally:
-                connection.close()
-            if status == 304:
-                return None, etag or tag
-            if status == 200:
-                return body, tag
-            if status >= 500 and attempt < self.RETRIES:
+            if response.status == 304:
+                return None, etag or response.headers.get("etag", "")
+            if response.status == 200:
+                return response.body, response.headers.get("etag", "")
+            if response.status >= 500 and attempt < self.RETRIES:
                 time.sleep(0.2 * 2 ** attempt)
                 continue
-            self._refuse(key, status, body[:2048])
+            self._refuse(key, response.status, response.body[:2048])
         raise AssertionError("unreachable")
 
     def _unreachable(self, key: str, exc: Exception) -> StoreError:
@@ -374,7 +350,7 @@ class SignedReader:
         _raise_for_status(key, status, body)
 
     def url(self, key: str) -> str:
-        return f"{self.base}/{quote(key, safe='/~')}"
+        return object_url(self.base, key)
 
     def headers(self, url: str) -> dict[str, str]:
         return self.signer.get_headers(url, frozen(self.credentials))

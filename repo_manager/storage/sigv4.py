@@ -1,11 +1,16 @@
-"""AWS Signature Version 4 for S3 GETs, in the standard library only.
+"""S3 GETs signed with AWS Signature Version 4, in the standard library only.
 
 The sync hot path (the environment pointer of an unchanged environment, then blobs and ranges) signs
 every GET. botocore's signer costs ~0.1 s of imports and a few hundred microseconds of CPU per request
 (it builds an ``AWSRequest`` and runs its header pipeline); this signs a GET in a few microseconds with
 ``hmac``/``hashlib`` and imports nothing else. The algorithm is AWS's published one (canonical request,
-string to sign, derived key); ``tests/test_sync.py`` checks it against botocore's signer byte for byte.
-Credentials still come from the standard chain: the environment directly, else botocore's chain.
+string to sign, derived key); ``tests/test_storage_contract.py`` checks it against botocore's signer byte
+for byte. Credentials still come from the standard chain: the environment directly, else botocore's chain.
+
+``signed_get`` is one GET over a fresh socket, for the one small read an unchanged sync makes (and each
+poll of `trm agent`): ``http.client`` alone costs more to import (~20 ms, its ``email`` parser) than the
+whole request. Everything here is light on purpose: the unchanged sync imports this module and not the
+rest of ``repo_manager.storage`` (see ``repo_manager/entry.py``).
 """
 
 from __future__ import annotations
@@ -13,19 +18,31 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import socket
 import time
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+MAX_RESPONSE = 64 * 1024 * 1024
+"""``signed_get`` reads documents (pointers, manifests), never blobs: a longer answer is refused."""
 
 
-@dataclass(frozen=True)
 class Keys:
-    access_key: str
-    secret_key: str
-    token: str | None = None
+    """An access key, its secret and an optional session token (the secret never appears in a repr)."""
+
+    __slots__ = ("access_key", "secret_key", "token")
+
+    def __init__(self, access_key: str, secret_key: str, token: str | None = None) -> None:
+        self.access_key, self.secret_key, self.token = access_key, secret_key, token
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Keys) and (self.access_key, self.secret_key, self.token) == (
+            other.access_key, other.secret_key, other.token)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Keys(access_key={self.access_key!r}, secret_key='***')"
 
 
 def env_keys() -> tuple[Keys, str] | None:
@@ -37,12 +54,42 @@ def env_keys() -> tuple[Keys, str] | None:
     return None
 
 
-def frozen(credentials: Any) -> Keys:
+def frozen(credentials: object) -> Keys:
     """``Keys`` from ours or from botocore credentials (refreshable ones refresh here when due)."""
     if isinstance(credentials, Keys):
         return credentials
-    snapshot = credentials.get_frozen_credentials()
+    snapshot = credentials.get_frozen_credentials()  # type: ignore[attr-defined]
     return Keys(snapshot.access_key, snapshot.secret_key, snapshot.token)
+
+
+def parse_s3_url(location: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix"). Credentials in it are refused."""
+    if "@" in location:  # (redact's check, imported only where a URL may carry credentials)
+        from repo_manager.redact import check_no_userinfo  # noqa: PLC0415
+
+        check_no_userinfo(location, "the store location")
+    rest = location[len("s3://"):]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        from repo_manager.errors import StoreError  # noqa: PLC0415 - the error module only for an error
+
+        raise StoreError(f"store location {location!r} has no bucket", hint="write s3://BUCKET[/PREFIX]")
+    return bucket, prefix.strip("/")
+
+
+def s3_base_url(bucket: str, endpoint_url: str | None, region: str) -> str:
+    """Where ``bucket``'s objects are: the given endpoint, else the chain's ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL`` (path style), else AWS itself (virtual-host style when the name allows it)."""
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        return f"{endpoint.rstrip('/')}/{bucket}"
+    if "." in bucket:
+        return f"https://s3.{region}.amazonaws.com/{bucket}"
+    return f"https://{bucket}.s3.{region}.amazonaws.com"
+
+
+def object_url(base: str, key: str) -> str:
+    return f"{base}/{quote(key, safe='/~')}"
 
 
 class Signer:
@@ -82,3 +129,130 @@ class Signer:
                                     f"SignedHeaders={';'.join(names)}, Signature={signature}")
         del headers["host"]  # the HTTP client sends it
         return headers
+
+
+class Response:
+    """A whole HTTP answer: status, headers (lower-case names) and body."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+def signed_get(url: str, headers: dict[str, str], timeout: float = 10.0) -> Response:
+    """``GET url`` with ``headers`` (signed by the caller) on a new connection closed after the answer.
+
+    HTTP/1.1 with ``Connection: close``: the body ends where Content-Length says, or with the chunked
+    encoding's last chunk, or when the server closes. OSError for anything malformed or cut short (the
+    caller retries or gives up like for a refused connection)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise OSError(f"not an http(s) URL: {parts.scheme}://{parts.hostname}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    lines = [f"GET {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1", f"Host: {parts.netloc}",
+             *(f"{name}: {value}" for name, value in headers.items()), "Accept-Encoding: identity",
+             "Connection: close", "", ""]
+    request = "\r\n".join(lines).encode()
+    host: str | bytes = parts.hostname
+    if host.isascii():
+        host = host.encode()  # (a str host is encoded by the idna codec, one more import)
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        if parts.scheme == "https":
+            import ssl  # noqa: PLC0415 - only for TLS endpoints
+
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        sock.sendall(request)
+        received = bytearray()
+        head: _Head | None = None
+        while head is None or not head.complete(received):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            received += chunk
+            if len(received) > MAX_RESPONSE:
+                raise OSError(f"answer longer than {MAX_RESPONSE} bytes")
+            if head is None:
+                head = _Head.parse(received)
+    finally:
+        sock.close()
+    if head is None:
+        raise OSError("the connection closed before a whole answer arrived")
+    return Response(head.status, head.headers, head.body(received))
+
+
+class _Head:
+    """Status line and headers of an answer; where its body starts and how it ends."""
+
+    def __init__(self, status: int, headers: dict[str, str], offset: int) -> None:
+        self.status, self.headers, self.offset = status, headers, offset
+        self.empty = status in (204, 304) or 100 <= status < 200
+        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        if length is not None and not length.isdigit():
+            raise OSError(f"malformed Content-Length {length[:20]!r}")
+        self.length = int(length) if length is not None else None
+
+    @classmethod
+    def parse(cls, raw: bytes | bytearray) -> _Head | None:
+        """The head once ``raw`` holds all of it, else None."""
+        end = raw.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        status_line, *header_lines = bytes(raw[:end]).decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            raise OSError(f"not an HTTP/1.x answer: {status_line[:40]!r}")
+        headers: dict[str, str] = {}
+        for line in header_lines:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise OSError(f"malformed header line {line[:40]!r}")
+            headers[name.strip().lower()] = value.strip()
+        return cls(int(rest[:3]), headers, end + 4)
+
+    def complete(self, raw: bytes | bytearray) -> bool:
+        """True once ``raw`` holds the whole answer (a server that keeps the socket open is not waited for)."""
+        if self.empty:
+            return True
+        if self.chunked:
+            return raw.endswith(b"0\r\n\r\n") and _dechunk(raw, self.offset) is not None
+        return self.length is not None and len(raw) - self.offset >= self.length
+
+    def body(self, raw: bytes | bytearray) -> bytes:
+        """The payload; OSError when the server closed before all of it arrived."""
+        if self.empty:
+            return b""
+        if self.chunked:
+            payload = _dechunk(raw, self.offset)
+            if payload is None:
+                raise OSError("the connection closed in the middle of a chunked answer")
+            return payload
+        if self.length is None:
+            return bytes(raw[self.offset:])  # ends when the server closes
+        if len(raw) - self.offset < self.length:
+            raise OSError("the connection closed before the whole body arrived")
+        return bytes(raw[self.offset:self.offset + self.length])
+
+
+def _dechunk(raw: bytes | bytearray, position: int) -> bytes | None:
+    """The chunked encoding's payload from ``position`` on, or None while it is incomplete."""
+    out = bytearray()
+    while True:
+        end = raw.find(b"\r\n", position)
+        if end < 0:
+            return None
+        try:
+            size = int(bytes(raw[position:end]).split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise OSError("malformed chunked encoding") from None
+        if size < 0:
+            raise OSError("malformed chunked encoding")
+        if size == 0:
+            return bytes(out)
+        start = end + 2
+        if len(raw) < start + size + 2:
+            return None
+        out += raw[start:start + size]
+        position = start + size + 2

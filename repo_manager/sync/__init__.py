@@ -11,27 +11,39 @@ loads them.
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from repo_manager.sync.result import SyncProgress, SyncResult
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `noop` (in this package) is light
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from repo_manager.llm.node import NodeFacts
     from repo_manager.settings import Settings
     from repo_manager.storage import Store
     from repo_manager.sync.plan import SyncPlan
+    from repo_manager.sync.result import SyncProgress, SyncResult
 
-__all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "plan_sync", "sync", "sync_versions"]
+__all__ = ["SyncPlan", "SyncProgress", "SyncResult", "cache_dir_for", "execute", "node_cache", "plan_sync", "sync",
+           "sync_versions"]
 
 
 def cache_dir_for(settings: Settings) -> Path:
     """The node cache: ``settings.cache_dir``, else ``.trm-cache`` beside the repository (same
     filesystem, so files can be hard links)."""
-    if settings.cache_dir is not None:
-        return Path(settings.cache_dir)
-    return Path(settings.repository).absolute().parent / ".trm-cache"
+    from pathlib import Path  # noqa: PLC0415 - this package's import stays light (see noop.py)
+
+    return Path(node_cache(settings.repository, settings.cache_dir))
+
+
+def node_cache(repository: str | Path, cache_dir: str | Path | None) -> str:
+    """``cache_dir_for`` from the two settings it reads (`repo_manager/entry.py` has no Settings)."""
+    from repo_manager.sync.noop import absolute  # noqa: PLC0415
+
+    if cache_dir is not None:
+        return os.fspath(cache_dir)
+    return os.path.join(os.path.dirname(absolute(repository)), ".trm-cache")
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +51,10 @@ def __getattr__(name: str) -> Any:
         from repo_manager.sync.executor import execute  # noqa: PLC0415
 
         return execute
+    if name in ("SyncProgress", "SyncResult"):
+        from repo_manager.sync import result  # noqa: PLC0415
+
+        return getattr(result, name)
     if name == "SyncPlan":
         from repo_manager.sync.plan import SyncPlan  # noqa: PLC0415
 

@@ -26,7 +26,6 @@ once more from scratch, then reported; a bad blob is never installed.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import functools
@@ -454,6 +453,8 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 @functools.cache
 def _sync_file_range() -> Any:
+    import ctypes  # noqa: PLC0415 - only when blobs are written (ctypes is slow to import)
+
     try:
         function = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):

@@ -10,7 +10,6 @@ version it describes is in place. Pruning renames a version folder out of sight 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import time
@@ -67,6 +66,8 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
 
 def _exchange(a: Path, b: Path) -> None:
     """Swap two paths atomically (Linux renameat2); elsewhere two renames (a short gap)."""
+    import ctypes  # noqa: PLC0415 - only when a config or version is replaced (ctypes is slow to import)
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2

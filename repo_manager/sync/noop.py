@@ -11,9 +11,14 @@ environment into the same repository first asks the store for the pointer with `
   the full planner runs as before, so this path can only skip work, never change an outcome.
 
 The checks are the planner's own for a version it finds ``present`` (size per file, the manifest it was
-installed with, the config it serves), so both paths agree on what "unchanged" means. This module and
-what it imports are light on purpose (no protobuf, urllib3, botocore, rich): it is what an init
-container runs on every pod start.
+installed with, the config it serves), so both paths agree on what "unchanged" means.
+
+``quick`` is the same check before anything else of trm is imported (`repo_manager/entry.py` calls it for
+a plain ``trm sync s3://… --env E``): keys from the environment, one GET signed by ``storage.sigv4`` on a
+socket of its own, and the record says which object the pointer is. It answers the result as a dict,
+or None for the full CLI to take over. This module and what it imports are light on purpose (no typing,
+dataclasses, click, protobuf, urllib3, botocore, rich, not even http.client): it is what an init
+container runs on every pod start, and what the user measures against ``s5cmd sync``.
 """
 
 from __future__ import annotations
@@ -22,32 +27,48 @@ import hashlib
 import json
 import os
 import stat
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import time
 
-from repo_manager.sync.result import SyncResult
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see the module docstring)
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from repo_manager.storage import Store
     from repo_manager.sync.plan import SyncPlan
+    from repo_manager.sync.result import SyncResult
 
-STATE_SCHEMA = "trm.sync-state/1"
+STATE_SCHEMA = "trm.sync-state/2"  # /2 names the pointer's key; a /1 record means one full sync
 MANIFEST_NAME = "trm-manifest.json"  # repository.MANIFEST_NAME, without importing the repository module
 CONFIG_NAME = "config.pbtxt"
 
 
 def store_id(store: Store) -> str:
     """Names a store in the node cache (manifests and records of different stores never mix)."""
-    endpoint = getattr(store, "endpoint_url", None) or ""
-    return hashlib.sha256(f"{endpoint}|{store.location}".encode()).hexdigest()[:16]
+    return _store_id(store.location, getattr(store, "endpoint_url", None))
 
 
-def state_path(cache: Path, store: Store, env: str, repository: Path, selection: tuple[str, ...]) -> Path:
-    key = json.dumps([str(Path(repository).absolute()), env, sorted(selection)])
-    return Path(cache) / "state" / store_id(store) / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+def _store_id(location: str, endpoint_url: str | None) -> str:
+    return hashlib.sha256(f"{endpoint_url or ''}|{location}".encode()).hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
+def absolute(path: str | Path) -> str:
+    """``str(Path(path).absolute())`` without importing pathlib where the two agree (no ``..`` in it:
+    ``a/../b`` is not ``b`` when ``a`` is a symbolic link, and pathlib keeps it; so does this)."""
+    text = os.fspath(path)
+    if ".." in text.split("/"):
+        from pathlib import Path  # noqa: PLC0415
+
+        return str(Path(text).absolute())
+    return os.path.normpath(os.path.join(os.getcwd(), text))
+
+
+def state_path(cache: str | Path, sid: str, env: str, repository: str | Path, selection: tuple[str, ...]) -> str:
+    key = json.dumps([absolute(repository), env, sorted(selection)])
+    return os.path.join(cache, "state", sid, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json")
+
+
+def _sha256(path: str | Path) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
 
@@ -57,6 +78,10 @@ def record(plan: SyncPlan, store: Store) -> None:
     cannot be written only means the next sync plans in full)."""
     if plan.env is None or plan.pointer_etag is None:
         return
+    from pathlib import Path  # noqa: PLC0415
+
+    from repo_manager.storage import env_key  # noqa: PLC0415 - the planner imported it already
+
     repo = Path(plan.repository)
     models: dict[str, Any] = {}
     try:
@@ -67,32 +92,33 @@ def record(plan: SyncPlan, store: Store) -> None:
                 "manifest_sha256": _sha256(folder / MANIFEST_NAME),
                 "config_sha256": _sha256(repo / action.model / CONFIG_NAME),
                 "files": [[f.path, f.size] for f in action.manifest.files]}
-        path = state_path(plan.cache, store, plan.env, repo, plan.selection)
+        path = Path(state_path(plan.cache, store_id(store), plan.env, repo, plan.selection))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps({"schema": STATE_SCHEMA, "etag": plan.pointer_etag, "env": plan.env,
-                                   "models": models}))
+                                   "pointer": env_key(plan.env), "models": models}))
         os.replace(tmp, path)
     except OSError:
         return
 
 
-def _serves(repo: Path, models: dict[str, Any]) -> bool:
+def _serves(repo: str | Path, models: dict[str, Any]) -> bool:
     """True if ``repo`` still holds exactly the recorded versions (local stats and two small reads per
     model); any surprise, including a malformed record, is False."""
     try:
         for model, entry in models.items():
             if "/" in model or model in (".", ".."):
                 return False
-            model_dir = repo / model
-            folder = model_dir / str(int(entry["version"]))
+            model_dir = os.path.join(repo, model)
+            folder = os.path.join(model_dir, str(int(entry["version"])))
             if not stat.S_ISDIR(os.lstat(model_dir).st_mode) or not stat.S_ISDIR(os.lstat(folder).st_mode):
                 return False
-            if _sha256(folder / MANIFEST_NAME) != entry["manifest_sha256"] or \
-                    _sha256(model_dir / CONFIG_NAME) != entry["config_sha256"]:
+            if _sha256(os.path.join(folder, MANIFEST_NAME)) != entry["manifest_sha256"] or \
+                    _sha256(os.path.join(model_dir, CONFIG_NAME)) != entry["config_sha256"]:
                 return False
+            prefix = folder + os.sep
             for relative, size in entry["files"]:
-                info = os.lstat(folder / relative)
+                info = os.lstat(prefix + relative)  # (relative paths were checked when the manifest was read)
                 if not stat.S_ISREG(info.st_mode) or info.st_size != size:
                     return False
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -100,22 +126,32 @@ def _serves(repo: Path, models: dict[str, Any]) -> bool:
     return True
 
 
+def _read_state(path: str, env: str) -> tuple[str, dict[str, Any], str] | None:
+    """(the pointer's tag, models, the pointer's key in the store) of a well-formed record, else None."""
+    try:
+        with open(path, "rb") as handle:
+            state = json.loads(handle.read())
+        etag, models, pointer = state["etag"], state["models"], state["pointer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if state.get("schema") != STATE_SCHEMA or state.get("env") != env or not isinstance(etag, str) \
+            or not isinstance(models, dict) or not models or not isinstance(pointer, str) or not pointer:
+        return None
+    return etag, models, pointer
+
+
 def try_unchanged(store: Store, cache: Path, repository: Path, env: str,
                   selection: tuple[str, ...] = ()) -> SyncResult | None:
     """The result of an unchanged sync, or None when the full planner must run."""
-    import time  # noqa: PLC0415
+    from repo_manager.sync.result import SyncResult  # noqa: PLC0415
 
     started = time.monotonic()
-    try:
-        state = json.loads(state_path(cache, store, env, repository, selection).read_bytes())
-        etag, models = state["etag"], state["models"]
-        if state.get("schema") != STATE_SCHEMA or state.get("env") != env or not isinstance(etag, str) \
-                or not isinstance(models, dict) or not models:
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
+    found = _read_state(state_path(cache, store_id(store), env, repository, selection), env)
+    if found is None:
         return None
+    etag, models, _ = found
     pointer = store.get_env_if_changed(env, etag)
-    if (pointer is not None and pointer.etag != etag) or not _serves(Path(repository), models):
+    if (pointer is not None and pointer.etag != etag) or not _serves(repository, models):
         # (a service that ignores If-None-Match answers 200 with the same tag: still unchanged)
         return None
     return SyncResult(store=store.location, env=env, repository=str(repository),
@@ -123,3 +159,43 @@ def try_unchanged(store: Store, cache: Path, repository: Path, env: str,
                       pruned=(), kept_loaded=(), bytes_downloaded=0, bytes_resumed=0, bytes_reused=0,
                       files=sum(len(e["files"]) for e in models.values()), blobs_downloaded=0, remote_reads=1,
                       gc_removed=0, gc_freed_bytes=0, seconds=time.monotonic() - started, unchanged=True)
+
+
+def quick(location: str, endpoint_url: str | None, cache: str, repository: str, env: str,
+          selection: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """``try_unchanged(...).to_dict()`` for an S3 store with keys in the environment, without the store
+    classes; None whenever the full path must decide (no record, a moved pointer, keys elsewhere in the
+    AWS chain, an error of any kind: the full path retries and reports it)."""
+    from repo_manager.storage import sigv4  # noqa: PLC0415
+
+    started = time.monotonic()
+    credentials = sigv4.env_keys()
+    if credentials is None or not location.startswith("s3://"):
+        return None
+    try:
+        bucket, prefix = sigv4.parse_s3_url(location)
+    except Exception:  # noqa: BLE001 - the full path reports a bad location
+        return None
+    location = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")  # as S3Store names it
+    found = _read_state(state_path(cache, _store_id(location, endpoint_url), env, repository, selection), env)
+    if found is None:
+        return None
+    etag, models, pointer = found
+    keys, region = credentials
+    try:
+        url = sigv4.object_url(sigv4.s3_base_url(bucket, endpoint_url, region),
+                               f"{prefix}/{pointer}" if prefix else pointer)
+        headers = sigv4.Signer(region).get_headers(url, keys)
+        headers["If-None-Match"] = etag
+        response = sigv4.signed_get(url, headers)
+    except (OSError, ValueError):  # unreachable, malformed endpoint …: the full path retries and reports
+        return None
+    if not (response.status == 304 or (response.status == 200 and response.headers.get("etag") == etag)) \
+            or not _serves(repository, models):
+        return None
+    return {"store": location, "env": env, "repository": str(repository),
+            "models": {m: int(e["version"]) for m, e in models.items()}, "installed": [], "configs_replaced": [],
+            "pruned": [], "kept_loaded": [], "bytes_downloaded": 0, "bytes_resumed": 0, "bytes_reused": 0,
+            "files": sum(len(e["files"]) for e in models.values()), "blobs_downloaded": 0, "remote_reads": 1,
+            "gc_removed": 0, "gc_freed_bytes": 0, "seconds": round(time.monotonic() - started, 3), "unchanged": True,
+            "throughput_mb_s": 0.0}

@@ -142,14 +142,10 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
         result = _sync_in_full(ctx, settings, source, env, models, prune, dry_run, limit_rate)
         if result is None:
             return
-    state = "unchanged" if result.unchanged else (f"installed {', '.join(result.installed)}" if result.installed
-                                                  else "up to date")
-    text = (f"synced {result.env or 'newest versions'} from {result.store}: {state}; "
-            f"{result.bytes_downloaded} bytes downloaded, {result.bytes_reused} reused from the cache, "
-            f"{result.files} files in {result.seconds:.2f} s ({result.throughput_mb_s} MB/s)")
-    if result.pruned or result.kept_loaded:
-        text += f"\npruned {list(result.pruned)}; kept (loaded) {list(result.kept_loaded)}"
-    ctx.emit(result.to_dict(), text)
+    from repo_manager.entry import sync_summary  # noqa: PLC0415 - the quick path prints the same text
+
+    data = result.to_dict()
+    ctx.emit(data, sync_summary(data))
 
 
 def _sync_in_full(ctx: Context, settings, source, env: str | None, models: tuple[str, ...], prune: bool,
