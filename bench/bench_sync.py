@@ -9,7 +9,9 @@ scripts/setup.sh installs it), s5cmd's binary, ``aws``, all from the same neutra
 Each run is timed as wall time; the tool's peak RSS and CPU seconds (user + system) come from ``wait4``
 (through GNU time), and the S3 server's CPU seconds during the run from /proc (on a small machine the
 client and the server share the cores: the sum is what bounds a multi-GB transfer). CPU seconds are what
-a loaded machine does not blur.
+a loaded machine does not blur. Every run starts after ``sync(2)``: s5cmd and aws exit with their files
+still dirty in the page cache (trm fsyncs before a version appears), and whichever tool ran next would
+otherwise pay for that writeback.
 
 Scenarios (each repetition has its own empty node, so a median is over independent nodes):
 
@@ -62,12 +64,18 @@ VERIFIES = {
 
 
 def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds a running process has used so far (/proc), 0 when unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError, TypeError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds a running process and its descendants have used so far (/proc); 0 when
+    unknown. (The server's pid is trm's reaper; ``weed`` is its child.)"""
+    total, stack = 0.0, [pid] if pid else []
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            stack += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def timed(command: list[str], env: dict[str, str], cwd: Path | None = None, server_pid: int | None = None) -> dict:
@@ -76,6 +84,7 @@ def timed(command: list[str], env: dict[str, str], cwd: Path | None = None, serv
     The RSS comes from ``wait4`` in GNU time (``%M``), not in this process: a child forked from this
     (large) Python process inherits its high-water mark until it execs, so its own ``wait4`` would report
     the benchmark's memory rather than the tool's."""
+    os.sync()  # no run pays for the writeback of an earlier one (s5cmd and aws leave their files dirty)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         server_before = cpu_seconds(server_pid)
         started = time.perf_counter()

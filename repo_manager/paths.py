@@ -20,12 +20,15 @@ rewrite the target while trm runs could write into it directly anyway.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from repo_manager.errors import InputError, IntegrityError
@@ -154,6 +157,25 @@ def remove_tree(root: Path, folder: Path) -> bool:
         return True
     shutil.rmtree(folder, ignore_errors=True)  # rmtree itself never follows links inside the tree
     return True
+
+
+LOCAL_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+"""Errors of a write the node refused (full, over quota or a file-size limit, read-only, not allowed)."""
+
+
+@contextmanager
+def node_writes(what: str, folder: Path) -> Iterator[None]:
+    """Turn a local write the node refuses (disk full mid-way, quota, read-only …) into InputError (exit
+    3) naming ``what`` and ``folder``; anything else passes through unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in LOCAL_WRITE_ERRNOS:
+            raise
+        raise InputError(f"{what} could not write in {folder}: {exc.strerror or exc}",
+                         hint="free some space (`trm sync --prune` removes unused blobs), or check the "
+                              "folder's permissions and limits; a sync resumes where it stopped",
+                         path=str(folder)) from exc
 
 
 def check_free_space(folder: Path, needed: int, what: str) -> None:

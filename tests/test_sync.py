@@ -136,6 +136,60 @@ def test_sync_killed_mid_download_resumes_and_never_shows_a_partial_version(caps
     assert LocalRepository(dst).validate() == []
 
 
+def _file_size_limit(limit: int):
+    """A real refused write for a child process: RLIMIT_FSIZE (writes past it fail with EFBIG, SIGXFSZ
+    ignored), what a full disk or a quota does to a sync part-way."""
+    import resource  # noqa: PLC0415
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_node_that_refuses_a_write_is_exit_3_and_the_next_sync_completes(capsys, s3_location, tmp_path):
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    weights = pseudo_random(12 * MB, 9)
+    make_version(src, "m", {"weights.bin": weights, "model.py": b"# m"})
+    _push(capsys, src, s3_location)
+    env = {"TRM_SYNC_PART_SIZE": str(MB)}
+    refused = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json", env=env,
+                          preexec_fn=_file_size_limit(5 * MB))
+    code, summary, err = finish(refused)
+    assert code == 3, err  # not an internal error: the node's refusal, named, with what to do
+    assert err.count("\n") <= 2 and "could not write" in err and "File too large" in err, err
+    assert not (dst / "m" / "1").exists()  # nothing half-installed
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json", env=env))
+    assert code == 0, err
+    assert summary["installed"] == ["m/1"]
+    assert summary["bytes_downloaded"] + summary["bytes_resumed"] == len(weights)  # model.py: kept in the cache
+    assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
+
+
+def test_the_writer_thread_reports_a_failed_write_and_stops_the_receivers(tmp_path):
+    import errno  # noqa: PLC0415
+
+    from repo_manager.sync.cache import UNIT, _StreamHasher  # noqa: PLC0415
+
+    (tmp_path / "data").write_bytes(b"")
+    (tmp_path / "done").mkdir()
+    fd = os.open(tmp_path / "data", os.O_RDONLY)  # every write fails (EBADF), like a disk that went away
+    try:
+        hasher = _StreamHasher(fd, 2 * UNIT, [2 * UNIT], [0], tmp_path / "done")
+        hasher.feed(0, bytes(UNIT))
+        hasher.thread.join(10)
+        assert not hasher.thread.is_alive()
+        with pytest.raises(OSError):  # a receiver stops at its next unit
+            hasher.feed(0, bytes(UNIT))
+        with pytest.raises(OSError) as caught:
+            hasher.finish()
+        assert caught.value.errno == errno.EBADF
+        assert not (tmp_path / "done" / "0").exists()  # nothing marked as written
+    finally:
+        os.close(fd)
+
+
 def test_two_syncs_on_one_node_share_the_cache_without_downloading_twice(capsys, s3_location, tmp_path):
     files = {f"shard-{i}.bin": pseudo_random(3 * MB, 10 + i) for i in range(3)}
     files.update({f"small/{i}.txt": f"file {i}".encode() for i in range(20)})

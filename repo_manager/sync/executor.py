@@ -159,15 +159,17 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     limit = RateLimit(limit_bytes_per_s)
     paths.check_free_space(cache.root, plan.fetch_bytes, "this sync")
     progress.start(plan.fetch_bytes, len(plan.fetch))
-    downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
+    with paths.node_writes("this sync", cache.root):
+        downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
     installed, configs = [], []
-    for action in plan.models:
-        if action.action in (INSTALL, REPLACE) and materialize(store, cache, repo, action, limit):
-            installed.append(f"{action.model}/{action.version}")
-            progress.message(f"installed {action.model}/{action.version}")
-        if (action.config_change or action.action != PRESENT) and config_differs(repo, action.manifest):
-            replace_config(repo, action)
-            configs.append(action.model)
+    with paths.node_writes("this sync", repo.root):
+        for action in plan.models:
+            if action.action in (INSTALL, REPLACE) and materialize(store, cache, repo, action, limit):
+                installed.append(f"{action.model}/{action.version}")
+                progress.message(f"installed {action.model}/{action.version}")
+            if (action.config_change or action.action != PRESENT) and config_differs(repo, action.manifest):
+                replace_config(repo, action)
+                configs.append(action.model)
     pruned, kept = [], []
     for item in plan.prune:
         if item.remove:
