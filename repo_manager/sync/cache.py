@@ -271,6 +271,8 @@ class BlobCache:
                     self._receive(store.read_blob(digest, start + kept, length - kept), length - kept, digest,
                                   on_bytes, limit, lambda unit: hasher.feed(index, unit))
                     return length - kept
+                except _Aborted:
+                    return 0  # another part (or the writer) failed: its error is what the caller sees
                 except BaseException:
                     hasher.abort()
                     raise
@@ -494,6 +496,10 @@ def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+class _Aborted(Exception):
+    """A receiver's signal that its blob's download already failed elsewhere (never reported itself)."""
+
+
 class _StreamHasher:
     """Writes a file whose parts arrive in parallel, in file order, hashing each unit as it writes it.
 
@@ -532,7 +538,7 @@ class _StreamHasher:
     def feed(self, index: int, unit: bytes) -> None:
         with self.cond:
             if self.failed:
-                raise OSError("the download of this blob failed")  # stop receiving: the error is reported
+                raise _Aborted  # stop receiving: the failure that caused it is what gets reported
             self.pending.setdefault(index, deque()).append(unit)
             if index == self.position:
                 self.cond.notify_all()
