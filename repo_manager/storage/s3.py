@@ -47,7 +47,16 @@ from repo_manager.errors import (
 )
 from repo_manager.manifest import sha256_file
 from repo_manager.storage.base import Store
-from repo_manager.storage.sigv4 import Signer, env_keys, frozen, object_url, parse_s3_url, s3_base_url, signed_get
+from repo_manager.storage.sigv4 import (
+    Signer,
+    env_keys,
+    frozen,
+    object_url,
+    parse_s3_url,
+    s3_base_url,
+    s3_endpoint,
+    signed_get,
+)
 
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
 PART_SIZE = 16 * 1024 * 1024
@@ -308,8 +317,7 @@ class SignedReader:
         self.buffers = BufferPool(READ_UNIT)
         self.credentials, self.region = _credentials_and_region()
         self.base = s3_base_url(bucket, endpoint_url, self.region)
-        self.endpoint = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-                         or "AWS S3")
+        self.endpoint = s3_endpoint(endpoint_url) or "AWS S3"
         self.bucket = bucket
         self.signer = Signer(self.region)
 

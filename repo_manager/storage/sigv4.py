@@ -77,10 +77,16 @@ def parse_s3_url(location: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def s3_endpoint(endpoint_url: str | None) -> str | None:
+    """The S3-compatible endpoint in use: the given one, else the chain's ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL``; None for AWS itself."""
+    return endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
 def s3_base_url(bucket: str, endpoint_url: str | None, region: str) -> str:
-    """Where ``bucket``'s objects are: the given endpoint, else the chain's ``AWS_ENDPOINT_URL_S3`` /
-    ``AWS_ENDPOINT_URL`` (path style), else AWS itself (virtual-host style when the name allows it)."""
-    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    """Where ``bucket``'s objects are: ``s3_endpoint`` (path style), else AWS itself (virtual-host style
+    when the name allows it)."""
+    endpoint = s3_endpoint(endpoint_url)
     if endpoint:
         return f"{endpoint.rstrip('/')}/{bucket}"
     if "." in bucket:

@@ -484,9 +484,9 @@ def _start_writeback(fd: int, start: int, length: int) -> None:
 
 
 WRITE_SLICE = 256 * 1024
-"""Largest single write. The page cache backs a write with folios of about its size, and 1 MiB ones
-cost from 1x to 8x more system CPU than 256 KiB ones from run to run (measured here: 2 GiB written in
-1 MiB calls took 0.5-3.9 CPU-s, in 256 KiB calls 0.46-0.52), the larger part of trm's CPU in a sync."""
+"""Largest single write. In a write-only micro-benchmark on the development VM, 2 GiB written in 1 MiB
+calls took 0.5-3.9 system CPU-s from run to run and in 256 KiB calls a steady 0.46-0.52; in whole syncs
+the difference was within the noise (the one-writer change is what moved them)."""
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
