@@ -27,10 +27,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 
@@ -142,21 +145,29 @@ sys.exit(code)
 """
 
 
-def spawn(command: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
-          cwd: str | Path | None = None, death_signal: int = signal.SIGKILL) -> subprocess.Popen:
-    """Start ``command`` in a new session under the group reaper, output appended to ``log_path``: it and
-    everything it starts are killed with trm (``death_signal`` to the group)."""
+def spawn(command: Sequence[str], *, log_path: Path | None = None, output: tuple[IO, IO] | None = None,
+          env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+          death_signal: int = signal.SIGKILL) -> subprocess.Popen:
+    """Start ``command`` in a new session under the group reaper, output appended to ``log_path`` (or to the
+    two open files of ``output``, stdout and stderr): it and everything it starts are killed with trm
+    (``death_signal`` to the group)."""
     command = list(command)
     if shutil.which(command[0]) is None:  # the reaper would only report it in the log: say it here
         raise FileNotFoundError(2, "No such file or directory", command[0])
     setter = _death_signal_setter(signal.SIGUSR2)
     reaper = [sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(int(death_signal)), str(os.getpid()), *command]
 
+    def start(stdout: IO | int, stderr: IO | int) -> subprocess.Popen:
+        return subprocess.Popen(reaper, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                                preexec_fn=setter)
+
     def popen() -> subprocess.Popen:
+        if output is not None:
+            return start(*output)
+        assert log_path is not None, "spawn needs a log_path or an output"
         with open(log_path, "ab") as log:
-            return subprocess.Popen(reaper, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None,
-                                    cwd=cwd, start_new_session=True, preexec_fn=setter)
+            return start(log, subprocess.STDOUT)
 
     if threading.current_thread() is threading.main_thread():
         return popen()
@@ -166,11 +177,13 @@ def spawn(command: Sequence[str], *, log_path: Path, env: Mapping[str, str] | No
 class ManagedProcess:
     """A child process with a log file, stopped as a whole process group. See the module docstring."""
 
-    def __init__(self, command: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+    def __init__(self, command: Sequence[str], *, log_path: Path | None = None,
+                 output: tuple[IO, IO] | None = None, env: Mapping[str, str] | None = None,
                  cwd: str | Path | None = None, stop_signal: int = signal.SIGTERM,
                  death_signal: int = signal.SIGKILL) -> None:
         self.command = list(command)
-        self.log_path = Path(log_path)
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.output = output
         self.env = env
         self.cwd = cwd
         self.stop_signal = stop_signal
@@ -189,8 +202,8 @@ class ManagedProcess:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> ManagedProcess:
-        self.process = spawn(self.command, log_path=self.log_path, env=self.env, cwd=self.cwd,
-                             death_signal=self.death_signal)
+        self.process = spawn(self.command, log_path=self.log_path, output=self.output, env=self.env,
+                             cwd=self.cwd, death_signal=self.death_signal)
         return self
 
     def wait(self) -> int:
@@ -199,7 +212,7 @@ class ManagedProcess:
         return self.process.wait()
 
     def log_tail(self, lines: int = 20) -> str:
-        if not self.log_path.exists():
+        if self.log_path is None or not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -233,6 +246,43 @@ class ManagedProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a shell command run by ``run_command`` ended with."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_command(command: str | Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+                cwd: str | Path | None = None) -> CommandResult:
+    """A short command run to its end: an operator's shell command line (a string: a rollout's drain/restore
+    command, a promotion's eval gate) or a program and its arguments (a list: nvidia-smi). Run like
+    ``subprocess.run(command, shell=isinstance(command, str), capture_output=True, text=True)`` but as a
+    managed child: it and
+    everything it starts die with trm, a SIGKILL of trm included; at ``timeout_s``, or when trm is
+    interrupted, its whole process group is stopped. What it left running in its group when it exits is
+    killed too (a drain command cannot leave a helper behind). Raises ``subprocess.TimeoutExpired`` (after
+    stopping it) and ``FileNotFoundError`` when the program (or /bin/sh) is missing."""
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = ManagedProcess(argv, output=(out, err), env=env, cwd=cwd)
+        try:
+            process.start()
+            assert process.process is not None
+            try:
+                process.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                raise subprocess.TimeoutExpired(argv, timeout_s) from None
+        finally:
+            process.stop(timeout_s=5.0)
+        out.seek(0)
+        err.seek(0)
+        return CommandResult(process.returncode if process.returncode is not None else -1,
+                             out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -89,6 +89,28 @@ def select_versions(repo: LocalRepository, selections: list[tuple[str, int | Non
     return chosen
 
 
+def with_members(repo: LocalRepository, chosen: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``chosen`` with every ensemble's pinned members (and theirs) added, each once, members before the
+    ensembles that pin them: a reader that finds an ensemble's manifest in the store finds its members."""
+    ordered: list[tuple[str, int]] = []
+    seen: set[tuple[str, int]] = set()
+
+    def visit(item: tuple[str, int], path: tuple[tuple[str, int], ...]) -> None:
+        if item in seen:
+            return
+        if item in path:
+            raise UsageError(f"ensemble {item[0]} version {item[1]} names itself among its members",
+                             model=item[0], version=item[1])
+        for member in sorted(repo.manifest(*item).members.items()):  # NotFoundError: a member not local
+            visit(member, (*path, item))
+        seen.add(item)
+        ordered.append(item)
+
+    for item in chosen:
+        visit(item, ())
+    return ordered
+
+
 def upload_blobs(store: Store, repo: LocalRepository, manifest: Manifest) -> tuple[int, int]:
     """Upload the version's files the store lacks; (count, bytes) uploaded."""
     folder = repo.version_dir(manifest.model, manifest.version)
@@ -137,16 +159,18 @@ def push(store: Store, repo: LocalRepository, selections: list[tuple[str, int | 
     if env is not None:
         check_env_name(env)
     pushed = []
-    for model, version in select_versions(repo, selections):
+    chosen = select_versions(repo, selections)
+    for model, version in with_members(repo, chosen):
         result = push_version(store, repo, model, version)
-        progress(f"{model}/{version}: " + ("already in the store" if result.already_present else
-                                           f"{result.blobs_uploaded} blobs, {result.bytes_uploaded} bytes uploaded"))
+        member = "" if (model, version) in chosen else " (ensemble member)"
+        progress(f"{model}/{version}{member}: " + ("already in the store" if result.already_present else
+                 f"{result.blobs_uploaded} blobs, {result.bytes_uploaded} bytes uploaded"))
         pushed.append(result)
     env_models: dict[str, int] = {}
-    if env is not None:
+    if env is not None:  # the chosen models: an ensemble's members come with it when a node syncs it
         newest: dict[str, int] = {}
-        for item in pushed:
-            newest[item.model] = max(newest.get(item.model, 0), item.version)
+        for model, version in chosen:
+            newest[model] = max(newest.get(model, 0), version)
         env_models = store.update_env(env, newest).models
         progress(f"environment {env} now serves {newest}")
     return PushResult(store.location, tuple(pushed), env, env_models, time.monotonic() - started)

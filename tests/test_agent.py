@@ -266,3 +266,35 @@ def test_a_change_that_fails_on_one_model_moves_no_model(capsys, tmp_path):
         assert agent.stop() == 0
     finally:
         fleet.stop()
+
+
+def test_a_set_refused_for_a_file_missing_from_the_store_is_tried_again_once_the_file_is_back(capsys, tmp_path):
+    """The pointer names a version one of whose blobs is missing from the store (a push cut short, a
+    copy still under way): the sync refuses it and the server keeps serving; once the file is back,
+    under the same pointer, the agent converges on its own after the backoff (no new promotion)."""
+    from agent_helpers import Fleet  # noqa: PLC0415
+
+    location, src = str(tmp_path / "store"), tmp_path / "src"
+    publish(capsys, src, location, "a", 1)
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"n": 1}, interval=0.2)
+    try:
+        fleet.start()
+        agent = fleet.agents["n-pod1"]
+        agent.wait_serving({"a": 1})
+        publish(capsys, src, location, "a", 2, env=None)
+        store = open_store(location)
+        old = {f.sha256 for f in store.get_manifest("a", 1).files}
+        [new] = [f.sha256 for f in store.get_manifest("a", 2).files if f.sha256 not in old]
+        blob = tmp_path / "store" / "blobs" / "sha256" / new
+        kept = blob.read_bytes()
+        blob.unlink()
+        store.update_env("production", {"a": 2})
+        status = agent.wait(lambda s: s["state"] == "degraded", what="refusal")
+        assert status["served"] == {"a": 1} and status["ready"] and "sync" in status["degraded_reason"]
+        assert status["refused"]["stage"] == "sync"
+        blob.write_bytes(kept)
+        status = agent.wait_serving({"a": 2}, timeout=60)
+        assert status["rollouts"]["refused"] >= 1 and status["pointer"]["changed"] == 2  # the pointer stayed
+        assert agent.stop() == 0
+    finally:
+        fleet.stop()

@@ -346,3 +346,85 @@ def test_sigkilled_owner_takes_seaweed_with_it(tmp_path):
     # the managed pid is the group reaper; weed runs under it
     assert pid in tree and any(name.endswith("weed") for _, name in tree.values())
     assert_all_gone(tree)
+
+
+# ------------------------------------------------------------------- operator commands (run_command)
+
+def _alive(pid: int) -> bool:
+    return _start_time(pid) is not None
+
+
+@pytest.mark.parametrize("command", ["echo out; echo err >&2; exit 3", "printf 'a\\nb'", "kill -TERM $$",
+                                     "exit 0", "cat", "echo $TRM_X", "nonexistent-program-xyz"])
+def test_run_command_answers_like_subprocess_run(command):
+    """What the drain, restore and eval commands see and return is what subprocess.run(shell=True) gives."""
+    from repo_manager.process import run_command  # noqa: PLC0415
+
+    env = dict(os.environ, TRM_X="x-value")
+    expected = subprocess.run(command, shell=True, capture_output=True, text=True, env=env,
+                              stdin=subprocess.DEVNULL, timeout=30)
+    got = run_command(command, env=env, timeout_s=30)
+    assert (got.returncode, got.stdout, got.stderr) == (expected.returncode, expected.stdout, expected.stderr)
+
+
+def test_run_command_stops_the_whole_group_at_its_timeout_and_after_it_exits(tmp_path):
+    from repo_manager.process import run_command  # noqa: PLC0415
+
+    pids = tmp_path / "pids"
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_command(f"sleep 300 & echo $! > {pids}; sleep 300", timeout_s=1.0)
+    assert time.monotonic() - started < 15
+    wait_for(lambda: not _alive(int(pids.read_text())), "the backgrounded sleep to be stopped", 10)
+
+    done = run_command("sleep 300 & echo $!", timeout_s=30)  # the command exits, its helper stays behind
+    assert done.returncode == 0
+    wait_for(lambda: not _alive(int(done.stdout)), "the left-behind sleep to be stopped", 10)
+
+
+def test_sigkilled_owner_takes_its_operator_command_with_it(tmp_path):
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from repo_manager.process import run_command; "
+              "print('go', flush=True); run_command('sleep 300 & sleep 300', timeout_s=600)")
+    owner = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent.parent)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "go"
+        wait_for(lambda: sum(name.endswith("sleep") for _, name in descendants(owner.pid).values()) == 2,
+                 "both sleeps to start", 30)
+        tree = descendants(owner.pid)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert_all_gone(tree)
+
+
+def test_sigkilled_rollout_takes_its_drain_command_with_it(tmp_path):
+    """`trm rollout --drain-cmd` killed with SIGKILL while the operator's command runs: nothing of it stays."""
+    import rollout_models as rm  # noqa: PLC0415
+
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.serving import load_version  # noqa: PLC0415
+
+    repo = tmp_path / "repo"
+    rm.tagged(repo, "m", 1)
+    server = TritonServer(repo).start()
+    try:
+        with TritonClient(server.url) as client:
+            load_version(client, LocalRepository(repo), "m", 1)
+        rm.tagged(repo, "m", 2)
+        marker = tmp_path / "draining"
+        proc = trm("-q", "rollout", "m", "--version", "2", "--url", server.url, "--repo", repo,
+                   "--memory-budget", "10", "--drain-cmd", f"touch {marker}; sleep 300 & sleep 300",
+                   "--restore-cmd", "true", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: marker.exists() and sum(name.endswith("sleep") for _, name in
+                                                     descendants(proc.pid).values()) == 2, "the drain command")
+            tree = descendants(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert_all_gone(tree)
+        with TritonClient(server.url) as client:  # killed before the swap: still serving v1
+            assert client.is_ready()
+    finally:
+        server.stop()

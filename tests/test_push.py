@@ -242,3 +242,31 @@ def test_export_of_nothing_is_an_error_not_an_empty_success(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
     assert run_cli(capsys, "export", store, tmp_path / "out", "--env", "prod", "--model", "m").code == 0
     assert (tmp_path / "out" / "m" / "1" / "model.py").read_bytes() == b"# v1"
+
+
+def test_pushing_an_ensemble_alone_pushes_its_members_first_and_a_node_serves_it(capsys, tmp_path):
+    """`trm push --model pipe:1 --env prod`: the members the ensemble pins go to the store too (before
+    it), the pointer names the ensemble, and a node that syncs the pointer serves the whole pipeline."""
+    import rollout_models as rm  # noqa: PLC0415
+
+    src, location = tmp_path / "src", str(tmp_path / "store")
+    version = rm.ensemble(src, 1)
+    members = LocalRepository(src).manifest("pipe", version).members
+    assert set(members) == {"pre", "post"}
+    pushed = _cli_ok(capsys, "push", location, "--repo", src, "--model", f"pipe:{version}", "--env", "prod")
+    order = [(v["model"], v["version"]) for v in pushed["versions"]]
+    assert sorted(order[:2]) == sorted(members.items()) and order[2] == ("pipe", version), order
+    store = open_store(location)
+    assert store.get_env("prod").models == {"pipe": version}
+    for member, member_version in members.items():
+        assert store.get_manifest(member, member_version).files
+    node = tmp_path / "node"
+    synced = _cli_ok(capsys, "sync", location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache")
+    assert set(synced["installed"]) == {f"pipe/{version}", *(f"{m}/{v}" for m, v in members.items())}
+    with TritonServer(node) as server, TritonClient(server.url) as client:
+        for name in ("pre", "post", "pipe"):
+            client.load(name)
+        out = client.infer("pipe", {"X": np.ones((1, rm.FEATURES), np.float32)})
+        assert out["Y"].tolist() == [[2.0] * rm.FEATURES]
+    again = _cli_ok(capsys, "push", location, "--repo", src, "--model", f"pipe:{version}")
+    assert all(v["already_present"] for v in again["versions"]) and len(again["versions"]) == 3

@@ -14,8 +14,10 @@ It composes trm's one-node operations rather than repeating them:
 
 A version that fails (it does not load, does not answer, is corrupt in the store, cannot run on the
 node) is *refused*: whatever was moved is rolled back, the server keeps serving the last good versions,
-the agent reports ``degraded`` with the reason and tries again only when the pointer moves, with a
-backoff when it moves back to a set that already failed. Transient failures (store or Triton
+the agent reports ``degraded`` with the reason and tries again when the pointer moves, with a backoff
+when it moves back to a set that already failed. A set refused by the sync (files missing or corrupt in
+the store) is also tried again, with the same backoff, while the pointer stays: pushing the files again
+repairs it without a new promotion. Transient failures (store or Triton
 unreachable) are retried with a backoff. Nothing in the loop raises out of it: the agent never exits on
 a bad version, so Kubernetes never restarts it into a crash loop.
 
@@ -251,7 +253,8 @@ class Agent:
                     if self._pruned_for != _key(wanted):
                         self._prune(wanted)
                 return
-            if self.refused is not None and self.refused["etag"] == self.pointer.etag:
+            if self.refused is not None and self.refused["etag"] == self.pointer.etag and not (
+                    self.refused["stage"] == "sync" and time.monotonic() >= self.refused_until[_key(wanted)]):
                 self._verify_served(client)
                 self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
                 return
@@ -354,7 +357,7 @@ class Agent:
                 result = sync_versions(self.settings, self.store, wanted)
             metrics.count_sync(result.bytes_downloaded, result.bytes_reused)
         except REFUSALS as exc:
-            self._refuse(wanted, pointer_tag, f"sync: {exc.message.splitlines()[0]}", record, t0)
+            self._refuse(wanted, pointer_tag, f"sync: {exc.message.splitlines()[0]}", record, t0, stage="sync")
             return
         except TrmError as exc:
             self._transient(exc)
@@ -520,14 +523,18 @@ class Agent:
                 self.log("could not roll back", model=model, version=previous, error=exc.message)
 
     def _refuse(self, wanted: dict[str, int], etag: str | None, reason: str, record: dict[str, Any],
-                t0: float) -> None:
+                t0: float, *, stage: str = "rollout") -> None:
+        """Keep serving the last good set and report why. A refusal of the store's content (``stage``
+        "sync": a file missing or corrupt in the store) is tried again after the backoff even while the
+        pointer stays (the files can be pushed again under the same pointer; a retry downloads only what
+        is missing); a version that failed on the server is tried again only when the pointer moves."""
         key = _key(wanted)
         with self._lock:
             self.failures[key] += 1
             delay = min(self.options.backoff_s * 2 ** (self.failures[key] - 1), self.options.backoff_max_s)
             self.refused_until[key] = time.monotonic() + delay  # a pointer moving back here waits this long
             self.refused = {"models": dict(wanted), "etag": etag, "reason": reason, "at": now_iso(),
-                            "failures": self.failures[key], "retry_after_s": delay}
+                            "failures": self.failures[key], "retry_after_s": delay, "stage": stage}
             self.rollouts["refused"] += 1
             self.last_rollout = record | {"outcome": "refused", "reason": reason,
                                           "seconds": round(time.monotonic() - t0, 3)}

@@ -19,6 +19,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
+from repo_manager.process import run_command
+
 MIB = 1024**2
 
 
@@ -97,15 +99,15 @@ def _probe_nvidia_smi() -> tuple[list[GpuFacts], str | None, str | None]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise OSError("nvidia-smi not found")
-    query = subprocess.run([exe, "--query-gpu=index,name,memory.total,compute_cap,driver_version",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    query = run_command([exe, "--query-gpu=index,name,memory.total,compute_cap,driver_version",
+                         "--format=csv,noheader,nounits"], timeout_s=30)
     if query.returncode != 0:
         raise OSError(f"nvidia-smi failed: {(query.stderr or query.stdout).strip()[:200]}")
     gpus, driver = [], None
     for line in query.stdout.strip().splitlines():
         index, name, memory, capability, driver = (part.strip() for part in line.split(","))
         gpus.append(GpuFacts(name, int(float(memory)) * MIB, capability, int(index)))
-    header = subprocess.run([exe], capture_output=True, text=True, timeout=30).stdout
+    header = run_command([exe], timeout_s=30).stdout
     match = re.search(r"CUDA Version:\s*([0-9.]+)", header)
     return gpus, driver, match.group(1) if match else None
 

@@ -37,6 +37,7 @@ from repo_manager.errors import IntegrityError, NotFoundError, UsageError, Verif
 from repo_manager.inputs import generate_inputs, verification_samples
 from repo_manager.loadgen import LoadSpec, Measurement, Target, Workload, measure
 from repo_manager.manifest import Manifest
+from repo_manager.process import run_command
 from repo_manager.progress import Progress
 from repo_manager.publish.verify import Candidate, LoadedCandidates, compare, verify
 from repo_manager.storage import Store
@@ -255,8 +256,7 @@ def eval_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion | N
         if old:
             env.update(TRM_EVAL_BASELINE_MODEL=names[1], TRM_EVAL_BASELINE_VERSION=str(old.manifest.version))
         try:
-            done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True,  # noqa: S602
-                                  timeout=timeout_s, check=False)
+            done = run_command(command, env=env, timeout_s=timeout_s)
         except subprocess.TimeoutExpired:
             return GateResult("eval", False, f"evaluation command timed out after {timeout_s:g} s",
                               {"command": command}, time.monotonic() - started)

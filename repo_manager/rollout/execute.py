@@ -40,6 +40,7 @@ from repo_manager.errors import (
     TrmError,
     VerificationError,
 )
+from repo_manager.process import run_command
 from repo_manager.progress import Progress, quiet
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout import checks
@@ -320,8 +321,11 @@ class Executor:
         env_note = {"TRM_SERVER_URL": server.url, "TRM_MODEL": self.target.model,
                     "TRM_VERSION": str(self.target.version)}
         with log.step(f"{what} command"):
-            done = subprocess.run(command, shell=True, env=os.environ | env_note, capture_output=True,
-                                  text=True, timeout=600)
+            try:
+                done = run_command(command, env=os.environ | env_note, timeout_s=600)
+            except subprocess.TimeoutExpired:
+                raise ServerError(f"{what} command for {server.url} did not finish within 600 s",
+                                  url=server.url) from None
             if done.returncode != 0:
                 raise ServerError(f"{what} command for {server.url} exited with {done.returncode}: "
                                   f"{(done.stderr or done.stdout).strip()[-300:]}", url=server.url)

@@ -30,6 +30,7 @@ from repo_manager import config as cfg
 from repo_manager.errors import InputError, NotFoundError, UsageError
 from repo_manager.loadgen import Target
 from repo_manager.manifest import Manifest, now_iso
+from repo_manager.process import run_command
 from repo_manager.publish.core import Staged, commit_staged
 from repo_manager.repository import LocalRepository
 from repo_manager.serving import load_version, version_config
@@ -218,10 +219,12 @@ def _gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout
+        done = run_command(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout_s=10)
     except (OSError, subprocess.SubprocessError):
         return []
+    if done.returncode != 0:
+        return []
+    out = done.stdout
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
