@@ -27,13 +27,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 _PR_SET_PDEATHSIG = 1
 
@@ -248,8 +246,7 @@ class ManagedProcess:
         self.stop()
 
 
-@dataclass(frozen=True)
-class CommandResult:
+class CommandResult(NamedTuple):
     """What a shell command run by ``run_command`` ended with."""
 
     returncode: int
@@ -267,6 +264,8 @@ def run_command(command: str | Sequence[str], *, timeout_s: float, env: Mapping[
     interrupted, its whole process group is stopped. What it left running in its group when it exits is
     killed too (a drain command cannot leave a helper behind). Raises ``subprocess.TimeoutExpired`` (after
     stopping it) and ``FileNotFoundError`` when the program (or /bin/sh) is missing."""
+    import tempfile  # noqa: PLC0415 - cli imports this module: keep its start light
+
     argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = ManagedProcess(argv, output=(out, err), env=env, cwd=cwd)
