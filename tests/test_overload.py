@@ -47,6 +47,23 @@ def test_rejections_by_the_queue_policy_are_counted_apart_from_errors(shedding_s
     assert point.accepted_p99_ms < float("inf") and point.p99_ms == float("inf")  # rejected: never an answer
 
 
+def test_a_run_the_client_cannot_drive_stops_sending_and_says_so(shedding_server):
+    """100,000 requests/s for 3 s is more than this client can send: the run gives up once 2 s behind
+    (instead of sending 300,000 requests late), and the phases it could not drive are invalid, with the
+    unsent requests counted, never taken for answers, rejections or errors."""
+    import time  # noqa: PLC0415
+
+    server, config = shedding_server
+    started = time.monotonic()
+    trace = run_schedule(Target("slow", server.url), [Phase(100_000, 3.0), Phase(15, 1.0)],
+                         Workload.from_config(config))
+    assert time.monotonic() - started < 60  # ~2 s of sending, then the answers to what went out
+    spike, after = trace.phase_stats(0, SLO_MS), trace.phase_stats(1, SLO_MS)
+    assert not spike.valid and spike.unsent > 0 and spike.requests + spike.unsent == 300_000
+    assert spike.answered + spike.rejected + spike.errors == spike.requests
+    assert not after.valid and (after.requests, after.unsent) == (0, 15) and trace.recovery(1, SLO_MS) is None
+
+
 def test_background_load_marks_rejections_so_checks_do_not_take_them_for_wrong_answers(shedding_server):
     server, _ = shedding_server
     with BackgroundLoad(server.url, "slow", clients=24) as load:

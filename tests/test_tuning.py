@@ -198,6 +198,8 @@ def test_overload_no_policy_can_be_shown_to_keep_exits_9_names_the_closest_and_w
     data = result.json()
     assert data["chosen"] is None and data["written_version"] is None
     assert data["overload"]["chosen"] is None and data["overload"]["closest"]
+    # the client gave up once far behind instead of sending 100 x capacity late for a minute
+    assert all(p["overload"]["unsent"] > 0 and not p["overload"]["valid"] for p in data["overload"]["points"])
     assert repo.versions("spiky") == [1]
 
 

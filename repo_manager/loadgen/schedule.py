@@ -9,7 +9,11 @@ rejection latency, goodput (answers within the SLO per second); ``Trace.recovery
 long after phase ``i`` began (the load drop) requests again got answers within the SLO.
 
 Unlike ``measure`` there is no in-flight limit: an overload that queues without bound is what this is
-for, so a run waits for every answer (up to the transport's timeout).
+for, so a run waits for every answer (up to the transport's timeout). What bounds a run is the client:
+once it is ``give_up_lag_s`` behind the schedule it cannot offer the rate asked for (the run is already
+"not driven as offered"), so it sends nothing more; the requests left unsent are counted per phase and
+make the phase invalid. (Before, asking 100 x capacity of a client that sends ~2,000/s kept it busy for
+a minute per run.)
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import numpy as np
 from repo_manager.loadgen.measure import Target, arrival_offsets
 from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text, is_rejection
 
-OK, REJECTED, FAILED = 0, 1, 2
+OK, REJECTED, FAILED, UNSENT = 0, 1, 2, 3
+GIVE_UP_LAG_S = 2.0
+"""A run stops sending once a request would go out this late (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,9 @@ class PhaseStats:
     """Answers within the SLO per second of the phase."""
     lag_p95_ms: float
     valid: bool
-    """False when the client, not the server, limited the phase (it sent late or too little)."""
+    """False when the client, not the server, limited the phase (it sent late, too little, or gave up)."""
+    unsent: int = 0
+    """Requests of the phase never sent: the client gave up, too far behind the schedule."""
 
     @property
     def rejected_fraction(self) -> float:
@@ -71,7 +79,7 @@ class Trace:
     """Per request: when it was sent (seconds from the first scheduled send)."""
     latency_ms: np.ndarray
     outcome: np.ndarray
-    """``OK``, ``REJECTED`` or ``FAILED``."""
+    """``OK``, ``REJECTED``, ``FAILED`` or ``UNSENT``."""
     lag_ms: np.ndarray
     error_samples: tuple[str, ...]
     phase: np.ndarray
@@ -81,7 +89,9 @@ class Trace:
         return self.phase == index
 
     def phase_stats(self, index: int, slo_ms: float) -> PhaseStats:
-        mask = self._in(index)
+        scheduled = self._in(index)
+        unsent = int((scheduled & (self.outcome == UNSENT)).sum())
+        mask = scheduled & (self.outcome != UNSENT)
         phase = self.phases[index]
         latency, outcome, sent = self.latency_ms[mask], self.outcome[mask], self.sent_s[mask]
         answered = latency[outcome == OK]
@@ -100,7 +110,8 @@ class Trace:
             accepted_p50_ms=_pct(answered, 50), accepted_p99_ms=_pct(answered, 99),
             rejection_p50_ms=opt(rejected, 50), rejection_p99_ms=opt(rejected, 99),
             goodput_rps=round(float((answered <= slo_ms).sum()) / phase.seconds, 1), lag_p95_ms=lag_p95,
-            valid=send_rps >= 0.9 * phase.rate * _poisson_slack(len(sent)) and lag_p95 <= 20.0)
+            valid=not unsent and send_rps >= 0.9 * phase.rate * _poisson_slack(len(sent)) and lag_p95 <= 20.0,
+            unsent=unsent)
 
     def recovery(self, index: int, slo_ms: float, tolerance: float = 0.05) -> float | None:
         """Seconds from phase ``index``'s start (the load drop) until the server answered in time again.
@@ -110,7 +121,7 @@ class Trace:
         while a shared machine's odd slow request, late in the phase, does not undo a recovery. 0 when the
         phase was fine from its start; None when it never got there with at least 20 requests left.
         """
-        mask = self._in(index)
+        mask = self._in(index) & (self.outcome != UNSENT)
         sent, latency, outcome = self.sent_s[mask], self.latency_ms[mask], self.outcome[mask]
         bad = ((outcome != OK) | (latency > slo_ms)).astype(float)
         suffix_bad = np.cumsum(bad[::-1])[::-1]
@@ -132,13 +143,14 @@ def _pct(values: np.ndarray, q: float) -> float:
 
 
 def run_schedule(target: Target, phases: list[Phase], workload: Workload, *, seed: int = 0,
-                 timeout_s: float = 60.0) -> Trace:
-    """Send the phases one after the other (open loop, Poisson) and wait for every answer."""
-    return asyncio.run(_run(target, tuple(phases), workload, seed, timeout_s))
+                 timeout_s: float = 60.0, give_up_lag_s: float = GIVE_UP_LAG_S) -> Trace:
+    """Send the phases one after the other (open loop, Poisson) and wait for every answer; stop sending
+    once ``give_up_lag_s`` behind the schedule."""
+    return asyncio.run(_run(target, tuple(phases), workload, seed, timeout_s, give_up_lag_s))
 
 
 async def _run(target: Target, phases: tuple[Phase, ...], workload: Workload, seed: int,
-               timeout_s: float) -> Trace:
+               timeout_s: float, give_up_lag_s: float) -> Trace:
     offsets, starts, owner, at = [], [], [], 0.0
     for i, phase in enumerate(phases):
         starts.append(at)
@@ -178,7 +190,11 @@ async def _run(target: Target, phases: tuple[Phase, ...], workload: Workload, se
         for index, offset in enumerate(schedule):
             due = start + offset
             await asyncio.sleep(max(due - time.perf_counter(), 0.0))
-            lags[index] = (time.perf_counter() - due) * 1000.0
+            late = time.perf_counter() - due
+            if late > give_up_lag_s:
+                outcome[index:] = UNSENT
+                break
+            lags[index] = late * 1000.0
             tasks.append(asyncio.ensure_future(one(index)))
         await asyncio.gather(*tasks)
     finally:

@@ -230,6 +230,16 @@ def _gpus() -> list[str]:
 
 # ---------------------------------------------------------------------------------------- tuning
 
+def policy_reserve_s(request: TuneRequest, prober: Prober) -> float:
+    """Budget the batching search leaves for the queue-policy search: one policy try (overload, recovery,
+    normal traffic), at most a third of the budget. The policy search stops trying when the budget is
+    spent (its first try is always made), so ``--budget`` bounds the whole run to within about one try."""
+    if not request.overload_factor:
+        return 0.0
+    one_try = 3.0 + request.overload_s + request.recover_s + prober.point_cost_s(request.peak_rps * request.headroom)
+    return min(one_try, request.budget_s / 3)
+
+
 def tune_batching(settings: Settings, request: TuneRequest, progress: Progress = _quiet) -> TuneResult:
     """Measure candidates and choose one; with ``request.write`` publish it as a new version."""
     request.check_target(settings)
@@ -246,8 +256,9 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
         current = Candidate.from_config(served.base)
         try:
             profile = prober.profile(current, request.max_batch_limit)
-            outcome = Search(prober, profile, current, request.p99_ms, request.low_rps, request.peak_rps,
-                             request.headroom).run()
+            with prober.holding_back(policy_reserve_s(request, prober)):
+                outcome = Search(prober, profile, current, request.p99_ms, request.low_rps, request.peak_rps,
+                                 request.headroom).run()
             overload = None
             if outcome.chosen is not None and request.overload_factor:
                 evaluation = outcome.evaluation(outcome.chosen.key)

@@ -17,7 +17,8 @@ interleaved re-measure (``search``) catches a config that only passed by luck.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,6 +63,7 @@ class Prober:
         self.client, self.target, self.base, self.slo_ms = client, target, base, slo_ms
         self.budget_s, self.requests, self.max_point_s, self.warmup_s = budget_s, requests, max_point_s, warmup_s
         self.started = time.monotonic()
+        self.held_back_s = 0.0
         self.points: list[Point] = []
         self.loaded: str | None = None
         self.load_errors: dict[str, str] = {}
@@ -88,7 +90,16 @@ class Prober:
         return self.warmup_s + self.point_count(rate) / rate + 0.3
 
     def can_afford(self, seconds: float) -> bool:
-        return seconds <= self.remaining_s()
+        return seconds <= self.remaining_s() - self.held_back_s
+
+    @contextmanager
+    def holding_back(self, seconds: float) -> Iterator[None]:
+        """Within the block, ``seconds`` of the budget are kept for what comes after it."""
+        self.held_back_s = seconds
+        try:
+            yield
+        finally:
+            self.held_back_s = 0.0
 
     def say(self, message: str) -> None:
         if self._progress:

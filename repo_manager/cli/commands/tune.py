@@ -100,8 +100,11 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         error = GateError(f"no queue policy kept p99 <= {p99_ms:g} ms for accepted requests at "
                           f"{result.overload.factor:g} x capacity ({result.overload.rate:.0f}/s); closest: "
                           f"{closest_policy.label if closest_policy else 'none measured'}"
-                          f"{f' ({why})' if why else ''}; nothing was written",
-                          hint="relax the SLO, lower --overload-factor, or add capacity (instances, hardware)",
+                          f"{f' ({why})' if why else ''}"
+                          f"{'; the time budget ended the search' if result.overload.cut_short else ''}"
+                          "; nothing was written",
+                          hint=("give --budget more time, " if result.overload.cut_short else "") +
+                          "relax the SLO, lower --overload-factor, or add capacity (instances, hardware)",
                           model=name)
         error.reported = True
         raise error
