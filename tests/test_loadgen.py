@@ -36,10 +36,17 @@ def target(server, protocol: str = "http") -> Target:
     return Target(MODEL, server.url, protocol=protocol, grpc_url=server.endpoints.grpc)
 
 
+def measured(target_: Target, spec: LoadSpec):
+    """A point, measured again once if the client fell behind (a stall of the shared 2-core machine; the
+    tuner's prober does the same). The second point must be valid."""
+    point = measure(target_, spec)
+    return point if point.valid else measure(target_, spec)
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_open_loop_point_measures_every_request_and_reads_server_statistics(server, protocol):
     load(server)
-    point = measure(target(server, protocol), LoadSpec(rate=150, requests=600, warmup_s=0.5))
+    point = measured(target(server, protocol), LoadSpec(rate=150, requests=600, warmup_s=0.5))
     assert point.valid, point.invalid_reason
     assert point.requests == 600 and point.errors == 0 and point.protocol == protocol
     assert 0 < point.p50_ms <= point.p90_ms <= point.p99_ms <= point.max_ms
@@ -57,7 +64,7 @@ def test_queue_delay_makes_triton_form_larger_batches_and_stats_show_the_queuein
     config_delay.version_policy.specific.versions[:] = [1]
     with TritonClient(server.url) as client:
         client.load(MODEL, config_delay)
-    point = measure(target(server), LoadSpec(rate=150, requests=450, warmup_s=0.5, arrivals="constant"))
+    point = measured(target(server), LoadSpec(rate=150, requests=450, warmup_s=0.5, arrivals="constant"))
     assert point.valid and point.errors == 0
     assert point.server.mean_batch > 1.5 and max(point.server.batch_histogram) > 1
     assert point.server.queue_ms > point.server.compute_ms  # most of the time was spent waiting for a batch
