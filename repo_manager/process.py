@@ -1,7 +1,8 @@
 """Child processes that cannot outlive trm, and trm's own ending on a signal.
 
 Every long-running process trm starts (tritonserver, a TensorRT-LLM engine build; SeaweedFS in the tests)
-goes through ``ManagedProcess``:
+goes through ``ManagedProcess``, and every short one (an operator's drain/restore/eval command, nvidia-smi)
+through ``run_command``, which uses it:
 
 * it runs in a new session (a Ctrl-C in the terminal reaches trm only, which then stops it in order),
   with its output in a log file whose tail goes into errors;
@@ -259,9 +260,8 @@ def run_command(command: str | Sequence[str], *, timeout_s: float, env: Mapping[
     """A short command run to its end: an operator's shell command line (a string: a rollout's drain/restore
     command, a promotion's eval gate) or a program and its arguments (a list: nvidia-smi). Run like
     ``subprocess.run(command, shell=isinstance(command, str), capture_output=True, text=True)`` but as a
-    managed child: it and
-    everything it starts die with trm, a SIGKILL of trm included; at ``timeout_s``, or when trm is
-    interrupted, its whole process group is stopped. What it left running in its group when it exits is
+    managed child: it and everything it starts die with trm, a SIGKILL of trm included; at ``timeout_s``,
+    or when trm is interrupted, its whole process group is stopped. What it left running in its group when it exits is
     killed too (a drain command cannot leave a helper behind). Raises ``subprocess.TimeoutExpired`` (after
     stopping it) and ``FileNotFoundError`` when the program (or /bin/sh) is missing."""
     import tempfile  # noqa: PLC0415 - cli imports this module: keep its start light

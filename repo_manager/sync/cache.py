@@ -483,10 +483,12 @@ def _start_writeback(fd: int, start: int, length: int) -> None:
         function(fd, start, length, _SYNC_FILE_RANGE_WRITE)
 
 
-WRITE_SLICE = 256 * 1024
-"""Largest single write. In a write-only micro-benchmark on the development VM, 2 GiB written in 1 MiB
-calls took 0.5-3.9 system CPU-s from run to run and in 256 KiB calls a steady 0.46-0.52; in whole syncs
-the difference was within the noise (the one-writer change is what moved them)."""
+WRITE_SLICE = 32 * 1024
+"""Largest single write: 32 KiB, as s5cmd (Go's copy buffer) writes. The kernel sizes page-cache folios by
+the write, and on the development VM (Linux 6.18, ext4) fresh large folios are slow to fill: a cold sync
+of 4 x 1100 MiB, interleaved three times with s5cmd, took 17.6-22.8 s (14-16.5 system CPU-s) in 256 KiB
+writes, 15.8-17.5 s in 64 KiB, 10.1-15.0 s (4.8-7.1 system CPU-s) in 32 KiB, and s5cmd 7.0-7.8 s (3.9-4.1).
+The extra system calls cost ~0.3 CPU-s per 4.6 GB."""
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
