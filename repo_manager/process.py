@@ -138,7 +138,10 @@ for signum in pending:
     os.kill(pid, signum)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL, SIGSTOP: cannot be caught anyway
     os.kill(os.getpid(), -code)
 sys.exit(code)
 """
@@ -278,10 +281,13 @@ def run_command(command: str | Sequence[str], *, timeout_s: float, env: Mapping[
                 raise subprocess.TimeoutExpired(argv, timeout_s) from None
         finally:
             process.stop(timeout_s=5.0)
-        out.seek(0)
-        err.seek(0)
-        return CommandResult(process.returncode if process.returncode is not None else -1,
-                             out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+        return CommandResult(process.returncode if process.returncode is not None else -1, _text(out), _text(err))
+
+
+def _text(handle: IO) -> str:
+    """What ``text=True`` makes of captured output: decoded, universal newlines."""
+    handle.seek(0)
+    return handle.read().decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -89,21 +89,30 @@ def select_versions(repo: LocalRepository, selections: list[tuple[str, int | Non
     return chosen
 
 
-def with_members(repo: LocalRepository, chosen: list[tuple[str, int]]) -> list[tuple[str, int]]:
+def with_members(store: Store, repo: LocalRepository, chosen: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """``chosen`` with every ensemble's pinned members (and theirs) added, each once, members before the
-    ensembles that pin them: a reader that finds an ensemble's manifest in the store finds its members."""
+    ensembles that pin them: a reader that finds an ensemble's manifest in the store finds its members. A
+    member only the store holds is left to it; one in neither is a NotFoundError."""
     ordered: list[tuple[str, int]] = []
     seen: set[tuple[str, int]] = set()
 
     def visit(item: tuple[str, int], path: tuple[tuple[str, int], ...]) -> None:
-        if item in seen:
-            return
         if item in path:
             raise UsageError(f"ensemble {item[0]} version {item[1]} names itself among its members",
                              model=item[0], version=item[1])
-        for member in sorted(repo.manifest(*item).members.items()):  # NotFoundError: a member not local
-            visit(member, (*path, item))
+        if item in seen:
+            return
         seen.add(item)
+        if path and item[1] not in repo.versions(item[0]):
+            try:
+                store.get_manifest(*item)
+            except NotFoundError:
+                raise NotFoundError(f"ensemble {path[-1][0]} version {path[-1][1]} pins {item[0]} version "
+                                    f"{item[1]}, which is neither in {repo.root} nor in {store.location}",
+                                    model=item[0], version=item[1]) from None
+            return
+        for member in sorted(repo.manifest(*item).members.items()):
+            visit(member, (*path, item))
         ordered.append(item)
 
     for item in chosen:
@@ -160,7 +169,7 @@ def push(store: Store, repo: LocalRepository, selections: list[tuple[str, int | 
         check_env_name(env)
     pushed = []
     chosen = select_versions(repo, selections)
-    for model, version in with_members(repo, chosen):
+    for model, version in with_members(store, repo, chosen):
         result = push_version(store, repo, model, version)
         member = "" if (model, version) in chosen else " (ensemble member)"
         progress(f"{model}/{version}{member}: " + ("already in the store" if result.already_present else

@@ -291,7 +291,7 @@ def test_a_set_refused_for_a_file_missing_from_the_store_is_tried_again_once_the
         store.update_env("production", {"a": 2})
         status = agent.wait(lambda s: s["state"] == "degraded", what="refusal")
         assert status["served"] == {"a": 1} and status["ready"] and "sync" in status["degraded_reason"]
-        assert status["refused"]["stage"] == "sync"
+        assert status["refused"]["stage"] == "store"
         blob.write_bytes(kept)
         status = agent.wait_serving({"a": 2}, timeout=60)
         assert status["rollouts"]["refused"] >= 1 and status["pointer"]["changed"] == 2  # the pointer stayed

@@ -355,7 +355,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("command", ["echo out; echo err >&2; exit 3", "printf 'a\\nb'", "kill -TERM $$",
-                                     "exit 0", "cat", "echo $TRM_X", "nonexistent-program-xyz"])
+                                     "kill -KILL $$", "printf 'a\\r\\nb\\rc'", "exit 0", "cat", "echo $TRM_X",
+                                     "nonexistent-program-xyz"])
 def test_run_command_answers_like_subprocess_run(command):
     """What the drain, restore and eval commands see and return is what subprocess.run(shell=True) gives."""
     from repo_manager.process import run_command  # noqa: PLC0415

@@ -270,3 +270,13 @@ def test_pushing_an_ensemble_alone_pushes_its_members_first_and_a_node_serves_it
         assert out["Y"].tolist() == [[2.0] * rm.FEATURES]
     again = _cli_ok(capsys, "push", location, "--repo", src, "--model", f"pipe:{version}")
     assert all(v["already_present"] for v in again["versions"]) and len(again["versions"]) == 3
+    # a member only the store holds is left to it; one in neither is a clear error, and nothing is pushed
+    import shutil  # noqa: PLC0415
+
+    shutil.rmtree(src / "pre")
+    kept = _cli_ok(capsys, "push", location, "--repo", src, "--model", f"pipe:{version}")
+    assert [v["model"] for v in kept["versions"]] == ["post", "pipe"]
+    other = str(tmp_path / "other-store")
+    missing = run_cli(capsys, "push", other, "--repo", src, "--model", f"pipe:{version}")
+    assert missing.code == 4 and "neither in" in missing.err and "pre version" in missing.err, missing.err
+    assert not (tmp_path / "other-store" / "models").exists()

@@ -15,9 +15,9 @@ It composes trm's one-node operations rather than repeating them:
 A version that fails (it does not load, does not answer, is corrupt in the store, cannot run on the
 node) is *refused*: whatever was moved is rolled back, the server keeps serving the last good versions,
 the agent reports ``degraded`` with the reason and tries again when the pointer moves, with a backoff
-when it moves back to a set that already failed. A set refused by the sync (files missing or corrupt in
-the store) is also tried again, with the same backoff, while the pointer stays: pushing the files again
-repairs it without a new promotion. Transient failures (store or Triton
+when it moves back to a set that already failed. A set refused because files are missing from the store
+is also tried again, with the same backoff, while the pointer stays: pushing the files again repairs it
+without a new promotion. Transient failures (store or Triton
 unreachable) are retried with a backoff. Nothing in the loop raises out of it: the agent never exits on
 a bad version, so Kubernetes never restarts it into a crash loop.
 
@@ -254,7 +254,7 @@ class Agent:
                         self._prune(wanted)
                 return
             if self.refused is not None and self.refused["etag"] == self.pointer.etag and not (
-                    self.refused["stage"] == "sync" and time.monotonic() >= self.refused_until[_key(wanted)]):
+                    self.refused["stage"] == "store" and time.monotonic() >= self.refused_until[_key(wanted)]):
                 self._verify_served(client)
                 self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
                 return
@@ -357,7 +357,10 @@ class Agent:
                 result = sync_versions(self.settings, self.store, wanted)
             metrics.count_sync(result.bytes_downloaded, result.bytes_reused)
         except REFUSALS as exc:
-            self._refuse(wanted, pointer_tag, f"sync: {exc.message.splitlines()[0]}", record, t0, stage="sync")
+            # a file missing from the store can appear under the same pointer (pushed again): retried on
+            # the backoff; anything else the sync refuses (corrupt, incompatible) waits for the pointer
+            self._refuse(wanted, pointer_tag, f"sync: {exc.message.splitlines()[0]}", record, t0,
+                         stage="store" if isinstance(exc, NotFoundError) else "sync")
             return
         except TrmError as exc:
             self._transient(exc)
@@ -524,10 +527,10 @@ class Agent:
 
     def _refuse(self, wanted: dict[str, int], etag: str | None, reason: str, record: dict[str, Any],
                 t0: float, *, stage: str = "rollout") -> None:
-        """Keep serving the last good set and report why. A refusal of the store's content (``stage``
-        "sync": a file missing or corrupt in the store) is tried again after the backoff even while the
-        pointer stays (the files can be pushed again under the same pointer; a retry downloads only what
-        is missing); a version that failed on the server is tried again only when the pointer moves."""
+        """Keep serving the last good set and report why. ``stage`` "store" (a file missing from the
+        store) is tried again after the backoff even while the pointer stays (the files can be pushed again
+        under the same pointer; a retry downloads only what is missing); "sync" (corrupt in the store, or
+        not for this node) and "rollout" (failed on the server) are tried again only when the pointer moves."""
         key = _key(wanted)
         with self._lock:
             self.failures[key] += 1

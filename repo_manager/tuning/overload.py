@@ -203,7 +203,7 @@ class PolicySearch:
         return False
 
     def run(self) -> OverloadOutcome:
-        if self.lower_bound and self.prober.can_afford(self.try_cost_s() + self.prober.point_cost_s(self.capacity)):
+        if self.lower_bound:  # the first try is always made, and it needs a true capacity to mean anything
             self._measure_capacity()
         chosen: Candidate | None = None
         timeout = self.first_timeout_ms()
@@ -296,7 +296,9 @@ class PolicySearch:
         self.prober.say(f"overload {self.rate:.0f}/s ({self.factor:g} x capacity): {candidate.label}")
         trace = self._trace()
         over, rec = trace.phase_stats(1, self.slo_ms), trace.phase_stats(2, self.slo_ms)
-        if not over.valid and over.send_rps >= 0.5 * self.rate:  # a hiccup of a shared machine, not a client
+        # again after a hiccup of the shared machine (it sent at least half the rate, or it stalled before
+        # the overload began), not when this client cannot offer the rate at all
+        if not over.valid and (over.send_rps >= 0.5 * self.rate or over.requests == 0):
             self.prober.say(f"overload run not driven as offered ({over.send_rps:.0f}/s sent): again")
             trace = self._trace(seed=7)
             over, rec = trace.phase_stats(1, self.slo_ms), trace.phase_stats(2, self.slo_ms)
