@@ -38,7 +38,7 @@ from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
 from repo_manager.triton.server import TritonServer
 from repo_manager.tuning.candidates import Candidate
-from repo_manager.tuning.overload import OverloadOutcome, PolicySearch
+from repo_manager.tuning.overload import OverloadOutcome, PolicySearch, try_cost_s
 from repo_manager.tuning.prober import Point, Prober, Progress
 from repo_manager.tuning.report import write_report
 from repo_manager.tuning.search import Outcome, Search
@@ -236,7 +236,7 @@ def policy_reserve_s(request: TuneRequest, prober: Prober) -> float:
     spent (its first try is always made), so ``--budget`` bounds the whole run to within about one try."""
     if not request.overload_factor:
         return 0.0
-    one_try = 3.0 + request.overload_s + request.recover_s + prober.point_cost_s(request.peak_rps * request.headroom)
+    one_try = try_cost_s(prober, request.overload_s, request.recover_s, request.peak_rps * request.headroom)
     return min(one_try, request.budget_s / 3)
 
 

@@ -132,6 +132,11 @@ class OverloadOutcome:
         }
 
 
+def try_cost_s(prober: Prober, overload_s: float, recover_s: float, headroom_rps: float) -> float:
+    """What one policy try takes: a load, the three phases, normal traffic at peak x headroom, margin."""
+    return 2.0 + 1.0 + overload_s + recover_s + prober.point_cost_s(headroom_rps)
+
+
 class PolicySearch:
     def __init__(
         self,
@@ -190,8 +195,7 @@ class PolicySearch:
                               "overload is relative to it; give --budget more time for a true capacity")
 
     def try_cost_s(self) -> float:
-        """What one policy try takes: a load, the three phases, normal traffic at peak x headroom, margin."""
-        return 2.0 + 1.0 + self.overload_s + self.recover_s + self.prober.point_cost_s(self.headroom_rps)
+        return try_cost_s(self.prober, self.overload_s, self.recover_s, self.headroom_rps)
 
     def _affords_another(self) -> bool:
         """Whether the time budget allows one more try (the first is always made); noted once when not."""
