@@ -198,8 +198,9 @@ class PolicySearch:
         return try_cost_s(self.prober, self.overload_s, self.recover_s, self.headroom_rps)
 
     def _affords_another(self) -> bool:
-        """Whether the time budget allows one more try (the first is always made); noted once when not."""
-        if not self.points or self.prober.can_afford(self.try_cost_s()):
+        """Whether the time budget allows one more try (tries are always made until one was driven as
+        offered: a run the client could not drive says nothing of the policy); noted once when not."""
+        if not any(p.overload.valid for p in self.points) or self.prober.can_afford(self.try_cost_s()):
             return True
         if not self.cut_short:
             self.cut_short = True
