@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--p99-ms", type=float, default=200.0)
     parser.add_argument("--low", type=float, default=30.0)
     parser.add_argument("--peak", type=float, default=60.0)
-    parser.add_argument("--budget", type=float, default=90.0, help="trm's search budget (s)")
+    parser.add_argument("--budget", type=float, default=120.0, help="trm's search budget (s)")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--fixed-ms", type=float, default=40.0)
     parser.add_argument("--per-item-ms", type=float, default=2.0)

@@ -16,7 +16,7 @@
 #   TRM_PIPELINE_WORK         scratch folder for the local repository (default: .trm-pipeline)
 #   TRM_URL                   a running Triton for verification and gates (default: trm starts one)
 #   TRM_PIPELINE_SKIP_TUNING  1: do not tune (also skipped when this trm has no tune-batching)
-#   TRM_TUNE_BUDGET_S         seconds per model for tune-batching (default: 300; a soft limit)
+#   TRM_TUNE_BUDGET_S         seconds per model for tune-batching (default: 300; at least what its rates need)
 #   TRM_TUNE_REQUESTS         requests per measured tuning point (default: 1000)
 #   TRM_TUNE_URL              tune on this server (it must serve the model); default: an embedded one
 #   TRM_STAGING_GATES         gates for staging (default: checksums,load)

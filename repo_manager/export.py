@@ -1,6 +1,8 @@
 """`trm export STORE DEST`: a plain Triton layout, for those who point a stock Triton at a folder or S3.
 
     <dest>/<model>/config.pbtxt           config of the newest exported version
+    <dest>/<model>/<label and data files> what that config reads from the model folder (label_filename,
+                                          warmup/<input_data_file>), carried in its manifest
     <dest>/<model>/<N>/<files>
 
 The store's own format stays content-addressed; this is a copy. Into a folder every file is streamed
@@ -116,6 +118,9 @@ class _FolderTarget:
     def write_config(self, key: str, text: str) -> None:
         paths.write_new_file(self.root, self.root / key, [cfg.config_to_text(cfg.parse_config(text)).encode()])
 
+    def write_model_file(self, key: str, content: bytes) -> None:
+        paths.write_new_file(self.root, self.root / key, [content])
+
 
 class _S3Target:
     def __init__(self, dest: str, settings: Settings) -> None:
@@ -159,6 +164,9 @@ class _S3Target:
     def write_config(self, key: str, text: str) -> None:
         config = cfg.parse_config(text)
         self.store._put_bytes(key, cfg.config_to_text(config).encode())
+
+    def write_model_file(self, key: str, content: bytes) -> None:
+        self.store._put_bytes(key, content)
 
 
 def files_to_write(target: Any, manifest: Manifest, dest: str) -> list[FileEntry]:
@@ -206,5 +214,7 @@ def export(store: Store, dest: str, settings: Settings, *, env: str | None = Non
             progress(f"exported {model}/{version}" if missing else f"{model}/{version} is already there")
         # config.pbtxt follows the newest version in the destination, which may be newer than this export's
         if newest is not None and newest.version >= target.newest_present(model):
+            for path, content in newest.model_files.items():  # label and warm-up files, before the config
+                target.write_model_file(f"{model}/{path}", content)
             target.write_config(f"{model}/config.pbtxt", newest.config)
     return ExportResult(dest, versions, files, size)

@@ -9,6 +9,8 @@ store (``models/<model>/versions/<N>.json``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import hashlib
 import json
@@ -56,17 +58,19 @@ def check_relative_path(path: object) -> str:
     return path  # type: ignore[return-value]
 
 
-# Label files travel inside the manifest (they are small text files Triton reads from the model folder).
+# Model-folder files travel inside the manifest: label files (text, ``labels``) and the data files Triton
+# reads from the model folder (``data``, base64: model_warmup inputs, sequence initial states). They are small.
 MAX_LABEL_BYTES = 16 * 1024 * 1024
+MAX_DATA_BYTES = 8 * 1024 * 1024
 
 
 def check_label_path(path: str) -> str:
-    """A label file's path inside a model folder (``label_filename``): relative, and clear of what trm
-    owns there (config.pbtxt, version folders, hidden and staging names)."""
+    """A model-folder file's path (a ``label_filename``, ``warmup/<file>``): relative, and clear of what
+    trm owns there (config.pbtxt, version folders, hidden and staging names)."""
     check_relative_path(path)
     first = path.split("/")[0]
     if path == "config.pbtxt" or first.isdigit() or first.startswith("."):
-        raise IntegrityError(f"label file path {path!r} is not allowed in a model folder")
+        raise IntegrityError(f"model-folder file path {path!r} is not allowed in a model folder")
     return path
 
 
@@ -121,6 +125,9 @@ class Manifest:
     """For ensembles: composing model -> the version it was verified with."""
     labels: dict[str, str] = field(default_factory=dict)
     """Label files (``label_filename``) Triton reads from the model folder: path there -> text."""
+    data: dict[str, str] = field(default_factory=dict)
+    """Data files Triton reads from the model folder (``warmup/<input_data_file>``,
+    ``initial_state/<data_file>``): path there -> base64 of the bytes."""
     created_at: str = ""
     schema: str = SCHEMA
 
@@ -129,9 +136,16 @@ class Manifest:
         data = {name: copy.deepcopy(value) if isinstance(value, dict) else value
                 for name, value in self.__dict__.items()}
         data["files"] = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]
-        if not self.labels:
-            del data["labels"]  # manifests without label files read as they always did
+        for name in ("labels", "data"):
+            if not data[name]:
+                del data[name]  # manifests without model-folder files read as they always did
         return data
+
+    @property
+    def model_files(self) -> dict[str, bytes]:
+        """Every file this version puts in its model folder beside config.pbtxt: path there -> bytes."""
+        return {**{path: text.encode() for path, text in self.labels.items()},
+                **{path: base64.b64decode(text) for path, text in self.data.items()}}
 
     def to_json(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
@@ -184,16 +198,34 @@ class Manifest:
         if not isinstance(labels, dict) or not all(isinstance(t, str) for t in labels.values()) \
                 or sum(len(t) for t in labels.values()) > MAX_LABEL_BYTES:
             raise IntegrityError(f"{origin} is malformed: labels is not a mapping of path -> text")
-        for path in labels:
+        blobs = data.get("data") or {}
+        try:
+            if not isinstance(blobs, dict) or sum(len(base64.b64decode(t, validate=True))
+                                                  for t in blobs.values()) > MAX_DATA_BYTES:
+                raise TypeError
+        except (TypeError, binascii.Error):
+            raise IntegrityError(f"{origin} is malformed: data is not a mapping of path -> base64 of at most "
+                                 f"{MAX_DATA_BYTES >> 20} MiB") from None
+        for path in [*labels, *blobs]:
             check_label_path(path)
+        kept = [*labels, *blobs]
+        folders = {path[:i] for path in kept for i, char in enumerate(path) if char == "/"}
+        if len(set(kept)) != len(kept) or folders & set(kept):
+            raise IntegrityError(f"{origin} names a model-folder file twice, or as a file and a folder")
         return cls(model=model, version=version, files=files, config=config,
                    source=records["source"], environment=records["environment"],
                    verification=records["verification"], tuning=data.get("tuning"),
-                   members=dict(records["members"]), labels=dict(labels), created_at=str(data.get("created_at", "")))
+                   members=dict(records["members"]), labels=dict(labels), data=dict(blobs),
+                   created_at=str(data.get("created_at", "")))
 
     @classmethod
     def from_json(cls, payload: bytes | str, origin: str = "manifest") -> Manifest:
         return cls.from_dict(documents.parse(payload, origin), origin)
+
+
+def encode_data(files: dict[str, bytes]) -> dict[str, str]:
+    """``Manifest.data`` for model-folder data files: path -> base64."""
+    return {path: base64.b64encode(content).decode() for path, content in files.items()}
 
 
 def now_iso() -> str:
@@ -216,6 +248,9 @@ def scan_files(folder: Path) -> tuple[FileEntry, ...]:
             raise InputError(exc.message, hint="rename the file: names must be printable") from exc
         if path.is_dir() or rel == MANIFEST_NAME:
             continue
+        if not path.is_file():  # reading a FIFO would block forever
+            raise InputError(f"{path} is not a regular file (a FIFO, socket or device); a version holds "
+                             "regular files")
         entries.append(FileEntry(rel, path.stat().st_size, sha256_file(path)))
     return tuple(entries)
 

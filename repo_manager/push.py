@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import time
 import uuid
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from repo_manager.errors import ConflictError, NotFoundError, UsageError
+from repo_manager.errors import ConflictError, InputError, NotFoundError, UsageError
 from repo_manager.manifest import Manifest, check_model_name
 from repo_manager.progress import Progress, quiet
 from repo_manager.repository import STAGING_PREFIX, LocalRepository
@@ -65,8 +66,8 @@ class PushResult:
 
 def parse_selection(text: str) -> tuple[str, int | None]:
     """``NAME`` or ``NAME:VERSION``."""
-    name, _, version = text.partition(":")
-    if version and not (version.isdigit() and int(version) > 0):
+    name, sep, version = text.partition(":")
+    if sep and not (re.fullmatch(r"[0-9]{1,18}", version) and int(version) > 0):  # ASCII digits: not '٣'
         raise UsageError(f"{text!r}: the version after ':' must be a positive number", hint="write NAME:VERSION")
     return check_model_name(name), int(version) if version else None
 
@@ -124,6 +125,12 @@ def upload_blobs(store: Store, repo: LocalRepository, manifest: Manifest) -> tup
     """Upload the version's files the store lacks; (count, bytes) uploaded."""
     folder = repo.version_dir(manifest.model, manifest.version)
     unique = {entry.sha256: entry for entry in manifest.files}
+    for entry in manifest.files:  # what is pushed is the version's own files: never read through a link
+        path = folder / entry.path
+        if path.is_symlink() or not path.is_file():
+            raise InputError(f"{path} is {'a symbolic link' if path.is_symlink() else 'not a regular file'}; a "
+                             "version holds its own files", hint="`trm validate` lists what differs from the "
+                             "manifest", model=manifest.model, version=manifest.version)
 
     def send(entry) -> int:
         return entry.size if store.put_blob(entry.sha256, folder / entry.path, entry.size) else -1
@@ -156,6 +163,23 @@ def push_version(store: Store, repo: LocalRepository, model: str, version: int) 
     return PushedVersion(model, version, count, size, already_present=False)
 
 
+def check_not_a_typo(store: Store, env: str) -> None:
+    """A push may create an environment, but not one whose name is close to one the store has (``prd``
+    beside ``prod``, ``STAGING`` beside ``staging``): nodes watching the intended one would never see the
+    versions. Refused before anything is uploaded; ``create_env`` says the new name is meant."""
+    import difflib  # noqa: PLC0415
+
+    known = store.list_envs()
+    if env in known:
+        return
+    close = [k for k in known if k.lower() == env.lower()] or difflib.get_close_matches(env, known, n=3,
+                                                                                           cutoff=0.75)
+    if close:
+        raise UsageError(f"environment {env!r} does not exist in {store.location}; did you mean "
+                         f"{' or '.join(close)}?", hint=f"to create {env} as a new environment, add --create-env",
+                         env=env)
+
+
 def _different(store: Store, model: str, version: int) -> ConflictError:
     return ConflictError(f"{store.location} already holds a different version {version} of {model}",
                          hint="publish a new version (versions are immutable), or push to another store",
@@ -163,10 +187,12 @@ def _different(store: Store, model: str, version: int) -> ConflictError:
 
 
 def push(store: Store, repo: LocalRepository, selections: list[tuple[str, int | None]], *,
-         env: str | None = None, progress: Progress = quiet) -> PushResult:
+         env: str | None = None, create_env: bool = False, progress: Progress = quiet) -> PushResult:
     started = time.monotonic()
     if env is not None:
         check_env_name(env)
+        if not create_env:
+            check_not_a_typo(store, env)
     pushed = []
     chosen = select_versions(repo, selections)
     for model, version in with_members(store, repo, chosen):

@@ -190,29 +190,31 @@ class LocalRepository:
             return text  # published into this repository: keep the exact validated text
         return cfg.config_to_text(localized)
 
-    def labels_differ(self, manifest: Manifest) -> bool:
-        """True when a label file the manifest carries is missing or different in the model folder."""
+    def model_files_differ(self, manifest: Manifest) -> bool:
+        """True when a model-folder file the manifest carries (a label file, warm-up data) is missing or
+        different beside config.pbtxt."""
         folder = self.model_dir(manifest.model)
-        for path, text in manifest.labels.items():
+        for path, content in manifest.model_files.items():
             try:
-                if (folder / path).is_symlink() or (folder / path).read_bytes() != text.encode():
+                if (folder / path).is_symlink() or (folder / path).read_bytes() != content:
                     return True
             except OSError:
                 return True
         return False
 
-    def install_labels(self, manifest: Manifest) -> bool:
-        """Write, atomically, the label files the manifest carries beside config.pbtxt (Triton reads
-        ``label_filename`` from the model folder, and fails the load when it is missing). True if any changed."""
-        if not self.labels_differ(manifest):
+    def install_model_files(self, manifest: Manifest) -> bool:
+        """Write, atomically, the model-folder files the manifest carries beside config.pbtxt (Triton reads
+        ``label_filename`` and ``warmup/<input_data_file>`` from the model folder, and fails the load when one
+        is missing). True if any changed."""
+        if not self.model_files_differ(manifest):
             return False
         folder = self.model_dir(manifest.model)
-        for path, text in manifest.labels.items():
+        for path, content in manifest.model_files.items():
             check_label_path(path)
             target = paths.check_within(self.root, folder / path)  # no link anywhere on the way
-            if not target.is_file() or target.read_bytes() != text.encode():
+            if not target.is_file() or target.read_bytes() != content:
                 paths.make_dirs(self.root, target.parent)
-                cfg.atomic_write_bytes(target, text.encode())
+                cfg.atomic_write_bytes(target, content)
         return True
 
     def next_version(self, model: str) -> int:
@@ -293,7 +295,7 @@ class LocalRepository:
             if not versions:
                 return changed
             newest = read_manifest(self.version_dir(model, versions[-1]))
-            changed = self.install_labels(newest) or changed
+            changed = self.install_model_files(newest) or changed
             wanted = self.installed_config(newest)
             if path.exists() and path.read_text() == wanted:
                 return changed
@@ -407,9 +409,10 @@ class LocalRepository:
                 if self.installed_config(newest) != config_path.read_text():
                     problems.append(Problem(name, None, f"config.pbtxt differs from the config version "
                                                         f"{versions[-1]} was validated with"))
-                if self.labels_differ(newest):
-                    problems.append(Problem(name, None, f"a label file is missing or differs from what version "
-                                                        f"{versions[-1]} carries (`trm validate --fix` rewrites it)"))
+                if self.model_files_differ(newest):
+                    problems.append(Problem(name, None, f"a label or data file is missing or differs from what "
+                                                        f"version {versions[-1]} carries (`trm validate --fix` "
+                                                        "rewrites it)"))
             except IntegrityError:
                 pass  # reported by the version check
         return problems
@@ -437,7 +440,12 @@ class LocalRepository:
             problems.append(Problem(model, version, f"file {extra} is not in the manifest"))
         for entry in manifest.files:
             path = folder / entry.path
-            if not path.is_file():
+            if path.is_symlink():
+                problems.append(Problem(model, version, f"file {entry.path} is a symbolic link (a version holds its "
+                                                        "own files)"))
+            elif path.exists() and not path.is_file():
+                problems.append(Problem(model, version, f"file {entry.path} is not a regular file"))
+            elif not path.is_file():
                 problems.append(Problem(model, version, f"file {entry.path} is missing"))
             elif path.stat().st_size != entry.size:
                 problems.append(Problem(model, version, f"file {entry.path} has size {path.stat().st_size}, "
@@ -473,7 +481,7 @@ def _owner_running(name: str) -> bool:
 def _present_files(folder: Path) -> set[str]:
     # __pycache__ is what a Python backend writes next to model.py when the server lets it: not content.
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-            if (p.is_file() or p.is_symlink()) and p.name != MANIFEST_NAME and "__pycache__" not in p.parts}
+            if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST_NAME and "__pycache__" not in p.parts}
 
 
 def _fsync_dir(path: Path) -> None:

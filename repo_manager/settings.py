@@ -65,11 +65,7 @@ class Settings:
             if isinstance(value, str):
                 check_no_userinfo(value, f"setting {name}")
         if isinstance(self.triton_url, str) and "://" in self.triton_url:
-            try:
-                urlsplit(self.triton_url).port  # noqa: B018 - raises ValueError on a malformed port
-            except ValueError:
-                raise UsageError(f"the Triton URL {self.triton_url!r} is malformed",
-                                 hint="write http://HOST:PORT") from None
+            check_server_url(self.triton_url, "setting triton_url")
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with the given fields changed; None values are ignored (an option that was not given)."""
@@ -84,21 +80,92 @@ class Settings:
                 for v in [getattr(self, f.name)]}
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+def check_server_url(url: str, origin: str, *, schemes: tuple[str, ...] = ("http", "https")) -> str:
+    """A server address (``http://HOST:PORT``, or ``HOST:PORT`` read as the first scheme): no credentials,
+    no whitespace or control characters, a known scheme, a host, a port from 1 to 65535. Anything else is
+    a one-line UsageError (exit 2) naming where it came from, before any connection is tried."""
+    full = url if "://" in url else f"{schemes[0]}://{url}"
+    check_no_userinfo(full, origin)
+    shown = repr(url[:200])
+    problem = ""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        problem = "it holds a space or a control character"
+    else:
+        try:
+            parts = urlsplit(full)
+            port = parts.port
+            if parts.scheme.lower() not in schemes:
+                problem = f"its scheme is not {' or '.join(schemes)}"
+            elif not parts.hostname:
+                problem = "it names no host"
+            elif port == 0:
+                problem = "port 0 is not a port to connect to"
+        except ValueError as exc:
+            problem = str(exc)[:100]
+    if problem:
+        raise UsageError(f"the URL {shown} from {origin} is malformed: {problem}",
+                         hint=f"write {schemes[0]}://HOST:PORT")
+    return url
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "source"}  # source: trm's own record
 _INT_FIELDS = {"http_port", "grpc_port", "metrics_port"}
 _FLOAT_FIELDS = {"server_start_timeout_s"}
+_MAPPING_FIELDS = {"environments", "gates", "rollout"}
 
 
 def _coerce(key: str, value: Any, origin: str) -> Any:
-    try:
-        if key in ("repository", "cache_dir"):
-            return Path(value)
-        if key in _INT_FIELDS:
-            return int(value)
-        if key in _FLOAT_FIELDS:
-            return float(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{origin}: setting '{key}' has an invalid value {value!r}") from exc
+    """A setting's value from a file (YAML types) or a ``TRM_*`` variable (text), checked for its type and
+    range: a wrong one is a one-line ConfigError naming the setting, never a crash where it is used."""
+    import math  # noqa: PLC0415
+
+    def bad(why: str) -> ConfigError:
+        shown = value if isinstance(value, (str, int, float, bool)) else type(value).__name__
+        return ConfigError(f"{origin}: setting '{key}' has an invalid value {shown!r}: it {why}"[:300])
+
+    if key in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise bad("must be a port number")
+        try:
+            port = int(value)
+        except ValueError:
+            raise bad("must be a port number") from None
+        if not 0 <= port <= 65535:
+            raise bad("must be a port number from 0 (any free one) to 65535")
+        return port
+    if key in _FLOAT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise bad("must be a number of seconds")
+        try:
+            number = float(value)
+        except ValueError:
+            raise bad("must be a number of seconds") from None
+        if not (math.isfinite(number) and number > 0):
+            raise bad("must be a positive number of seconds")
+        return number
+    if key in _MAPPING_FIELDS:
+        if isinstance(value, str):  # a TRM_* variable: JSON
+            import json  # noqa: PLC0415
+
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise bad("must be a mapping (in a variable: a JSON object)") from None
+        if not isinstance(value, dict):
+            raise bad("must be a mapping")
+        if key == "environments":
+            for name, entry in value.items():
+                store = entry.get("store") if isinstance(entry, dict) else entry
+                if not isinstance(entry, (dict, str)) or (store is not None and not isinstance(store, str)):
+                    raise ConfigError(f"{origin}: environments.{name} must be a store location or a mapping "
+                                      "with a 'store' location"[:300])
+                if store:
+                    check_no_userinfo(store, f"{origin} (environments.{name}.store)")
+        return value
+    if not isinstance(value, str):  # every other setting is text: a path, a URL, a command, an address
+        raise bad("must be text")
+    if key in ("repository", "cache_dir"):
+        return Path(value)
     return value
 
 
@@ -117,6 +184,8 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
 
         try:
             data = yaml.safe_load(path.read_text()) or {}
+        except UnicodeDecodeError:
+            raise ConfigError(f"settings file {path} is not UTF-8 text") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"settings file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
         if not isinstance(data, dict):

@@ -15,7 +15,7 @@ from onnx_models import linear
 from store_helpers import finish, tree_digest, trm_process
 
 from repo_manager.loadgen import BackgroundLoad, Workload
-from repo_manager.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from repo_manager.manifest import MANIFEST_NAME, MAX_DATA_BYTES, read_manifest, sha256_file
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout.plan import served_versions
 from repo_manager.serving import load_version
@@ -103,6 +103,22 @@ UPPER = (
     "            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor('UPPER', upper)]))\n"
     "        return responses\n")
 LABELS = "tench\ngoldfish\ngreat white shark\n"
+WARM_SAMPLE = np.arange(1, 6, dtype=np.float32).tobytes()
+"""py_warm's warm-up input (warmup/input0.raw): Triton sends it once at load; the model answers its sum."""
+WARM = (
+    "import numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+    "class TritonPythonModel:\n"
+    "    def initialize(self, args):\n"
+    "        self.first = None\n\n"
+    "    def execute(self, requests):\n"
+    "        responses = []\n"
+    "        for request in requests:\n"
+    "            x = pb_utils.get_input_tensor_by_name(request, 'INPUT0').as_numpy()\n"
+    "            if self.first is None:  # the warm-up request Triton makes at load, from warmup/input0.raw\n"
+    "                self.first = float(x.sum())\n"
+    "            out = np.full(x.shape, self.first, np.float32)\n"
+    "            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor('OUTPUT0', out)]))\n"
+    "        return responses\n")
 
 
 def _ensemble_over_policy(root: Path) -> Path:
@@ -165,6 +181,14 @@ output [
            'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
            'output [ { name: "UPPER" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
     _write(root / "py_string" / "1" / "model.py", UPPER)
+    # model_warmup with input_data_file: Triton reads <model>/warmup/<file> at every load, and fails without it
+    _write(root / "py_warm" / "config.pbtxt", 'backend: "python"\n'
+           'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+           'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+           'model_warmup [ { name: "sample" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 '
+           'dims: [ 5 ] input_data_file: "input0.raw" } } } ]\n')
+    _write(root / "py_warm" / "warmup" / "input0.raw", WARM_SAMPLE)
+    _write(root / "py_warm" / "1" / "model.py", WARM)
     _write(root / "trt_labels" / "config.pbtxt", 'platform: "tensorrt_plan"\nmax_batch_size: 8\n'
            'input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]\n'
            'output [ { name: "output" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labels/classes.txt" } ]\n')
@@ -246,13 +270,14 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
     assert result.code == 0, result.err
     adopted = {(a["model"], a["version"]): a for a in result.json()["adopted"]}
     docs_layout = {("densenet_onnx", 1), ("densenet_onnx", 2), ("onnx_named", 1), ("onnx_named", 2),
-                   ("onnx_dir", 1), ("py_nobatch", 1),
+                   ("onnx_dir", 1), ("py_nobatch", 1), ("py_warm", 1),
                    ("py_string", 1), ("trt_labels", 1), ("torch_platform", 1), ("tf_saved", 1), ("tf_graphdef", 1)}
     assert set(adopted) == {("text_onnx", 1), ("text_onnx", 3), ("doubler", 1), ("trt_model", 1),
                             ("torch_model", 1), ("pipeline", 1), ("odd", 2)} | docs_layout
-    for model in ("densenet_onnx", "onnx_named", "py_nobatch", "py_string"):  # answered on Triton
-        assert adopted[(model, 1)]["verified"], adopted[(model, 1)]
+    for model in ("densenet_onnx", "onnx_named", "py_nobatch", "py_string", "py_warm"):  # answered on Triton
+        assert adopted[(model, 1)]["verified"], adopted[(model, 1)]  # (py_warm loads only with its warm-up file)
     assert read_manifest(repo / "densenet_onnx" / "2").labels == {"densenet_labels.txt": LABELS}
+    assert read_manifest(repo / "py_warm" / "1").model_files == {"warmup/input0.raw": WARM_SAMPLE}
     assert "ONNX model directory" in read_manifest(repo / "onnx_dir" / "1").verification["reason"]
     after = tree_digest(repo)
     assert {k: v for k, v in after.items() if not k.endswith(MANIFEST_NAME)} == before  # nothing else touched
@@ -275,12 +300,15 @@ def test_adopt_in_place_verifies_on_triton_and_only_adds_manifests(capsys, tmp_p
     # adopting twice changes nothing
     manifests = {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)}
     again = _adopt(capsys, repo, "--skip-broken", "--url", triton.url)
-    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 18
+    assert again.code == 0 and again.json()["adopted"] == [] and again.json()["already_adopted"] == 19
     assert {p: p.read_bytes() for p in repo.rglob(MANIFEST_NAME)} == manifests
     _write(repo / "densenet_onnx" / "densenet_labels.txt", LABELS + "hammerhead\n")  # labels edited afterwards
     changed = _adopt(capsys, repo, "--dry-run")
     assert changed.code == 3
-    assert any("densenet_onnx/1" in p and "other label files" in p for p in changed.json()["problems"])
+    assert any("densenet_onnx/1" in p and "other label or data files" in p for p in changed.json()["problems"])
+    _write(repo / "py_warm" / "warmup" / "input0.raw", WARM_SAMPLE[::-1])  # and warm-up data
+    changed = _adopt(capsys, repo, "--dry-run")
+    assert any("py_warm/1" in p and "other label or data files" in p for p in changed.json()["problems"])
 
 
 def test_a_model_that_does_not_answer_is_refused_and_nothing_is_written(capsys, tmp_path, triton):
@@ -303,7 +331,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     target = tmp_path / "trm-repo"
     result = _adopt(capsys, source, "--into", target, "--no-verify")
     assert result.code == 0, result.err
-    assert len(result.json()["adopted"]) == 18
+    assert len(result.json()["adopted"]) == 19
     assert tree_digest(source) == before and not list(source.rglob(MANIFEST_NAME))
     assert run_cli(capsys, "validate", target, "--json").json()["ok"]
     for model in ("text_onnx", "densenet_onnx", "onnx_named", "tf_saved"):  # the author's text, byte for byte
@@ -311,6 +339,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     densenet = read_manifest(target / "densenet_onnx" / "1")
     assert densenet.labels == {"densenet_labels.txt": LABELS} and densenet.source["kind"] == "adopted"
     assert (target / "trt_labels" / "labels" / "classes.txt").read_text() == LABELS
+    assert (target / "py_warm" / "warmup" / "input0.raw").read_bytes() == WARM_SAMPLE
     assert read_manifest(target / "policy_pipeline" / "1").members == {"onnx_named": 1}  # what Triton's -1 serves
     assert {f.path for f in read_manifest(target / "tf_saved" / "1").files} == {
         "model.savedmodel/saved_model.pb", "model.savedmodel/variables/variables.index",
@@ -318,7 +347,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     shown = run_cli(capsys, "show", "onnx_named", "--repo", target, "--json")
     assert shown.code == 0 and shown.json()["versions"] == [1, 2]
     # into the same target again: identical versions are left alone
-    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 18
+    assert _adopt(capsys, source, "--into", target, "--no-verify").json()["already_adopted"] == 19
     # a different version 1 already in the target is refused by name
     linear(source / "text_onnx" / "1" / "model.onnx", seed=99)
     clash = _adopt(capsys, source, "--into", target, "--dry-run")
@@ -332,11 +361,18 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     onnx_file = Path("text_onnx") / "3" / "model.onnx"
     assert sha256_file(node / onnx_file) == sha256_file(target / onnx_file)
     assert (node / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
+    assert (node / "py_warm" / "warmup" / "input0.raw").read_bytes() == WARM_SAMPLE
     assert run_cli(capsys, "validate", node, "--json").json()["ok"]
+    # a plain layout for a stock Triton carries them too, beside config.pbtxt
+    assert run_cli(capsys, "export", s3_location, tmp_path / "plain", "--env", "prod").code == 0
+    assert (tmp_path / "plain" / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
+    assert (tmp_path / "plain" / "py_warm" / "warmup" / "input0.raw").read_bytes() == WARM_SAMPLE
     (node / "densenet_onnx" / "densenet_labels.txt").unlink()  # Triton would fail the load: validate says so
+    (node / "py_warm" / "warmup" / "input0.raw").write_bytes(b"")
     assert not run_cli(capsys, "validate", node, "--json").json()["ok"]
     assert run_cli(capsys, "validate", node, "--fix", "--json").json()["ok"]
     assert (node / "densenet_onnx" / "densenet_labels.txt").read_text() == LABELS
+    assert (node / "py_warm" / "warmup" / "input0.raw").read_bytes() == WARM_SAMPLE
     again = run_cli(capsys, "sync", s3_location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache",
                     "--json")
     assert again.code == 0 and again.json()["installed"] == [] and again.json()["configs_replaced"] == []
@@ -346,8 +382,10 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     server = TritonServer(node).start()
     try:
         with TritonClient(server.url) as client:
-            for model in ("densenet_onnx", "py_string", "py_nobatch"):  # (text_onnx asks for a GPU)
+            for model in ("densenet_onnx", "py_string", "py_nobatch", "py_warm"):  # (text_onnx asks for a GPU)
                 load_version(client, LocalRepository(node), model)
+            # Triton warmed py_warm up with the synced file: its first request was 1+2+3+4+5
+            assert client.infer("py_warm", {"INPUT0": np.zeros(3, np.float32)})["OUTPUT0"].tolist() == [15.0] * 3
             words = client.infer("py_string", {"TEXT": np.array([[b"triton"]], dtype=np.object_)})["UPPER"]
             assert words.reshape(-1).tolist() == [b"TRITON"]
             assert client.infer("py_nobatch", {"INPUT0": np.zeros(5, np.float32)})["OUTPUT0"].tolist() == [1.0] * 5
@@ -388,6 +426,8 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
     repo = tmp_path / "repo"
     python = 'backend: "python"\n'
     labelled = python + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "%s" } ]\n'
+    warm = python + ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" '
+                     'value: { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "%s" } } } ]')
     for name, config in {"empty": "", "garbage": os.urandom(3000), "nul": 'backend: "python"\x00\n',
                          "deep": python + "x { " * 3000, "latin1": 'backend: "python" # caf\xe9\n'.encode("latin-1"),
                          "label_missing": labelled % "labels.txt", "label_escapes": labelled % "../../etc/hostname",
@@ -395,14 +435,18 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
                          "--help": python, "my model": python, "modèle": python, "real": python,
                          "env": python + 'parameters: { key: "EXECUTION_ENV_PATH", value: { string_value: '
                                          '"$$TRITON_MODEL_DIRECTORY/py310.tar.gz" } }',
-                         "warm": python + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" '
-                                          'value: { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "raw" } } } ]'
+                         "warm": warm % "raw", "warm_escapes": warm % "../../../etc/hostname",
+                         "warm_link": warm % "raw", "warm_big": warm % "big",
                          }.items():
         _write(repo / name / "config.pbtxt", config)
         _write(repo / name / "1" / "model.py", DOUBLER)
     _write(repo / "label_binary" / "labels.txt", b"\xff\xfe" + os.urandom(64))
     _write(repo / "label_in_version" / "1" / "labels.txt", "a\n")
-    _write(repo / "warm" / "warmup" / "raw", os.urandom(4))
+    (repo / "warm_link" / "warmup").mkdir()
+    (repo / "warm_link" / "warmup" / "raw").symlink_to(tmp_path / "outside.raw")
+    _write(tmp_path / "outside.raw", os.urandom(4))
+    with open(_write(repo / "warm_big" / "warmup" / "big", b""), "r+b") as big:
+        big.truncate(MAX_DATA_BYTES + 1)  # sparse: larger than a manifest carries
     (repo / "alias").symlink_to("real")  # Triton serves a linked model folder: refused, not skipped
     (repo / "real" / "2").symlink_to("1")  # and a linked version folder
     _write(repo / "fifo" / "1" / "model.py", DOUBLER)
@@ -416,13 +460,17 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
                for m in plan.json()["models"]}
     assert set(refused) == {"empty", "garbage", "nul", "deep", "latin1", "label_missing", "label_escapes",
                             "label_binary", "label_in_version", "--help", "my model", "modèle", "real", "warm", "env",
-                            "alias", "fifo"}
+                            "alias", "fifo", "warm_escapes", "warm_link", "warm_big"}
     assert all(refused.values()), refused
     for name in ("empty", "garbage", "nul", "deep", "latin1", "label_missing", "warm", "fifo"):
         assert str(repo / name / "config.pbtxt") in refused[name], refused[name]
     assert f"{repo / 'deep' / 'config.pbtxt'}:2:" in refused["deep"]
     assert "does not exist (Triton fails to load the model)" in refused["label_missing"]
-    assert "not UTF-8" in refused["label_binary"] and "warmup/raw" in refused["warm"]
+    assert "not UTF-8" in refused["label_binary"]
+    assert "warmup/raw does not exist (Triton fails to load the model)" in refused["warm"]  # warm-up data: carried,
+    assert "names a file outside warmup/" in refused["warm_escapes"]  # but only from the model's warmup/ folder,
+    assert "is not a regular file" in refused["warm_link"]  # never through a link,
+    assert "larger than 8 MiB" in refused["warm_big"]  # and small
     assert "'EXECUTION_ENV_PATH' reads py310.tar.gz from the model folder" in refused["env"]
     assert "symbolic link" in refused["alias"] and "real/2: a symbolic link" in refused["real"]
     assert plan.json()["counts"]["refused"] == len(refused)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import make_version, python_config, tree_digest
 
 from repo_manager.errors import InputError
@@ -392,6 +394,46 @@ def test_export_to_s3_leaves_an_identical_version_alone_and_refuses_a_different_
     assert clash.code == 3 and "different version 1" in clash.err, clash.err
 
 
+def test_the_sync_record_is_never_written_through_a_link_planted_in_the_cache(capsys, tmp_path):
+    """<cache>/state (what the quick path reads) as a symbolic link: the sync completes and writes nothing
+    through it (the record is best effort: without it the next sync plans in full)."""
+    store = _store_with(tmp_path)
+    elsewhere = _elsewhere(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "state").symlink_to(elsewhere, target_is_directory=True)
+    for _ in range(2):
+        result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo", "--cache", cache)
+        assert result.code == 0, result.err
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["precious"]
+    assert (tmp_path / "repo" / "base" / "1" / "model.py").read_bytes() == b"# v1"
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "link"])
+def test_a_store_object_that_is_not_a_regular_file_is_a_store_error(capsys, tmp_path, kind):
+    """A folder store's blob replaced by a folder, a FIFO (a read would block forever) or a link to a file
+    outside the store: sync and export refuse it (exit 7) and install nothing."""
+    import hashlib
+
+    data = b"# weights\n" * 1000
+    store = _store_with(tmp_path, files={"w.bin": data})
+    blob = Path(store) / "blobs" / "sha256" / hashlib.sha256(data).hexdigest()
+    blob.unlink()
+    if kind == "folder":
+        blob.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(blob)
+    else:
+        (tmp_path / "outside.bin").write_bytes(data)  # even the right bytes: not through a link
+        blob.symlink_to(tmp_path / "outside.bin")
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "repo", "--cache", tmp_path / "c",
+                     "--json")
+    assert result.code == 7, result.err
+    assert result.json()["error"]["kind"] == "integrity" and not (tmp_path / "repo" / "base").exists()
+    exported = run_cli(capsys, "export", store, tmp_path / "plain")
+    assert exported.code == 7 and "not a" in exported.err, exported.err
+
+
 def test_a_mistyped_environment_in_sync_names_the_close_ones(capsys, tmp_path):
     store = _store_with(tmp_path, env="production")
     result = run_cli(capsys, "sync", store, "--env", "prodution", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
@@ -441,3 +483,89 @@ def test_publishing_never_writes_through_a_symlinked_model_folder(tmp_path):
     with pytest.raises(UnsafePathError, match="symbolic link"):
         make_version(repo, "base", {"model.py": b"# v1"})
     assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+def test_a_push_to_an_environment_named_like_an_existing_one_is_refused_as_a_typo(capsys, tmp_path):
+    """`--env prd` beside `prod`, `STAGING` beside `staging`: refused before anything is uploaded (nodes watching
+    the intended environment would never see the versions); `--create-env` creates it when meant."""
+    store = _store_with(tmp_path, env="prod")
+    run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", "staging")
+    make_version(tmp_path / "src", "base", {"model.py": b"# v2"})
+    for typo, meant in (("prd", "prod"), ("STAGING", "staging"), ("prodd", "prod"), ("Prod", "prod")):
+        result = run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", typo, "--json")
+        assert result.code == 2 and f"did you mean {meant}" in result.err and "--create-env" in result.err, result.err
+    assert sorted(open_store(store).list_envs()) == ["prod", "staging"]
+    assert open_store(store).list_versions("base") == [1]  # nothing was uploaded either
+    assert run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", "canary").code == 0  # not close
+    assert run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", "prd", "--create-env").code == 0
+    assert sorted(open_store(store).list_envs()) == ["canary", "prd", "prod", "staging"]
+
+
+@pytest.mark.parametrize("location", ["s3:/bucket/p", "s3:bucket", " ", " store"])
+def test_a_mistyped_store_url_is_not_taken_for_a_folder(capsys, tmp_path, monkeypatch, location):
+    make_version(tmp_path / "src", "base", {"model.py": b"# v1"})
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(capsys, "push", location, "--repo", tmp_path / "src")
+    assert result.code == 2 and "neither s3://bucket/prefix nor a plain folder" in result.err, result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("selection", ["base:", "base:٣", "base:0", "base:-1", "base:1x"])
+def test_a_version_selection_must_be_a_plain_positive_number(capsys, tmp_path, selection):
+    store = _store_with(tmp_path)
+    result = run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--model", selection)
+    assert result.code == 2 and "must be a positive number" in result.err, result.err
+
+
+def test_a_version_file_replaced_by_a_link_is_a_problem_and_is_never_pushed(capsys, tmp_path):
+    """The same bytes through a symbolic link to a file outside the repository: validate names it, push
+    refuses to read through it (exit 3) and uploads nothing."""
+    repo = tmp_path / "src"
+    make_version(repo, "base", {"model.py": b"# v1"})
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(b"# v1")
+    (repo / "base" / "1" / "model.py").unlink()
+    (repo / "base" / "1" / "model.py").symlink_to(outside)
+    problems = run_cli(capsys, "validate", repo, "--json")
+    assert "model.py is a symbolic link" in problems.out, problems.out
+    result = run_cli(capsys, "push", tmp_path / "store", "--repo", repo, "--env", "prod")
+    assert result.code == 3 and "symbolic link" in result.err, result.err
+    assert not any(p.is_file() for p in (tmp_path / "store").rglob("*"))
+
+
+def test_a_fifo_in_a_source_or_a_version_is_refused_never_read(capsys, tmp_path):
+    """Reading a FIFO blocks forever: publish refuses the source (exit 3) at once; validate reports one in a
+    version folder."""
+    source = tmp_path / "s"
+    source.mkdir()
+    (source / "model.py").write_text("import triton_python_backend_utils as pb_utils\n")
+    os.mkfifo(source / "pipe")
+    result = run_cli(capsys, "publish", "model", source, "--name", "x", "--repo", tmp_path / "r",
+                     "--input", "X:FP32:4", "--output", "Y:FP32:4", "--no-verify")
+    assert result.code == 3 and "not a regular file" in result.err, result.err
+    make_version(tmp_path / "repo", "base", {"model.py": b"# v1"})
+    os.mkfifo(tmp_path / "repo" / "base" / "1" / "pipe")
+    problems = run_cli(capsys, "validate", tmp_path / "repo", "--json")
+    assert "pipe is not in the manifest" in problems.out, problems.out
+
+
+_PASSWORD = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="@\n\r"), min_size=1,
+                    max_size=30).filter(lambda p: not ('"' in p and any(c.isspace() for c in p)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(password=_PASSWORD, scheme=st.sampled_from(["http", "https", "s3", "grpc"]))
+def test_no_password_survives_redaction_whatever_it_holds(password, scheme):
+    """A URL's password may hold quotes, '<', '/', spaces, any letter: none of it reaches output, in a line,
+    in JSON, or quoted in an error message."""
+    import json
+
+    from repo_manager.redact import printable, redact, redact_data
+
+    secret = f"Zx{password}Qz"
+    url = f"{scheme}://user:{secret}@host.example:9/x"
+    for text in (f"error: cannot reach {url} (refused)", f"'{url}'", f"<{url}>", json.dumps({"url": url}, indent=2),
+                 json.dumps({"a": "x", "url": url, "owner": "me@corp"})):
+        for shown in (redact(text), printable(text)):
+            assert "Zx" not in shown and "Qz" not in shown, (text, shown)
+    assert "Zx" not in json.dumps(redact_data({"store": url, "nested": [url]}))

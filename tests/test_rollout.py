@@ -343,6 +343,32 @@ def test_bad_usage_and_unreachable_servers_change_nothing(capsys, repo_root):
     assert status.code == 0 and "UNREACHABLE" in status.out
 
 
+BAD_SMOKE = [([{"inputs": {"X": "abc"}}], "X is not TYPE_FP32 values"),
+             ([{"inputs": {"X": 5}, "outputs": {"Y": "x"}}], "shape"), ([{"inputs": "x"}], "must map tensor names"),
+             ([{"inputs": {"X": [[1, 2, 3]]}}], "takes [-1, 4]"), ([5], "a case is a mapping"),
+             ([{"inputs": {"Z": [[1, 2, 3, 4]]}}], "no input tensor 'Z'"),
+             ([{"inputs": {"X": [[1, 2, 3, 4]]}, "outputs": {"X": [[1]]}}], "no output tensor 'X'"),
+             ("x", "non-empty list")]
+
+
+def test_a_smoke_file_that_cannot_be_used_is_bad_input_before_anything_changes(capsys, tmp_path, repo_root):
+    rm.tagged(repo_root, "m", 1)
+    server = start(repo_root, "m", 1)
+    try:
+        rm.tagged(repo_root, "m", 2)
+        smoke = tmp_path / "smoke.json"
+        for cases, message in BAD_SMOKE:
+            smoke.write_text(json.dumps({"cases": cases}))
+            for dry_run in (("--dry-run",), ()):
+                result = rollout(capsys, repo_root, "m", "--version", 2, *at(server), "--smoke", smoke, *dry_run)
+                assert result.code == 3 and message in result.err, (cases, result.err)
+        with TritonClient(server.url) as client:
+            assert served_versions(client, ["m"]) == {"m": (1,)}
+        assert read_records(repo_root) == []
+    finally:
+        server.stop()
+
+
 def test_changed_outputs_switch_in_one_reload_without_failed_requests(capsys, repo_root):
     rm.tagged(repo_root, "m", 1, delay=0.005)
     server = start(repo_root, "m", 1)

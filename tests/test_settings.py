@@ -47,3 +47,45 @@ def test_missing_file_is_a_config_error(tmp_path):
 def test_settings_are_immutable():
     with pytest.raises(AttributeError):
         Settings().http_port = 1  # type: ignore[misc]
+
+
+WRONG_TYPES = ["environments: 5", "environments: [a, b]", "environments: x", "store: [1]", "store: {a: 1}",
+               "gates: 5", "gates: [1]", "rollout: 5", "http_port: -5", "http_port: 70000", "http_port: true",
+               "server_start_timeout_s: .nan", "server_start_timeout_s: -1", "bind_address: [1]", "tritonserver: 5",
+               "source: elsewhere", "environments: {prod: {store: [1]}}", "environments: {prod: 7}",
+               "repository: {a: 1}", "triton_url: 8000"]
+
+
+@pytest.mark.parametrize("text", WRONG_TYPES)
+def test_a_setting_of_the_wrong_type_is_a_one_line_config_error_in_every_command(capsys, tmp_path, text):
+    """A value YAML reads as another type than the setting's (a list for a path, a bool for a port, nan for a
+    timeout): refused where the settings are read, exit 3 naming the setting, for any command."""
+    from helpers import run_cli  # noqa: PLC0415
+
+    (tmp_path / "s.yaml").write_text(text + "\n")
+    for command in (["specs"], ["list", "--repo", str(tmp_path / "repo")]):
+        result = run_cli(capsys, "--config", tmp_path / "s.yaml", *command)
+        assert result.code == 3, (text, command, result.err)
+        assert text.split(":")[0] in result.err and "internal error" not in result.err
+
+
+@pytest.mark.parametrize("name, value", [("TRM_ENVIRONMENTS", "x"), ("TRM_GATES", "[1]"), ("TRM_ROLLOUT", "5"),
+                                         ("TRM_HTTP_PORT", "-1"), ("TRM_SERVER_START_TIMEOUT_S", "inf")])
+def test_a_variable_of_the_wrong_type_is_a_config_error(name, value):
+    with pytest.raises(ConfigError, match=name):
+        load_settings(env={name: value})
+
+
+def test_a_store_with_credentials_in_an_environment_entry_is_refused_without_printing_it(capsys, tmp_path):
+    from helpers import run_cli  # noqa: PLC0415
+
+    (tmp_path / "s.yaml").write_text("environments: {staging: {store: \"s3://u:Zq9'pw@bucket/p\"}}\n")
+    result = run_cli(capsys, "--config", tmp_path / "s.yaml", "specs")
+    assert result.code == 2 and "environments.staging.store" in result.err
+    assert "Zq9" not in result.out + result.err and "pw@" not in result.out + result.err
+
+
+def test_a_settings_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    (tmp_path / "s.yaml").write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_settings(tmp_path / "s.yaml", env={})

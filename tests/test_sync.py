@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -134,6 +135,52 @@ def test_sync_killed_mid_download_resumes_and_never_shows_a_partial_version(caps
     assert summary["bytes_downloaded"] + summary["bytes_resumed"] == len(weights)  # model.py: already cached
     assert (dst / "m" / "2" / "weights.bin").read_bytes() == weights
     assert LocalRepository(dst).validate() == []
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_sync_stops_downloading_at_once_and_the_next_one_resumes(capsys, s3_location, tmp_path,
+                                                                            signum, code):
+    """SIGTERM (a pod being deleted) or Ctrl-C mid-download: trm stops downloading within a piece, instead of
+    fetching the whole plan before it exits (which can outlast a pod's grace period); nothing is installed
+    and what it fetched stays for the next sync to resume."""
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    weights = pseudo_random(24 * MB, 50 + signum)
+    make_version(src, "m", {"weights.bin": weights, "model.py": b"# m"})
+    _push(capsys, src, s3_location)
+    env = {"TRM_SYNC_PART_SIZE": str(MB)}
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "4", env=env)  # 6 s for the whole blob
+    _wait_for_parts(cache, 2, process)
+    process.send_signal(signum)
+    returncode, _, err = finish(process, timeout=60)
+    assert returncode == code, err
+    assert not (cache / "blobs" / "sha256" / hashlib.sha256(weights).hexdigest()).exists()  # not finished first
+    assert not (dst / "m").exists()
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json", env=env))
+    assert code == 0, err
+    assert summary["bytes_resumed"] > 0 and summary["bytes_downloaded"] < len(weights)
+    assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
+
+
+def test_what_a_killed_sync_left_is_cleared_by_the_next_one(capsys, s3_location, tmp_path):
+    """A sync SIGKILLed while it assembled a version leaves its staging folder (hard links that keep cache
+    blobs from being collected): the next sync that installs the model removes it (its owner is gone); a
+    running writer's stays. (A small download writes an anonymous file: a kill leaves nothing of it.)"""
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    small = pseudo_random(20_000, 77)
+    make_version(src, "m", {"small.bin": small, "model.py": b"# m"})
+    _push(capsys, src, s3_location)
+    dead = dst / "m" / ".trm-tmp-4194399-0123abcd"  # above Linux's largest pid: no such process
+    live = dst / "m" / f".trm-tmp-{os.getpid()}-4567ef"  # this process: a writer still running
+    for folder in (dead, live):
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "small.bin").write_bytes(small[:100])
+    result = _sync(capsys, s3_location, dst, cache)
+    assert result.code == 0, result.err
+    assert not dead.exists() and live.exists()
+    assert (dst / "m" / "1" / "small.bin").read_bytes() == small
+    assert list((cache / "partial").iterdir()) == []
 
 
 def _file_size_limit(limit: int):

@@ -7,12 +7,18 @@ from helpers import run_cli
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--p99-ms", "0", "--low-rps", "10", "--peak-rps", "20"), "--p99-ms must be positive"),
+    (("--p99-ms", "0", "--low-rps", "10", "--peak-rps", "20"), "'--p99-ms': '0' must be above 0"),
+    (("--p99-ms", "nan", "--low-rps", "10", "--peak-rps", "20"), "'--p99-ms': 'nan' is not a finite number"),
+    (("--p99-ms", "40", "--low-rps", "10", "--peak-rps", "inf"), "'--peak-rps': 'inf' is not a finite number"),
+    (("--p99-ms", "40", "--low-rps", "10", "--peak-rps", "20", "--headroom", "nan"), "--headroom"),
     (("--p99-ms", "40", "--low-rps", "30", "--peak-rps", "20"), "--low-rps <= --peak-rps"),
     (("--p99-ms", "40", "--low-rps", "10", "--peak-rps", "20", "--headroom", "0.5"), "--headroom"),
     (("--p99-ms", "40", "--low-rps", "10", "--peak-rps", "20", "--budget", "-1"), "--budget"),
     (("--p99-ms", "40", "--low-rps", "10", "--peak-rps", "20", "--requests", "0"), "--requests"),
-    (("--check", "--p99-ms", "-3"), "--p99-ms must be positive"),
+    # less than the measurements every run makes (at 10/20/24 requests/s, 300 requests a point: minutes)
+    (("--p99-ms", "40", "--low-rps", "10", "--peak-rps", "20", "--budget", "60"),
+     "--budget 60 s is less than the measurements every run makes take here: about "),
+    (("--check", "--p99-ms", "-3"), "'--p99-ms': '-3' must be above 0"),
     (("--check", "--requests", "0"), "--requests"),
 ])
 def test_bad_arguments_are_refused_before_the_progress_display(capsys, tmp_path, args, message):

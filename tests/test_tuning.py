@@ -31,7 +31,7 @@ from repo_manager.tuning import Candidate, TuneRequest, tune_batching
 # reliably on 2 cores; the queue policy is measured where its timeout is long against such stalls.
 SLO_MS = 150.0
 RATES = ("--low-rps", "50", "--peak-rps", "100")
-FAST = ("--requests", "150", "--budget", "15")
+FAST = ("--requests", "150", "--budget", "50")  # the least these rates allow (TuneRequest.minimum_budget_s)
 
 
 def publish_seed_model(settings: Settings, tmp_path, name: str = "ranker") -> None:
@@ -47,7 +47,7 @@ def tuned(tmp_path_factory, triton):
     settings = Settings(repository=tmp / "repo", triton_url=triton.url)
     publish_seed_model(settings, tmp)
     embedded = Settings(repository=tmp / "repo")  # tuning on an embedded server on the repository
-    request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=20, write=True, requests=150, warmup_s=0.5,
+    request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=45, write=True, requests=150, warmup_s=0.5,
                           max_batch_limit=16,
                           report_dir=tmp / "report")
     return embedded, tune_batching(embedded, request)

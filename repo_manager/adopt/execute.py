@@ -25,7 +25,15 @@ from repo_manager import config as cfg
 from repo_manager.adopt.plan import AdoptPlan, ModelPlan, VersionPlan, model_file
 from repo_manager.errors import InputError, TrmError, VerificationError
 from repo_manager.inputs import verification_samples
-from repo_manager.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso, package_versions, sha256_file
+from repo_manager.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    encode_data,
+    now_iso,
+    package_versions,
+    sha256_file,
+)
 from repo_manager.progress import Progress, quiet
 from repo_manager.publish.verify import Candidate, verify
 from repo_manager.repository import LocalRepository
@@ -160,7 +168,7 @@ def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progre
     else:
         record = {"reference": "config", "checked": "every declared output present with its type and shape"}
     try:
-        report = verify(client, [Candidate(model.name, config, files, model.labels)], model.name,
+        report = verify(client, [Candidate(model.name, config, files, model.model_files)], model.name,
                         verification_samples(config), reference)
     except TrmError as exc:
         progress(f"{model.name}/{version.version} failed: {exc.message}")
@@ -179,11 +187,12 @@ def _verify_ensemble(settings: Settings, model: ModelPlan, version: VersionPlan,
                     "reason": f"member {member} cannot run on the embedded server: adopted unverified"}
         if member_record is not None and not member_record.get("passed"):
             return {"passed": False, "skipped": True, "reason": f"member {member}/{member_version} is unverified"}
-    candidates = [Candidate(model.name, _check_config(model), {}, model.labels)]
+    candidates = [Candidate(model.name, _check_config(model), {}, model.model_files)]
     for member, member_version in pins.items():
         folder = plans[member].folder / str(member_version)
         candidates.append(Candidate(member, _check_config(plans[member]),
-                                    {rel: folder / rel for rel in _entries_paths(folder)}, plans[member].labels))
+                                    {rel: folder / rel for rel in _entries_paths(folder)},
+                                    plans[member].model_files))
     progress(f"verifying ensemble {model.name}/{version.version} on an embedded server")
     # an ensemble loads its members from the server's repository folder: a scratch one, outside the source
     with tempfile.TemporaryDirectory(prefix="trm-adopt-") as scratch:
@@ -217,7 +226,7 @@ def _manifest(model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ..
     return Manifest(model=model.name, version=version.version, files=files, config=model.config_text,
                     source=source, environment=package_versions("tritonclient", "onnxruntime"),
                     verification=verification, members=dict(model.members.get(version.version, {})),
-                    labels=dict(model.labels), created_at=now_iso())
+                    labels=dict(model.labels), data=encode_data(model.data), created_at=now_iso())
 
 
 def _write(plan: AdoptPlan, model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ...],

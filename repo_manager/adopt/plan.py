@@ -28,6 +28,7 @@ from repo_manager import config as cfg
 from repo_manager.errors import InputError, IntegrityError
 from repo_manager.manifest import (
     MANIFEST_NAME,
+    MAX_DATA_BYTES,
     MAX_LABEL_BYTES,
     Manifest,
     check_label_path,
@@ -99,6 +100,13 @@ class ModelPlan:
     labels: dict[str, str] = field(default_factory=dict)
     """Label files its outputs name (``label_filename``, in the model folder): path -> text. Every
     version's manifest carries them, so that push and sync install them beside config.pbtxt."""
+    data: dict[str, bytes] = field(default_factory=dict)
+    """Data files its config makes Triton read from the model folder (``warmup/<input_data_file>``,
+    ``initial_state/<data_file>``): path -> bytes, carried the same way."""
+
+    @property
+    def model_files(self) -> dict[str, bytes]:
+        return {**{path: text.encode() for path, text in self.labels.items()}, **self.data}
 
     @property
     def runnable(self) -> bool:
@@ -121,6 +129,8 @@ class ModelPlan:
             data["members"] = {str(k): v for k, v in self.members.items()}
         if self.labels:
             data["labels"] = sorted(self.labels)
+        if self.data:
+            data["data_files"] = sorted(self.data)
         return data
 
 
@@ -242,10 +252,11 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     labels, problem = _labels(folder, config)
     if problem:
         return ModelPlan(name, folder, backend, text, refused=problem)
-    problem = _model_level_data(folder, config)
+    data, problem = _model_level_data(folder, config)
     if problem:
         return ModelPlan(name, folder, backend, text, refused=problem)
-    label_roots = {path.split("/")[0] for path in labels}
+    carried = {**{path: text.encode() for path, text in labels.items()}, **data}
+    label_roots = {path.split("/")[0] for path in carried}
     versions: list[VersionPlan] = []
     for child in sorted(folder.iterdir()):
         if child.name == CONFIG_NAME or child.name.startswith(STAGING_PREFIX):
@@ -258,7 +269,7 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
             versions.append(VersionPlan(_loose_number(child.name), "refused", f"{child}: a symbolic link "
                                         "(Triton follows it; a trm version must be a real folder)"))
         elif child.is_dir() and not child.is_symlink() and _VERSION.match(child.name):
-            versions.append(_plan_version(name, int(child.name), child, config, backend, target, labels))
+            versions.append(_plan_version(name, int(child.name), child, config, backend, target, carried))
         elif child.is_dir() and not child.is_symlink() and (child.name[:1].isdigit() or child.name[:1] in " +-"):
             number = _loose_number(child.name)
             versions.append(VersionPlan(number, "refused", f"version folder {child.name!r} is not a canonical "
@@ -269,7 +280,7 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
                          "trm")
     if not versions:
         notes.append("no version folder: nothing to adopt")
-    return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels)
+    return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels, data=data)
 
 
 def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]:
@@ -286,44 +297,72 @@ def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]
         except IntegrityError:
             return {}, (f"{where}: trm carries label files in the model folder only (not outside it, not "
                         "in a version folder, not config.pbtxt)")
-        file = folder / path
-        if file.is_symlink() or (file.exists() and not file.is_file()):
-            return {}, f"{where}: {file} is not a regular file"
-        try:
-            data = file.read_bytes()
-        except FileNotFoundError:
-            return {}, f"{where}: {file} does not exist (Triton fails to load the model)"
-        except OSError as exc:
-            return {}, f"{where}: {file} cannot be read ({exc.strerror})"
-        if len(data) > MAX_LABEL_BYTES:
-            return {}, f"{where}: {file} is larger than {MAX_LABEL_BYTES >> 20} MiB"
+        data, problem = _read_model_file(folder / path, where, MAX_LABEL_BYTES)
+        if problem:
+            return {}, problem
         try:
             labels[path] = data.decode()
         except UnicodeDecodeError:
-            return {}, f"{where}: {file} is not UTF-8 text"
+            return {}, f"{where}: {folder / path} is not UTF-8 text"
     return labels, ""
 
 
-def _model_level_data(folder: Path, config: cfg.ModelConfig) -> str:
-    """Data files the config makes Triton read from the model folder that trm versions do not carry:
-    a node synced from a store would fail to load the model, so it is refused rather than half adopted."""
+def _read_model_file(file: Path, where: str, limit: int) -> tuple[bytes, str]:
+    """A regular file of the model folder (not a link), at most ``limit`` bytes, or why not."""
+    if file.is_symlink() or (file.exists() and not file.is_file()):
+        return b"", f"{where}: {file} is not a regular file"
+    try:
+        if file.stat().st_size > limit:
+            return b"", f"{where}: {file} is larger than {limit >> 20} MiB"
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return b"", f"{where}: {file} does not exist (Triton fails to load the model)"
+    except OSError as exc:
+        return b"", f"{where}: {file} cannot be read ({exc.strerror})"
+    if len(data) > limit:
+        return b"", f"{where}: {file} is larger than {limit >> 20} MiB"
+    return data, ""
+
+
+def _model_level_data(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, bytes], str]:
+    """The data files the config makes Triton read from the model folder (``model_warmup`` inputs from
+    ``warmup/``, sequence initial states from ``initial_state/``: Triton joins the name to that folder),
+    read to be carried in every version's manifest; or why the model is refused: a file that is missing,
+    a link, outside its folder, or more than ``MAX_DATA_BYTES`` in all, and a parameter that reads the
+    model folder (trm cannot tell which files it needs)."""
+    wanted: list[tuple[str, str]] = []
     for warmup in config.model_warmup:
         for name, tensor in warmup.inputs.items():
             if tensor.input_data_file:
-                return (f"{folder / CONFIG_NAME}: model_warmup {warmup.name!r} input {name!r} reads "
-                        f"warmup/{tensor.input_data_file}, which trm does not carry (use random_data or zero_data)")
+                wanted.append((f"warmup/{tensor.input_data_file}",
+                               f"model_warmup {warmup.name!r} input {name!r} input_data_file"))
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            if initial.data_file:
+                wanted.append((f"initial_state/{initial.data_file}", f"initial_state {initial.name!r} data_file"))
+    data: dict[str, bytes] = {}
+    for path, what in wanted:
+        where = f"{folder / CONFIG_NAME}: {what} {path.split('/', 1)[1]!r}"
+        try:
+            check_label_path(path)
+        except IntegrityError:
+            return {}, f"{where}: names a file outside {path.split('/')[0]}/ of the model folder"
+        if path in data:
+            continue
+        content, problem = _read_model_file(folder / path, where, MAX_DATA_BYTES)
+        if problem:
+            return {}, problem
+        data[path] = content
+        if sum(len(c) for c in data.values()) > MAX_DATA_BYTES:
+            return {}, (f"{folder / CONFIG_NAME}: the warm-up and initial-state data files are larger than "
+                        f"{MAX_DATA_BYTES >> 20} MiB in all, more than trm carries in a manifest")
     for key, parameter in config.parameters.items():
         # the python backend's EXECUTION_ENV_PATH (and any backend parameter) may name a model-folder file
         for found in re.finditer(r"\$\$TRITON_MODEL_DIRECTORY/([^\s\"']+)", parameter.string_value):
             if not found.group(1).split("/")[0].isdigit():
-                return (f"{folder / CONFIG_NAME}: parameter {key!r} reads {found.group(1)} from the model folder, "
-                        "which trm does not carry (move it into the version folder)")
-    for state in config.sequence_batching.state:
-        for initial in state.initial_state:
-            if initial.data_file:
-                return (f"{folder / CONFIG_NAME}: initial_state {initial.name!r} reads "
-                        f"initial_state/{initial.data_file}, which trm does not carry (use zero_data)")
-    return ""
+                return {}, (f"{folder / CONFIG_NAME}: parameter {key!r} reads {found.group(1)} from the model "
+                            "folder, which trm does not carry (move it into the version folder)")
+    return data, ""
 
 
 def _loose_number(name: str) -> int:
@@ -360,7 +399,7 @@ def model_file(config: cfg.ModelConfig) -> str | None:
 
 
 def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, backend: str,
-                  target: Path | None, labels: dict[str, str]) -> VersionPlan:
+                  target: Path | None, carried: dict[str, bytes]) -> VersionPlan:
     try:
         files = _files(folder)
     except InputError as exc:
@@ -381,9 +420,9 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
         if manifest.model != model or manifest.version != version or not _matches(manifest, folder, files):
             return VersionPlan(version, "refused", f"{manifest_path} does not match the files beside it "
                                                    "(`trm validate` shows how)", len(files), size)
-        if manifest.labels != labels:
-            return VersionPlan(version, "refused", f"{manifest_path} carries other label files than the model "
-                                                   "folder holds now", len(files), size)
+        if manifest.model_files != carried:
+            return VersionPlan(version, "refused", f"{manifest_path} carries other label or data files than "
+                                                   "the model folder holds now", len(files), size)
         if target is None:
             return VersionPlan(version, "present", "", len(files), size)
     if target is not None:
@@ -393,7 +432,7 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
                 theirs = read_manifest(existing)
             except (IntegrityError, OSError):
                 theirs = None
-            if theirs is not None and _matches(theirs, folder, files) and theirs.labels == labels:
+            if theirs is not None and _matches(theirs, folder, files) and theirs.model_files == carried:
                 return VersionPlan(version, "present", "", len(files), size)
             return VersionPlan(version, "refused", f"{existing} already holds a different version {version} "
                                                    f"of {model}", len(files), size)

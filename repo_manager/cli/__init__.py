@@ -77,6 +77,38 @@ def json_option(function):
                         help="Print machine-readable JSON.")(function)
 
 
+class Number(click.ParamType):
+    """A finite number for an option, optionally within bounds (``low_open``: above ``low``). nan and inf are
+    refused like any other bad value (exit 2): a nan threshold compares false with everything, so a rollback
+    or an alert it guards could never trigger."""
+
+    name = "number"
+
+    def __init__(self, low: float | None = None, high: float | None = None, *, low_open: bool = False) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import math  # noqa: PLC0415
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.low is not None and (number <= self.low if self.low_open else number < self.low):
+            self.fail(f"{value!r} must be {'above' if self.low_open else 'at least'} {self.low:g}", param, ctx)
+        if self.high is not None and number > self.high:
+            self.fail(f"{value!r} must be at most {self.high:g}", param, ctx)
+        return number
+
+
+NUMBER = Number()
+POSITIVE = Number(0, low_open=True)
+NON_NEGATIVE = Number(0)
+FRACTION = Number(0, 1)
+
+
 class LazyGroup(click.Group):
     """A click group whose commands are imported on first use (see ``repo_manager.cli.commands``).
 

@@ -91,7 +91,7 @@ def fetch_version(store: Store, cache: BlobCache, model: str, version: int) -> F
     for entry in manifest.files:
         cache.fetch(store, entry.sha256, entry.size)
     files = {entry.path: cache.path(entry.sha256) for entry in manifest.files}
-    candidates.append(Candidate(model, config, files, manifest.labels))
+    candidates.append(Candidate(model, config, files, manifest.model_files))
     manifests.append(manifest)
     return FetchedVersion(manifest, tuple(candidates), tuple(manifests))
 

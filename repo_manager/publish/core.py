@@ -78,6 +78,8 @@ class Staged:
     tuning: dict[str, Any] | None = None
     labels: dict[str, str] = field(default_factory=dict)
     """Label files its config names (path in the model folder -> text), carried in the manifest."""
+    data: dict[str, str] = field(default_factory=dict)
+    """Data files its config reads from the model folder, as ``Manifest.data`` (path -> base64)."""
     verification_extra: dict[str, Any] = field(default_factory=dict)
     """Facts about the reference (library, version, criterion) that the manifests record with the result."""
 
@@ -112,6 +114,7 @@ def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str,
             environment=package_versions("onnx", "onnxruntime", "tritonclient", "numpy",
                                          *staged.environment_packages),
             verification=verification, tuning=staged.tuning, members=staged.members, labels=staged.labels,
+            data=staged.data,
             created_at=now_iso())
         try:
             return version, repo.commit(staged.folder, manifest)

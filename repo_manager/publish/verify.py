@@ -44,8 +44,9 @@ class Candidate:
     config: cfg.ModelConfig
     files: Mapping[str, Path]
     """relative path inside the version folder -> file on disk."""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    """Label files the config names (path inside the model folder -> text): Triton fails a load without."""
+    model_files: Mapping[str, bytes] = field(default_factory=dict)
+    """Files the config makes Triton read from the model folder (label files, warm-up data): path there ->
+    bytes. Triton fails a load without them."""
 
 
 @dataclass
@@ -115,11 +116,11 @@ class LoadedCandidates:
                 temp = self.names[candidate.name]
                 config = _renamed(candidate.config, self.names)
                 if self.repository is not None:
-                    write_candidate(self.repository / temp, config, candidate.files, candidate.labels)
+                    write_candidate(self.repository / temp, config, candidate.files, candidate.model_files)
                     self.client.load(temp)
                 else:
                     files = {f"1/{rel}": Path(path).read_bytes() for rel, path in candidate.files.items()}
-                    files.update({path: text.encode() for path, text in candidate.labels.items()})
+                    files.update(candidate.model_files)
                     self.client.load(temp, config, files or None)
                 self._loaded.append(temp)
         except BaseException:
@@ -137,14 +138,14 @@ class LoadedCandidates:
 
 
 def write_candidate(folder: Path, config: cfg.ModelConfig, files: Mapping[str, Path],
-                    labels: Mapping[str, str] | None = None) -> None:
+                    model_files: Mapping[str, bytes] | None = None) -> None:
     """``folder``/config.pbtxt and ``folder``/1/<files>: hard links to the staged files, copies across filesystems;
-    label files beside config.pbtxt."""
+    model-folder files (label files, warm-up data) beside config.pbtxt."""
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
-    for path, text in (labels or {}).items():
+    for path, content in (model_files or {}).items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_text(text)
+        (folder / path).write_bytes(content)
     for rel, source in files.items():
         target = version / rel
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,14 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
         raise UsageError(f"repository {repo.root} does not exist", hint="pass --repo DIR")
     progress(f"planning {model} on {len(urls)} server(s)")
     options = with_settings(options, model, settings.rollout)
-    return build_plan(repo, model, version, urls, options, to_previous=to_previous, grpc_urls=grpc_urls)
+    plan = build_plan(repo, model, version, urls, options, to_previous=to_previous, grpc_urls=grpc_urls)
+    if options.smoke_file is not None:  # a smoke file that cannot be used is bad input, before any server changes
+        from repo_manager import config as cfg  # noqa: PLC0415
+        from repo_manager.rollout.checks import smoke_cases  # noqa: PLC0415
+
+        smoke_cases(cfg.parse_config(repo.manifest(plan.target.model, plan.target.version).config),
+                    options.smoke_file)
+    return plan
 
 
 def run_rollout(settings: Settings, plan: RolloutPlan, progress: Progress = quiet) -> RolloutResult:

@@ -59,18 +59,38 @@ def smoke_cases(config: cfg.ModelConfig, smoke_file: Path | None) -> list[SmokeC
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"smoke file {smoke_file} is not usable: {exc}",
                          hint='expected {"cases": [{"inputs": {...}, "outputs": {...}}]}') from exc
-    types = {t.name: t.data_type for t in list(config.input) + list(config.output)}
+    tensors = {t.name: t for t in list(config.input) + list(config.output)}
+    inputs = {t.name for t in config.input}
     cases = []
     for number, case in enumerate(raw_cases, 1):
-        arrays = {}
+        where = f"smoke file {smoke_file}, case {number}"
+        if not isinstance(case, dict) or not case.get("inputs"):
+            raise InputError(f"{where}: a case is a mapping with 'inputs' (and optionally 'outputs')",
+                             hint='expected {"cases": [{"inputs": {...}, "outputs": {...}}]}')
+        arrays: dict[str, dict[str, np.ndarray]] = {}
         for kind in ("inputs", "outputs"):
             arrays[kind] = {}
-            for name, value in (case.get(kind) or {}).items():
-                if name not in types:
-                    raise InputError(f"smoke file {smoke_file}, case {number}: {config.name} has no tensor "
-                                     f"{name!r}", hint=f"tensors: {', '.join(types)}")
-                dtype = np.object_ if types[name] == cfg.mc.TYPE_STRING else cfg.numpy_dtype(types[name])
-                arrays[kind][name] = np.asarray(value, dtype=dtype)
+            given = case.get(kind)
+            if not isinstance(given if given is not None else {}, dict):
+                raise InputError(f"{where}: '{kind}' must map tensor names to values",
+                                 hint='expected {"cases": [{"inputs": {...}, "outputs": {...}}]}')
+            for name, value in (given or {}).items():
+                if name not in tensors or (kind == "inputs") != (name in inputs):
+                    raise InputError(f"{where}: {config.name} has no {kind[:-1]} tensor {name!r}",
+                                     hint=f"tensors: {', '.join(tensors)}")
+                tensor = tensors[name]
+                dtype = np.object_ if tensor.data_type == cfg.mc.TYPE_STRING else cfg.numpy_dtype(tensor.data_type)
+                try:
+                    array = np.asarray(value, dtype=dtype)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise InputError(f"{where}: {name} is not {cfg.mc.DataType.Name(tensor.data_type)} values "
+                                     f"({str(exc)[:100]})") from None
+                dims = ([-1] if config.max_batch_size > 0 else []) + list(tensor.dims)
+                if kind == "inputs" and (array.ndim != len(dims) or
+                                         any(d != -1 and d != n for d, n in zip(dims, array.shape))):
+                    raise InputError(f"{where}: {name} has shape {list(array.shape)}, {config.name} takes {dims}"
+                                     + (" (the first axis is the batch)" if config.max_batch_size > 0 else ""))
+                arrays[kind][name] = array
         cases.append(SmokeCase(arrays["inputs"], arrays["outputs"] or None))
     return cases
 
@@ -118,7 +138,7 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
         # version folder (without any, Triton looks for the temporary name in its repository and fails).
         files = files or {MANIFEST_NAME: folder / MANIFEST_NAME}
         candidates.append(Candidate(name, cfg.parse_config(manifest.config, f"manifest of {name}/{version}"),
-                                    files, manifest.labels))
+                                    files, manifest.model_files))
     entry_config = next(c.config for c in candidates if c.name == entry)
     with LoadedCandidates(client, candidates) as loaded:
         for case in cases:

@@ -50,6 +50,8 @@ from repo_manager.serving import version_config
 from repo_manager.triton.client import TritonClient
 
 Sets = dict[str, tuple[int, ...]]
+COMMAND_TIMEOUT_S = 600
+"""Longest a drain or restore command may run (``--drain-cmd``, ``--restore-cmd``); then it is stopped."""
 
 
 
@@ -322,9 +324,9 @@ class Executor:
                     "TRM_VERSION": str(self.target.version)}
         with log.step(f"{what} command"):
             try:
-                done = run_command(command, env=os.environ | env_note, timeout_s=600)
+                done = run_command(command, env=os.environ | env_note, timeout_s=COMMAND_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                raise ServerError(f"{what} command for {server.url} did not finish within 600 s",
+                raise ServerError(f"{what} command for {server.url} did not finish within {COMMAND_TIMEOUT_S} s",
                                   url=server.url) from None
             if done.returncode != 0:
                 raise ServerError(f"{what} command for {server.url} exited with {done.returncode}: "

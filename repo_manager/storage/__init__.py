@@ -45,6 +45,12 @@ def open_store(location: str | None, settings: Settings | None = None) -> Store:
     if "://" in location:
         raise UsageError(f"store location {location!r} is not supported",
                          hint="use s3://bucket/prefix or a folder path")
+    import re  # noqa: PLC0415
+
+    if not location.strip() or location != location.strip() or re.match(r"(?i)[a-z][a-z0-9+.-]+:", location):
+        # 's3:/bucket/p', 's3:bucket' (a mistyped URL) or ' ': not a folder anyone means to create
+        raise UsageError(f"store location {location!r} is neither s3://bucket/prefix nor a plain folder path",
+                         hint="write s3://bucket/prefix, or ./NAME for a folder whose name has a ':' or spaces")
     from repo_manager.storage.folder import FolderStore  # noqa: PLC0415
 
     return FolderStore(location)

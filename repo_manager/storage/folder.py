@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,10 +132,20 @@ class FolderStore(Store):
         return super()._get_bytes_if_changed(key, tag)
 
     def _read_range(self, key: str, start: int, length: int) -> Iterator[bytes]:
+        """Bytes of an object, which must be a regular file of the store: never through a link, never a
+        folder or a FIFO (a read that would block) put where an object belongs."""
         try:
-            handle = open(self._path(key), "rb")  # noqa: SIM115 - closed by the generator
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError as exc:
             raise NotFoundError(f"{key} does not exist in {self.location}", store=self.location) from exc
+        except OSError as exc:
+            raise IntegrityError(f"{key} in {self.location} is not a readable file ({exc.strerror})",
+                                 hint="the store is damaged: push the version again") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise IntegrityError(f"{key} in {self.location} is not a regular file",
+                                 hint="the store is damaged: push the version again")
+        handle = os.fdopen(fd, "rb")
 
         def chunks() -> Iterator[bytes]:
             with handle:

@@ -4,7 +4,8 @@ Layout::
 
     <cache>/blobs/sha256/<hex>            verified blobs, read-only; repositories hard-link to them
     <cache>/partial/<hex>.<token>/data    a large download in progress (+ done/<part> markers for resuming)
-    <cache>/partial/<hex>.<token>.small   a small download in progress (one GET, hashed as it streams)
+    <cache>/partial/<hex>.<token>.small   a small download in progress where the filesystem has no O_TMPFILE
+                                          (elsewhere an anonymous file: a killed sync leaves nothing)
     <cache>/locks/<hex>                   advisory lock: only avoids two downloads of one blob at once
     <cache>/manifests/<store-id>/<model>/<N>.json   manifests already verified (they are immutable)
 
@@ -188,27 +189,22 @@ class BlobCache:
                         raise
 
     def _fetch_small(self, store: Store, digest: str, size: int, on_bytes: OnBytes, limit: RateLimit | None) -> int:
-        """One GET streamed into a unique temporary file while hashing (no second read), then linked in."""
+        """One GET streamed into a temporary file while hashing (no second read), then linked in."""
         downloaded = 0
         for attempt in (1, 2):
-            tmp = self.partial / f"{digest}.{uuid.uuid4().hex}.small"
+            fd, tmp = self._small_file(digest)
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 hasher = hashlib.sha256()
+                self._copy(_hashed(store.read_blob(digest, 0, size), hasher), fd, 0, size, digest, on_bytes, limit)
+                downloaded += size
+                if hasher.hexdigest() != digest:
+                    raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
+                                         f"{hasher.hexdigest()[:12]}…)",
+                                         hint="the object in the store is corrupt: push the version again")
+                os.fchmod(fd, 0o444)
+                os.fsync(fd)
                 try:
-                    self._copy(_hashed(store.read_blob(digest, 0, size), hasher), fd, 0, size, digest, on_bytes,
-                               limit)
-                    downloaded += size
-                    if hasher.hexdigest() != digest:
-                        raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
-                                             f"{hasher.hexdigest()[:12]}…)",
-                                             hint="the object in the store is corrupt: push the version again")
-                    os.fchmod(fd, 0o444)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                try:
-                    os.link(tmp, self.path(digest))
+                    self._link_small(fd, tmp, digest)
                 except FileExistsError:
                     pass  # installed by another writer (only where locks do not work): same content
                 return downloaded
@@ -216,8 +212,34 @@ class BlobCache:
                 if attempt == 2:
                     raise
             finally:
-                tmp.unlink(missing_ok=True)
+                os.close(fd)
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
         raise AssertionError("unreachable")
+
+    def _link_small(self, fd: int, tmp: Path | None, digest: str) -> None:
+        if tmp is not None:
+            os.link(tmp, self.path(digest))
+            return
+        # linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N names the anonymous file (os.link makes a plain
+        # link(), which would link the /proc entry itself, unless given a directory fd)
+        folder = os.open(self.partial, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.link(f"/proc/self/fd/{fd}", self.path(digest), src_dir_fd=folder, follow_symlinks=True)
+        finally:
+            os.close(folder)
+
+    def _small_file(self, digest: str) -> tuple[int, Path | None]:
+        """The file a small blob is downloaded into: an anonymous one (Linux ``O_TMPFILE``, given its name by
+        ``link`` once verified), so that a sync killed mid-download leaves nothing behind; a uniquely named
+        one in ``partial/`` where the filesystem has no anonymous files (removed by ``collect`` when stale)."""
+        if hasattr(os, "O_TMPFILE") and Path("/proc/self/fd").is_dir():
+            try:
+                return os.open(self.partial, os.O_TMPFILE | os.O_WRONLY, 0o644), None
+            except OSError:
+                pass  # EOPNOTSUPP, EISDIR (kernels before 3.11): a named file
+        tmp = self.partial / f"{digest}.{uuid.uuid4().hex}.small"
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), tmp
 
     def _new_partial(self, digest: str) -> Path:
         """A new partial folder, made complete under a name no adopter looks at, then renamed in."""
@@ -500,6 +522,12 @@ def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
 
 class _Aborted(Exception):
     """A receiver's signal that its blob's download already failed elsewhere (never reported itself)."""
+
+
+class Cancelled(BaseException):
+    """Raised by an ``on_bytes`` callback to stop a download at once (the sync was interrupted): the partial
+    download stays for the next sync to resume. A BaseException, so that no handler of failures takes it
+    for one to retry."""
 
 
 class _StreamHasher:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from repo_manager import paths
 from repo_manager.errors import ConflictError, NotFoundError
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
-from repo_manager.sync.cache import PART_WORKERS, BlobCache, RateLimit, settle
+from repo_manager.sync.cache import PART_WORKERS, BlobCache, Cancelled, RateLimit, settle
 from repo_manager.sync.noop import record
 from repo_manager.sync.plan import (
     INSTALL,
@@ -46,11 +47,17 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
     sync on this node fetched meanwhile)."""
     if not plan.fetch:
         return 0, 0, 0, 0
+    stop = threading.Event()
+
+    def advance(nbytes: int) -> None:
+        if stop.is_set():  # the sync was interrupted: every download stops at its next piece
+            raise Cancelled
+        progress.advance(nbytes)
+
     with ThreadPoolExecutor(PART_WORKERS, thread_name_prefix="trm-part") as parts, \
             ThreadPoolExecutor(BLOB_WORKERS, thread_name_prefix="trm-blob") as blobs:
         def one(blob) -> tuple[int, int]:
-            got = cache.fetch(store, blob.digest, blob.size, on_bytes=progress.advance, parts_pool=parts,
-                              limit=limit)
+            got = cache.fetch(store, blob.digest, blob.size, on_bytes=advance, parts_pool=parts, limit=limit)
             if got == (0, 0):  # another sync on this node fetched it meanwhile
                 progress.advance(blob.size)
             elif got[1]:
@@ -58,7 +65,16 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
             progress.file_done()
             return got
         futures = [blobs.submit(one, blob) for blob in plan.fetch]
-        results = list(zip(plan.fetch, settle(futures)))
+        try:
+            results = list(zip(plan.fetch, settle(futures)))
+        except BaseException:
+            # SIGTERM, SIGINT (raised here, in the main thread) or a failed blob: what has not started never
+            # starts and what runs stops within one piece, instead of the pools finishing the whole plan
+            # before the process may exit (a pod's grace period). Partial downloads stay for the next sync.
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
     fetched = [got for _, got in results if got != (0, 0)]
     by_others = sum(blob.size for blob, got in results if got == (0, 0))
     return sum(g[0] for g in fetched), sum(g[1] for g in fetched), len(fetched), by_others
@@ -130,7 +146,7 @@ def replace_config(repo: LocalRepository, action: ModelAction) -> None:
     validate` finds them equal."""
     text = repo.installed_config(action.manifest)
     cfg.parse_config(text, f"config of {action.model}/{action.version}")
-    repo.install_labels(action.manifest)  # before the config that names them
+    repo.install_model_files(action.manifest)  # before the config that names them
     cfg.atomic_write_bytes(paths.check_within(repo.root, repo.model_dir(action.model) / CONFIG_NAME), text.encode())
 
 
@@ -163,6 +179,8 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
         downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
     installed, configs = [], []
     with paths.node_writes("this sync", repo.root):
+        for model in sorted({a.model for a in plan.models if a.action in (INSTALL, REPLACE)}):
+            repo.clean_staging(model)  # what a sync killed while assembling a version left (its owner is gone)
         for action in plan.models:
             if action.action in (INSTALL, REPLACE) and materialize(store, cache, repo, action, limit):
                 installed.append(f"{action.model}/{action.version}")

@@ -80,7 +80,9 @@ def record(plan: SyncPlan, store: Store) -> None:
         return
     from pathlib import Path  # noqa: PLC0415
 
-    from repo_manager.storage import env_key  # noqa: PLC0415 - the planner imported it already
+    from repo_manager import paths  # noqa: PLC0415 - the planner imported them already
+    from repo_manager.errors import InputError  # noqa: PLC0415
+    from repo_manager.storage import env_key  # noqa: PLC0415
 
     repo = Path(plan.repository)
     models: dict[str, Any] = {}
@@ -93,12 +95,15 @@ def record(plan: SyncPlan, store: Store) -> None:
                 "config_sha256": _sha256(repo / action.model / CONFIG_NAME),
                 "files": [[f.path, f.size] for f in action.manifest.files]}
         path = Path(state_path(plan.cache, store_id(store), plan.env, repo, plan.selection))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(Path(plan.cache), path.parent)  # never through a link planted in the cache
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"schema": STATE_SCHEMA, "etag": plan.pointer_etag, "env": plan.env,
-                                   "pointer": env_key(plan.env), "models": models}))
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps({"schema": STATE_SCHEMA, "etag": plan.pointer_etag, "env": plan.env,
+                                     "pointer": env_key(plan.env), "models": models}))
         os.replace(tmp, path)
-    except OSError:
+    except (OSError, InputError):
         return
 
 

@@ -215,7 +215,7 @@ def check_target(repo: LocalRepository, model: str, version: int, wanted: dict[s
 def config_differs(repo: LocalRepository, manifest: Manifest) -> bool:
     try:
         return (repo.model_dir(manifest.model) / CONFIG_NAME).read_text() != repo.installed_config(manifest) \
-            or repo.labels_differ(manifest)
+            or repo.model_files_differ(manifest)
     except (OSError, UnicodeDecodeError):
         return True
 

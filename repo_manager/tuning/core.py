@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -39,9 +40,9 @@ from repo_manager.triton.client import TritonClient
 from repo_manager.triton.server import TritonServer
 from repo_manager.tuning.candidates import Candidate
 from repo_manager.tuning.overload import OverloadOutcome, PolicySearch, try_cost_s
-from repo_manager.tuning.prober import Point, Prober, Progress
+from repo_manager.tuning.prober import LOAD_S, Point, Prober, Progress, point_cost_s, profile_cost_s
 from repo_manager.tuning.report import write_report
-from repo_manager.tuning.search import Outcome, Search
+from repo_manager.tuning.search import ALWAYS_MEASURED, Outcome, Search
 
 
 def _quiet(message: str, used: float, budget: float) -> None:
@@ -92,6 +93,30 @@ class TuneRequest:
         if self.priority_levels < 0:
             raise UsageError(f"--priority-levels must be 0 or more, not {self.priority_levels}")
         check_measure_arguments(requests=self.requests)
+        minimum = self.minimum_budget_s()
+        if self.budget_s < minimum:
+            rates = "/".join(f"{r:g}" for r in self.rates())
+            raise UsageError(
+                f"--budget {self.budget_s:g} s is less than the measurements every run makes take here: about "
+                f"{minimum:.0f} s (the profile, then {ALWAYS_MEASURED} configs at {rates} requests/s"
+                + (", one queue-policy try" if self.overload_factor else "") + ")",
+                hint=f"give --budget {5 * math.ceil(minimum / 5):g} or more, or fewer --requests")
+
+    def rates(self) -> tuple[float, float, float]:
+        """The measured levels: low, peak, peak x headroom."""
+        return self.low_rps, self.peak_rps, self.peak_rps * self.headroom
+
+    def point_s(self, rate: float) -> float:
+        return point_cost_s(rate, requests=self.requests, max_point_s=self.max_point_s, warmup_s=self.warmup_s)
+
+    def minimum_budget_s(self) -> float:
+        """What every run measures, whatever its budget (``search``: steps 1-2 for the current config, plain
+        batching and the top structure; the first queue-policy try): a budget below it could only be
+        overrun, so it is refused before anything starts."""
+        configs = ALWAYS_MEASURED * (sum(map(self.point_s, self.rates())) + LOAD_S)
+        policy = try_cost_s(self.overload_s, self.recover_s, self.point_s(self.rates()[-1])) \
+            if self.overload_factor else 0.0
+        return profile_cost_s(self.max_batch_limit) + configs + policy
 
     def check_target(self, settings: Settings) -> None:
         """Everything that can be refused before a server starts: the arguments and the --write target."""
@@ -236,7 +261,7 @@ def policy_reserve_s(request: TuneRequest, prober: Prober) -> float:
     spent (its first try is always made), so ``--budget`` bounds the whole run to within about one try."""
     if not request.overload_factor:
         return 0.0
-    one_try = try_cost_s(prober, request.overload_s, request.recover_s, request.peak_rps * request.headroom)
+    one_try = try_cost_s(request.overload_s, request.recover_s, request.point_s(request.rates()[-1]))
     return min(one_try, request.budget_s / 3)
 
 
@@ -304,8 +329,9 @@ def write_tuned_version(repo: LocalRepository, result: TuneResult) -> int:
                 shutil.copyfile(source_dir / entry.path, target)
         source = {"kind": "tuning", "from_version": source_version, "model_checksum":
                   result.environment.get("model_checksum")}
+        # an adopted model's label and data files stay with it
         staged = Staged(result.model, staging, config, source, tuning=result.record(),
-                        labels=dict(manifest.labels))  # an adopted model's label files stay with it
+                        labels=dict(manifest.labels), data=dict(manifest.data))
         verification = {"passed": True, "method": "trm tune-batching", "server": result.server,
                         "requests": sum(p.measurement.requests for p in result.outcome.points
                                         if p.candidate == result.chosen.key and p.measurement)}

@@ -132,9 +132,10 @@ class OverloadOutcome:
         }
 
 
-def try_cost_s(prober: Prober, overload_s: float, recover_s: float, headroom_rps: float) -> float:
-    """What one policy try takes: a load, the three phases, normal traffic at peak x headroom, margin."""
-    return 2.0 + 1.0 + overload_s + recover_s + prober.point_cost_s(headroom_rps)
+def try_cost_s(overload_s: float, recover_s: float, headroom_point_s: float) -> float:
+    """What one policy try takes: a load, the three phases, a point of normal traffic at peak x headroom
+    (``headroom_point_s``), margin."""
+    return 2.0 + 1.0 + overload_s + recover_s + headroom_point_s
 
 
 class PolicySearch:
@@ -195,7 +196,7 @@ class PolicySearch:
                               "overload is relative to it; give --budget more time for a true capacity")
 
     def try_cost_s(self) -> float:
-        return try_cost_s(self.prober, self.overload_s, self.recover_s, self.headroom_rps)
+        return try_cost_s(self.overload_s, self.recover_s, self.prober.point_cost_s(self.headroom_rps))
 
     def _affords_another(self) -> bool:
         """Whether the time budget allows one more try (tries are always made until one was driven as

@@ -31,6 +31,28 @@ from repo_manager.tuning.candidates import Candidate, Profile
 Progress = Callable[[str, float, float], None]
 """``progress(message, seconds_used, budget_seconds)``."""
 
+LOAD_S = 1.5
+"""Allowance for loading one candidate (Triton's load API with a config override)."""
+PROFILE_REQUESTS = 24
+"""Requests per profiled batch size."""
+
+
+def point_count(rate: float, *, requests: int, max_point_s: float) -> int:
+    """Requests for a point at ``rate``: ``requests``, capped at ``max_point_s`` of traffic (>= 300)."""
+    return int(max(min(requests, rate * max_point_s), min(requests, 300)))
+
+
+def point_cost_s(rate: float, *, requests: int, max_point_s: float, warmup_s: float) -> float:
+    """Seconds one measured point at ``rate`` takes at least: warm-up, its requests at that rate, wind-down."""
+    return warmup_s + point_count(rate, requests=requests, max_point_s=max_point_s) / rate + 0.3
+
+
+def profile_cost_s(max_batch_size: int) -> float:
+    """Seconds the execution-time profile takes at least: a load, then batch sizes 1, 2, 4 … (0.2 s of
+    warm-up and a few requests each)."""
+    sizes = max(max_batch_size, 1).bit_length()
+    return LOAD_S + sizes * 0.4
+
 
 @dataclass(frozen=True)
 class Point:
@@ -83,11 +105,10 @@ class Prober:
         return self.budget_s - self.used_s
 
     def point_count(self, rate: float) -> int:
-        """Requests for a point at ``rate``: ``requests``, capped at ``max_point_s`` of traffic (>= 300)."""
-        return int(max(min(self.requests, rate * self.max_point_s), min(self.requests, 300)))
+        return point_count(rate, requests=self.requests, max_point_s=self.max_point_s)
 
     def point_cost_s(self, rate: float) -> float:
-        return self.warmup_s + self.point_count(rate) / rate + 0.3
+        return point_cost_s(rate, requests=self.requests, max_point_s=self.max_point_s, warmup_s=self.warmup_s)
 
     def can_afford(self, seconds: float) -> bool:
         return seconds <= self.remaining_s() - self.held_back_s
@@ -199,7 +220,7 @@ class Prober:
         return result.p99_ms <= self.slo_ms
 
     # ------------------------------------------------------------------------------------ profile
-    def profile(self, current: Candidate, limit: int, per_size: int = 24) -> Profile:
+    def profile(self, current: Candidate, limit: int, per_size: int = PROFILE_REQUESTS) -> Profile:
         """Execution time per batch size, dynamic batching off, one request at a time."""
         probe = Candidate(max(limit, current.max_batch_size), 1, dynamic=False, origin="profile")
         if not self.load(probe):

@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repo_manager.tuning.candidates import Candidate, Profile, Pruned, preferred_sizes, structures
-from repo_manager.tuning.prober import Point, Prober
+from repo_manager.tuning.prober import LOAD_S, Point, Prober
 
 LEVELS = ("low", "peak", "headroom")
+ALWAYS_MEASURED = 3
+"""Configs every search measures at every level they meet: the current one, plain batching, the top structure."""
 STEP = 1.25
 MARGIN = 0.9
 
@@ -101,7 +103,7 @@ class Search:
         return self.candidates.setdefault(candidate.key, candidate)
 
     def _cost(self, levels: int = 3) -> float:
-        return sum(self.prober.point_cost_s(r) for r in list(self.rates.values())[:levels]) + 1.5
+        return sum(self.prober.point_cost_s(r) for r in list(self.rates.values())[:levels]) + LOAD_S
 
     def _level_point(self, candidate: Candidate, level: str) -> Point | None:
         rate = self.rates[level]
@@ -121,7 +123,7 @@ class Search:
         need = self.rates["headroom"]
         kept, pruned = structures(self.profile, self.current, self.slo_ms, need)
         plain = Candidate(self.current.max_batch_size, self.current.instances, True, 0, (), "plain")
-        mandatory = [self.current, plain] + kept[:1]
+        mandatory = ([self.current, plain] + kept[:1])[:ALWAYS_MEASURED]
         for candidate in mandatory:
             self.evaluate(candidate)
         # until a structure meets every level, measure the next; then search its delay (the step that
@@ -167,7 +169,7 @@ class Search:
             self.notes.append(f"delay search skipped: {base.label} leaves {room_ms:.1f} ms of low-traffic "
                               "p99 room under the SLO margin")
             return
-        low_cost = self.prober.point_cost_s(self.rates["low"]) + 1.5
+        low_cost = self.prober.point_cost_s(self.rates["low"]) + LOAD_S
         lo, hi = 0.0, room_ms
         trial = hi
         for _ in range(2):  # the room itself, then halfway: finer steps cost more than they change
@@ -218,7 +220,7 @@ class Search:
         capacity = self.rates["headroom"]
         rate = capacity * STEP
         for _ in range(max_steps):
-            if not self.prober.can_afford(self.prober.point_cost_s(rate) + 1.5):
+            if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
                 self.capacity_notes[candidate.key] = "ladder stopped: time budget"
                 break
             point = self.prober.point(candidate, "capacity", round(rate, 1))
@@ -243,7 +245,7 @@ class Search:
         if len(finalists) > 1:
             for _ in range(2):
                 for candidate in finalists:  # interleaved, so a slow minute of the machine hits everyone
-                    if self.prober.can_afford(self.prober.point_cost_s(best) + 1.5):
+                    if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
                         runs[candidate.key].append(self.prober.point(candidate, "remeasure", best))
                     elif "re-measure cut short: time budget" not in self.notes:
                         self.notes.append("re-measure cut short: time budget")

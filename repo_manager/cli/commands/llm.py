@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.cli import POSITIVE, Context, Number, cli, json_option, pass_ctx, repo_option
 from repo_manager.errors import CompatibilityError, InputError
 from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
 
@@ -28,7 +28,7 @@ def plan_text(plan) -> str:
 
 @cli.command("plan")
 @click.argument("checkpoint", type=click.Path())
-@click.option("--gpu-memory", "gpu_memory", type=float, required=True,
+@click.option("--gpu-memory", "gpu_memory", type=POSITIVE, required=True,
               help="Memory of one GPU in GiB, as nvidia-smi reports it (a '24 GB' card: 24).")
 @click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), help="Weight precision (default: the checkpoint's).")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_DTYPES), help="KV-cache precision (default: 16-bit).")
@@ -38,7 +38,7 @@ def plan_text(plan) -> str:
 @click.option("--tp", type=int, help="Tensor-parallel GPUs (default: 1, or the engine's).")
 @click.option("--max-num-tokens", type=int, help="Tokens per forward pass, sizing the activation memory "
               "(default: 8192, or the engine's).")
-@click.option("--utilization", type=float, default=0.9, show_default=True,
+@click.option("--utilization", type=Number(0, 1, low_open=True), default=0.9, show_default=True,
               help="Fraction of GPU memory the server may use.")
 @json_option
 @pass_ctx
@@ -100,7 +100,7 @@ _TRTLLM = [
     click.option("--layout", "trtllm_layout", type=click.Choice(["engine", "llmapi"]), default="engine",
                  show_default=True, help="tensorrt-llm: engine + inflight_batcher_llm models, or the LLM-API "
                  "backend (no engine build)."),
-    click.option("--gpu-memory", "trtllm_gpu_memory", type=float,
+    click.option("--gpu-memory", "trtllm_gpu_memory", type=POSITIVE,
                  help="tensorrt-llm: GiB of one serving GPU to plan for (default: this node's GPU)."),
     click.option("--dtype", "trtllm_dtype", type=click.Choice(WEIGHT_DTYPES), help="tensorrt-llm: weights."),
     click.option("--kv-cache-dtype", "trtllm_kv_dtype", type=click.Choice(KV_DTYPES)),
@@ -120,7 +120,8 @@ _TRTLLM = [
     click.option("--cuda-version", "trtllm_cuda_version", help="tensorrt-llm: CUDA of the engine build."),
     click.option("--batching-strategy", "trtllm_batching", default="inflight_fused_batching", show_default=True,
                  type=click.Choice(["inflight_fused_batching", "v1"])),
-    click.option("--kv-cache-fraction", "trtllm_kv_fraction", type=float, default=0.9, show_default=True,
+    click.option("--kv-cache-fraction", "trtllm_kv_fraction", type=Number(0, 1, low_open=True), default=0.9,
+                 show_default=True,
                  help="tensorrt-llm: kv_cache_free_gpu_mem_fraction."),
     click.option("--streaming/--no-streaming", "trtllm_streaming", default=False, show_default=True,
                  help="tensorrt-llm: decoupled mode, tokens streamed as generated."),

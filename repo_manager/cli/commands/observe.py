@@ -6,9 +6,10 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.cli import FRACTION, POSITIVE, Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
 from repo_manager.errors import ServerError, UsageError
+from repo_manager.settings import check_server_url
 
 
 @cli.group()
@@ -25,15 +26,15 @@ def observe() -> None:
 @repo_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="observability", show_default=True,
               help="Folder for trm-rules.yml and trm-dashboard.json.")
-@click.option("--p99-ms", type=float, help="p99 SLO for every model (default: each version's tuning record).")
-@click.option("--queue-per-replica", type=float, default=1.0, show_default=True,
+@click.option("--p99-ms", type=POSITIVE, help="p99 SLO for every model (default: each version's tuning record).")
+@click.option("--queue-per-replica", type=POSITIVE, default=1.0, show_default=True,
               help="Queued requests per Triton server that raise TrmQueueBacklog.")
 @click.option("--queue-for", default="1m", show_default=True, help="How long the backlog must last.")
 @click.option("--samples", type=int, default=3, show_default=True,
               help="Evaluations in a row with p99 above the SLO before TrmLatencyAboveSLO fires.")
-@click.option("--evaluation-interval", "interval_s", type=float, default=15.0, show_default=True,
+@click.option("--evaluation-interval", "interval_s", type=POSITIVE, default=15.0, show_default=True,
               help="Seconds between rule evaluations (the rule groups' interval).")
-@click.option("--max-rejected", type=float, default=0.01, show_default=True,
+@click.option("--max-rejected", type=FRACTION, default=0.01, show_default=True,
               help="Share of requests the queue policy may reject before TrmRequestsRejected fires.")
 @click.option("--rejected-for", default="1m", show_default=True)
 @click.option("--not-ready-for", default="1m", show_default=True)
@@ -41,7 +42,7 @@ def observe() -> None:
               help="How long versions may differ across the fleet (longer than a rollout).")
 @click.option("--rate-window", default="1m", show_default=True, help="Range of rate() in the rules and panels.")
 @click.option("--selector", default="", help='Extra label matchers for every Triton series, e.g. job="triton".')
-@click.option("--pointer-stale", "pointer_stale_s", type=float, default=600.0, show_default=True,
+@click.option("--pointer-stale", "pointer_stale_s", type=POSITIVE, default=600.0, show_default=True,
               help="Seconds an agent may go without reading its environment before TrmAgentPointerStale.")
 @json_option
 @pass_ctx
@@ -79,9 +80,10 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
 
 @cli.command("top")
 @click.argument("servers", nargs=-1)
-@click.option("--metrics-port", type=int, default=8002, show_default=True,
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True,
               help="Triton's metrics port, for servers given by their HTTP URL.")
-@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--interval", "interval_s", type=POSITIVE, default=1.0, show_default=True,
+              help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one view (two scrapes, --interval apart) and exit.")
 @click.option("--agent", "agents", multiple=True, metavar="URL",
               help="A `trm agent` to show too (its --listen address, e.g. http://pod:8090; repeatable).")
@@ -101,6 +103,10 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
     targets = list(servers) or default
     if not targets and not agents:
         raise UsageError("name a server to watch", hint="trm top http://127.0.0.1:8000 [URL ...] [--agent URL]")
+    for target in targets:
+        check_server_url(target, "trm top")
+    for agent in agents:
+        check_server_url(agent, "--agent")
     parsed = [Server.parse(t, metrics_port) for t in targets]
     if ctx.json or once:
         view = snapshot(parsed, interval_s, list(agents))

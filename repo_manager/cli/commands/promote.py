@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, complete_envs, complete_models, json_option, pass_ctx, url_option
+from repo_manager.cli import NUMBER, Context, cli, complete_envs, complete_models, json_option, pass_ctx, url_option
 from repo_manager.cli.commands.store import endpoint_option
 from repo_manager.errors import GateError, UsageError
 
@@ -26,7 +26,7 @@ from repo_manager.errors import GateError, UsageError
 @click.option("--sample", type=click.Path(dir_okay=False), help=".npz inputs for the agreement and latency gates "
               "(default: the model's spec in configs/models/).")
 @click.option("--eval-cmd", help="Evaluation command for the eval gate; it prints a score on its last line.")
-@click.option("--eval-threshold", type=float, help="Lowest score the eval gate accepts.")
+@click.option("--eval-threshold", type=NUMBER, help="Lowest score the eval gate accepts.")
 @url_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--create-env", is_flag=True, help="Create --to if it is neither declared in the settings "

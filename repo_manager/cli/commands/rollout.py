@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option
+from repo_manager.cli import FRACTION, NON_NEGATIVE, Context, cli, complete_models, json_option, pass_ctx, repo_option
 from repo_manager.errors import TrmError
-from repo_manager.redact import check_no_userinfo
+from repo_manager.settings import check_server_url
 
 
 @cli.command("rollout")
@@ -24,13 +24,13 @@ from repo_manager.redact import check_no_userinfo
 @click.option("--from", "source", help="Install the version (and the members it pins) from this store into "
               "--repo first (s3://bucket/prefix or a folder), as `trm sync` does.")
 @click.option("--canary", type=int, default=0, show_default=True, help="Servers to roll out and soak first.")
-@click.option("--soak", "soak_s", type=float, default=0.0, show_default=True,
+@click.option("--soak", "soak_s", type=NON_NEGATIVE, default=0.0, show_default=True,
               help="Seconds to watch each canary server (each server, without --canary) after it changed.")
 @click.option("--smoke", "smoke_file", type=click.Path(exists=True, dir_okay=False),
               help='JSON {"cases": [{"inputs": {...}, "outputs": {...}}]}; default: generated inputs.')
-@click.option("--max-error-rate", type=float, default=0.0, show_default=True,
+@click.option("--max-error-rate", type=FRACTION, default=0.0, show_default=True,
               help="Largest share of failed requests tolerated during a soak.")
-@click.option("--max-p99-increase", type=float, default=0.5, show_default=True,
+@click.option("--max-p99-increase", type=NON_NEGATIVE, default=0.5, show_default=True,
               help="Largest p99 growth tolerated during a soak, as a fraction (0.5 = +50%).")
 @click.option("--keep-previous", is_flag=True, help="Leave the previous version loaded (for pinned clients).")
 @click.option("--side-by-side/--no-side-by-side", default=True, show_default=True,
@@ -98,8 +98,8 @@ def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) 
 
 
 def check_server_urls(urls: tuple[str, ...], grpc_urls: tuple[str, ...]) -> None:
-    """Server addresses carry no credentials (they would be printed and recorded): refused, never echoed."""
+    """Server addresses are well formed and carry no credentials (they would be printed and recorded)."""
     for url in urls:
-        check_no_userinfo(url, "--url")
+        check_server_url(url, "--url")
     for url in grpc_urls:
-        check_no_userinfo(url if "://" in url else f"grpc://{url}", "--grpc-url")
+        check_server_url(url, "--grpc-url", schemes=("grpc", "http", "https"))

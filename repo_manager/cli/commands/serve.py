@@ -9,15 +9,17 @@ import click
 from repo_manager import metrics
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
 
+PORT = click.IntRange(0, 65535)
+
 
 @cli.command("serve")
 @repo_option
-@click.option("--http-port", type=int, help="Default: settings http_port (8000); 0 picks a free port.")
-@click.option("--grpc-port", type=int, help="Default: settings grpc_port (8001).")
-@click.option("--metrics-port", type=int, help="Default: settings metrics_port (8002).")
+@click.option("--http-port", type=PORT, help="Default: settings http_port (8000); 0 picks a free port.")
+@click.option("--grpc-port", type=PORT, help="Default: settings grpc_port (8001).")
+@click.option("--metrics-port", type=PORT, help="Default: settings metrics_port (8002).")
 @click.option("--model", "models", multiple=True, help="Load only these models (default: all).")
 @click.option("--tritonserver", help="tritonserver binary (default: $PATH, then nvidia-pytriton's).")
-@click.option("--trm-metrics-port", type=int,
+@click.option("--trm-metrics-port", type=PORT,
               help="Export trm's own metrics (operations, served versions) on this port (0: a free one).")
 @json_option
 @pass_ctx

@@ -27,11 +27,14 @@ def endpoint_option(function):
               "repeatable. Default: every version of every model.")
 @click.option("--env", shell_complete=complete_envs,
               help="Then point this environment at the newest version pushed of each model.")
+@click.option("--create-env", is_flag=True,
+              help="Create --env even though its name is close to an environment the store has (a typo is "
+                   "refused otherwise).")
 @endpoint_option
 @json_option
 @pass_ctx
 def push_command(ctx: Context, store: str, repository: str | None, selections: tuple[str, ...], env: str | None,
-                 s3_endpoint_url: str | None) -> None:
+                 create_env: bool, s3_endpoint_url: str | None) -> None:
     """Upload complete versions to STORE (s3://bucket/prefix or a folder): missing blobs, then manifests."""
     from repo_manager.push import parse_selection, push  # noqa: PLC0415 - heavy imports stay off --help
     from repo_manager.repository import LocalRepository  # noqa: PLC0415
@@ -40,7 +43,7 @@ def push_command(ctx: Context, store: str, repository: str | None, selections: t
     settings = ctx.settings.replace(repository=repository, s3_endpoint_url=s3_endpoint_url)
     target = open_store(store, settings)
     result = push(target, LocalRepository(settings.repository), [parse_selection(s) for s in selections],
-                  env=env, progress=ctx.progress)
+                  env=env, create_env=create_env or env in settings.environments, progress=ctx.progress)
     uploaded = [v for v in result.versions if not v.already_present]
     text = (f"pushed {len(uploaded)} version(s) to {result.store} ({result.bytes_uploaded} bytes uploaded, "
             f"{len(result.versions) - len(uploaded)} already there)")

@@ -9,7 +9,18 @@ from typing import TYPE_CHECKING
 
 import click
 
-from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option, url_option
+from repo_manager.cli import (
+    NUMBER,
+    POSITIVE,
+    Context,
+    Number,
+    cli,
+    complete_models,
+    json_option,
+    pass_ctx,
+    repo_option,
+    url_option,
+)
 from repo_manager.errors import GateError, UsageError
 
 if TYPE_CHECKING:
@@ -40,19 +51,20 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @click.argument("name", shell_complete=complete_models)
 @repo_option
 @url_option
-@click.option("--p99-ms", type=float, help="The p99 latency SLO in milliseconds.")
-@click.option("--low-rps", type=float, help="Low traffic, requests/s (the SLO must hold there too).")
-@click.option("--peak-rps", type=float, help="Peak traffic, requests/s.")
-@click.option("--headroom", type=float, default=1.2, show_default=True,
+@click.option("--p99-ms", type=POSITIVE, help="The p99 latency SLO in milliseconds.")
+@click.option("--low-rps", type=POSITIVE, help="Low traffic, requests/s (the SLO must hold there too).")
+@click.option("--peak-rps", type=POSITIVE, help="Peak traffic, requests/s.")
+@click.option("--headroom", type=Number(1), default=1.2, show_default=True,
               help="The SLO must also hold at peak x headroom.")
-@click.option("--budget", "budget_s", type=float, default=300.0, show_default=True,
-              help="Seconds the search may take (a soft limit: optional steps are skipped to fit).")
-@click.option("--requests", type=int, default=1000, show_default=True,
+@click.option("--budget", "budget_s", type=POSITIVE, default=300.0, show_default=True,
+              help="Seconds the search may take: optional steps are skipped to fit; a budget below what "
+                   "every run measures is refused.")
+@click.option("--requests", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
               help="Requests per measured point (at most 15 s of traffic at low rates).")
-@click.option("--overload-factor", type=float, default=2.0, show_default=True,
+@click.option("--overload-factor", type=NUMBER, default=2.0, show_default=True,
               help="Choose a queue policy that keeps the SLO for accepted requests at this multiple of the "
                    "measured capacity and rejects the excess fast (0: no queue policy).")
-@click.option("--priority-levels", type=int, default=0, show_default=True,
+@click.option("--priority-levels", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="Give the dynamic batcher this many priority levels (requests without one get the lowest).")
 @click.option("--write", is_flag=True, help="Publish the choice as a new version (default: dry run).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
