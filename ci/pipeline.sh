@@ -16,7 +16,7 @@
 #   TRM_PIPELINE_WORK         scratch folder for the local repository (default: .trm-pipeline)
 #   TRM_URL                   a running Triton for verification and gates (default: trm starts one)
 #   TRM_PIPELINE_SKIP_TUNING  1: do not tune (also skipped when this trm has no tune-batching)
-#   TRM_TUNE_BUDGET_S         seconds per model for tune-batching (default: 300; at least what its rates need)
+#   TRM_TUNE_BUDGET_S         seconds per model for tune-batching (default: 300, or what its rates need if more)
 #   TRM_TUNE_REQUESTS         requests per measured tuning point (default: 1000)
 #   TRM_TUNE_URL              tune on this server (it must serve the model); default: an embedded one
 #   TRM_STAGING_GATES         gates for staging (default: checksums,load)
@@ -113,7 +113,8 @@ stage() {
       log "$name: tuning batching for p99 <= $p99 ms at $low..$peak req/s"
       # on an embedded server on the local repository (this runner's hardware), or on TRM_TUNE_URL: a server
       # of the target hardware that serves the model (tune-batching measures the model it serves)
-      local tune_args=(--budget "${TRM_TUNE_BUDGET_S:-300}" --requests "${TRM_TUNE_REQUESTS:-1000}")
+      local tune_args=(--requests "${TRM_TUNE_REQUESTS:-1000}")
+      [ -n "${TRM_TUNE_BUDGET_S:-}" ] && tune_args+=(--budget "$TRM_TUNE_BUDGET_S")
       [ -n "${TRM_TUNE_URL:-}" ] && tune_args+=(--url "$TRM_TUNE_URL")
       trm_json "$WORK/tune-$name.json" tune-batching "$name" --repo "$REPO" --p99-ms "$p99" --low-rps "${low:-$peak}" \
         --peak-rps "$peak" --write "${tune_args[@]}"

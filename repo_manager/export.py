@@ -21,7 +21,7 @@ from typing import Any
 
 from repo_manager import config as cfg
 from repo_manager import paths
-from repo_manager.errors import InputError, IntegrityError, NotFoundError, VersionExistsError
+from repo_manager.errors import InputError, IntegrityError, NotFoundError, UsageError, VersionExistsError
 from repo_manager.manifest import FileEntry, Manifest, check_model_name, sha256_file
 from repo_manager.progress import Progress, quiet
 from repo_manager.repository import version_of
@@ -189,12 +189,24 @@ def files_to_write(target: Any, manifest: Manifest, dest: str) -> list[FileEntry
     return [f for f in manifest.files if f.path not in present]
 
 
+def _overlap(a: str, b: str) -> bool:
+    """Whether one of two '/'-separated locations is the other or inside it."""
+    a, b = a.strip("/") + "/", b.strip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
 def export(store: Store, dest: str, settings: Settings, *, env: str | None = None, models: tuple[str, ...] = (),
            progress: Progress = quiet) -> ExportResult:
     if dest.startswith("s3://"):
-        parse_s3_url(dest)
+        bucket, prefix = parse_s3_url(dest)
+        if isinstance(store, S3Store) and bucket == store.bucket and _overlap(prefix, store.prefix):
+            raise UsageError(f"cannot export {store.location} into {dest}: one holds the other",
+                             hint="export to a prefix outside the store")
         target: Any = _S3Target(dest, settings)
     else:
+        if isinstance(store, FolderStore) and _overlap(str(Path(dest).resolve()), str(store.root.resolve())):
+            raise UsageError(f"cannot export {store.location} into {dest}: one holds the other",
+                             hint="export to a folder outside the store")
         target = _FolderTarget(dest)
     versions = files = size = 0
     for model, numbers in sorted(chosen_versions(store, env, models).items()):

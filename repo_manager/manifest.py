@@ -198,12 +198,12 @@ class Manifest:
         if not isinstance(labels, dict) or not all(isinstance(t, str) for t in labels.values()) \
                 or sum(len(t) for t in labels.values()) > MAX_LABEL_BYTES:
             raise IntegrityError(f"{origin} is malformed: labels is not a mapping of path -> text")
-        blobs = data.get("data") or {}
+        blobs = data.get("data", {})
         try:
             if not isinstance(blobs, dict) or sum(len(base64.b64decode(t, validate=True))
                                                   for t in blobs.values()) > MAX_DATA_BYTES:
                 raise TypeError
-        except (TypeError, binascii.Error):
+        except (TypeError, ValueError, binascii.Error):  # (a non-ASCII str is a ValueError)
             raise IntegrityError(f"{origin} is malformed: data is not a mapping of path -> base64 of at most "
                                  f"{MAX_DATA_BYTES >> 20} MiB") from None
         for path in [*labels, *blobs]:

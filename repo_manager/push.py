@@ -141,7 +141,8 @@ def upload_blobs(store: Store, repo: LocalRepository, manifest: Manifest) -> tup
 
 
 def _same_version(a: Manifest, b: Manifest) -> bool:
-    return a.files == b.files and a.config == b.config and a.members == b.members
+    return a.files == b.files and a.config == b.config and a.members == b.members and \
+        a.model_files == b.model_files
 
 
 def push_version(store: Store, repo: LocalRepository, model: str, version: int) -> PushedVersion:
@@ -172,8 +173,11 @@ def check_not_a_typo(store: Store, env: str) -> None:
     known = store.list_envs()
     if env in known:
         return
-    close = [k for k in known if k.lower() == env.lower()] or difflib.get_close_matches(env, known, n=3,
-                                                                                           cutoff=0.75)
+
+    def numbered(name: str) -> str:  # staging2 beside staging, eu-west-2 beside eu-west-1: meant, not typos
+        return re.sub(r"[0-9]+", "", name)
+    close = [k for k in known if k.lower() == env.lower()] or [
+        k for k in difflib.get_close_matches(env, known, n=3, cutoff=0.75) if numbered(k) != numbered(env)]
     if close:
         raise UsageError(f"environment {env!r} does not exist in {store.location}; did you mean "
                          f"{' or '.join(close)}?", hint=f"to create {env} as a new environment, add --create-env",

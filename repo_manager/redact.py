@@ -16,9 +16,9 @@ from repo_manager.errors import UsageError
 
 # scheme://userinfo@ - userinfo up to the first '@': any characters but whitespace (a password may hold quotes,
 # '<', '/': AWS secret keys do, which moves the rest of the secret into what a URL parser calls the path), or,
-# for a password with a space in it, any characters but a newline or a double quote (which ends a JSON
-# string: the next string's '@' is not this URL's). Redacting too much is the safe side.
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)(?:[^@\s]*|[^@\n\"]*)@")
+# for a password with a space in it, any characters but a newline, a double quote (which ends a JSON string)
+# or a '/' (a path: "s3://b/models to /srv; mail ops@corp" is not a URL with a password).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)(?:[^@\s]*|[^@\n\"/]*)@")
 REDACTED = "***"
 
 

@@ -124,6 +124,8 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         return ConfigError(f"{origin}: setting '{key}' has an invalid value {shown!r}: it {why}"[:300])
 
     if key in _INT_FIELDS:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 8000.0
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise bad("must be a port number")
         try:
@@ -154,9 +156,9 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         if not isinstance(value, dict):
             raise bad("must be a mapping")
         if key == "environments":
-            for name, entry in value.items():
+            for name, entry in value.items():  # (an entry without a value: the default store)
                 store = entry.get("store") if isinstance(entry, dict) else entry
-                if not isinstance(entry, (dict, str)) or (store is not None and not isinstance(store, str)):
+                if not isinstance(entry, (dict, str, type(None))) or (store is not None and not isinstance(store, str)):
                     raise ConfigError(f"{origin}: environments.{name} must be a store location or a mapping "
                                       "with a 'store' location"[:300])
                 if store:

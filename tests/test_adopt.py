@@ -376,6 +376,11 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     again = run_cli(capsys, "sync", s3_location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache",
                     "--json")
     assert again.code == 0 and again.json()["installed"] == [] and again.json()["configs_replaced"] == []
+    (node / "py_warm" / "warmup" / "input0.raw").unlink()  # the quick path notices a model-folder file gone
+    again = run_cli(capsys, "sync", s3_location, "--env", "prod", "--repo", node, "--cache", tmp_path / "cache",
+                    "--json")
+    assert again.code == 0 and again.json()["configs_replaced"] == ["py_warm"], again.out
+    assert (node / "py_warm" / "warmup" / "input0.raw").read_bytes() == WARM_SAMPLE
     # served from the node: the classification Triton answers with the labels it read from the label file
     import tritonclient.http as httpclient  # noqa: PLC0415
 

@@ -497,8 +497,9 @@ def test_a_push_to_an_environment_named_like_an_existing_one_is_refused_as_a_typ
     assert sorted(open_store(store).list_envs()) == ["prod", "staging"]
     assert open_store(store).list_versions("base") == [1]  # nothing was uploaded either
     assert run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", "canary").code == 0  # not close
+    assert run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", "staging2").code == 0  # numbered
     assert run_cli(capsys, "push", store, "--repo", tmp_path / "src", "--env", "prd", "--create-env").code == 0
-    assert sorted(open_store(store).list_envs()) == ["canary", "prd", "prod", "staging"]
+    assert sorted(open_store(store).list_envs()) == ["canary", "prd", "prod", "staging", "staging2"]
 
 
 @pytest.mark.parametrize("location", ["s3:/bucket/p", "s3:bucket", " ", " store"])
@@ -550,7 +551,9 @@ def test_a_fifo_in_a_source_or_a_version_is_refused_never_read(capsys, tmp_path)
 
 
 _PASSWORD = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="@\n\r"), min_size=1,
-                    max_size=30).filter(lambda p: not ('"' in p and any(c.isspace() for c in p)))
+                    max_size=30).filter(lambda p: not (any(c in p for c in '"/') and any(c.isspace() for c in p)))
+# (a password with a space and a '/' or '"' in it is not told from a path or the end of a JSON string: such a URL
+# is invalid anyway, and refused where trm reads one)
 
 
 @settings(max_examples=300, deadline=None)
@@ -569,3 +572,43 @@ def test_no_password_survives_redaction_whatever_it_holds(password, scheme):
         for shown in (redact(text), printable(text)):
             assert "Zx" not in shown and "Qz" not in shown, (text, shown)
     assert "Zx" not in json.dumps(redact_data({"store": url, "nested": [url]}))
+
+
+def test_export_into_the_store_itself_is_refused(capsys, tmp_path):
+    store = _store_with(tmp_path)
+    before = tree_digest(Path(store))
+    for dest in (store, Path(store) / "plain", tmp_path):
+        result = run_cli(capsys, "export", store, dest)
+        assert result.code == 2 and "one holds the other" in result.err, (dest, result.err)
+    assert tree_digest(Path(store)) == before
+
+
+def test_a_cache_blob_of_the_wrong_size_is_replaced_not_reused(capsys, tmp_path):
+    """A repository file edited in place writes through its hard link into the cache: the next sync that
+    needs the blob finds it the wrong size, fetches it again and replaces it (it used to keep the bad one,
+    as if another writer had installed it)."""
+    import hashlib
+
+    store = _store_with(tmp_path)
+    cache = tmp_path / "cache"
+    assert run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "a", "--cache", cache).code == 0
+    blob = cache / "blobs" / "sha256" / hashlib.sha256(b"# v1").hexdigest()
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"X")  # what an in-place edit of a/base/1/model.py did
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "b", "--cache", cache)
+    assert result.code == 0, result.err
+    assert (tmp_path / "b" / "base" / "1" / "model.py").read_bytes() == b"# v1"
+    assert blob.read_bytes() == b"# v1" and LocalRepository(tmp_path / "b").validate() == []
+
+
+@pytest.mark.parametrize("data", ['"QUJDé"', "[]", '""', "0", '{"warmup/x": 5}', '{"warmup/x": "!!"}'])
+def test_a_manifest_with_malformed_data_files_is_refused_as_corrupt(capsys, tmp_path, data):
+    import json
+
+    store = _store_with(tmp_path)
+    [manifest] = list((Path(store) / "models" / "base").rglob("1.json"))
+    document = json.loads(manifest.read_text())
+    document["data"] = json.loads(data) if data != '"QUJDé"' else {"warmup/input0.raw": "QUJDé"}
+    manifest.write_text(json.dumps(document))
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 7 and "data" in result.err, result.err

@@ -280,3 +280,24 @@ def test_pushing_an_ensemble_alone_pushes_its_members_first_and_a_node_serves_it
     missing = run_cli(capsys, "push", other, "--repo", src, "--model", f"pipe:{version}")
     assert missing.code == 4 and "neither in" in missing.err and "pre version" in missing.err, missing.err
     assert not (tmp_path / "other-store" / "models").exists()
+
+
+def test_a_version_whose_warmup_data_differs_is_a_different_version(capsys, tmp_path):
+    """Two local version 1s that differ only in a model-folder data file are different versions: pushing the
+    second where the first is refuses (exit 8) instead of reporting it already there."""
+    import base64
+
+    from helpers import run_cli
+    from store_helpers import make_version
+
+    from repo_manager.manifest import MANIFEST_NAME, Manifest
+
+    for name, sample in (("a", b"\x00\x01"), ("b", b"\x00\x02")):
+        make_version(tmp_path / name, "m", {"model.py": b"# m"})
+        path = tmp_path / name / "m" / "1" / MANIFEST_NAME
+        manifest = Manifest.from_json(path.read_bytes())
+        data = {"warmup/x.raw": base64.b64encode(sample).decode()}
+        path.write_bytes(Manifest(**{**manifest.__dict__, "data": data}).to_json())
+    assert run_cli(capsys, "push", tmp_path / "store", "--repo", tmp_path / "a").code == 0
+    result = run_cli(capsys, "push", tmp_path / "store", "--repo", tmp_path / "b")
+    assert result.code == 8 and "different version 1" in result.err, result.err

@@ -89,3 +89,9 @@ def test_a_settings_file_that_is_not_utf8_is_a_config_error(tmp_path):
     (tmp_path / "s.yaml").write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_settings(tmp_path / "s.yaml", env={})
+
+
+def test_an_environment_without_a_value_uses_the_default_store(tmp_path):
+    (tmp_path / "s.yaml").write_text("store: /srv/store\nhttp_port: 8000.0\nenvironments:\n  staging:\n")
+    settings = load_settings(tmp_path / "s.yaml", env={})
+    assert settings.environments == {"staging": None} and settings.http_port == 8000

@@ -255,6 +255,12 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     data, problem = _model_level_data(folder, config)
     if problem:
         return ModelPlan(name, folder, backend, text, refused=problem)
+    named = [*labels, *data]
+    folders = {path[:i] for path in named for i, char in enumerate(path) if char == "/"}
+    clash = sorted((set(labels) & set(data)) | (folders & set(named)))
+    if clash:  # (a manifest holding both could not be read back)
+        return ModelPlan(name, folder, backend, text, refused=f"{folder / CONFIG_NAME}: {clash[0]} is named both "
+                         "as a label file and as warm-up data, or as a file and a folder")
     carried = {**{path: text.encode() for path, text in labels.items()}, **data}
     label_roots = {path.split("/")[0] for path in carried}
     versions: list[VersionPlan] = []

@@ -68,6 +68,7 @@ from repo_manager.serving import dependencies, load_version
 from repo_manager.settings import Settings
 from repo_manager.storage import EnvPointer, Store, open_store
 from repo_manager.sync import loaded_versions, sync_versions
+from repo_manager.sync.cache import Cancelled
 from repo_manager.sync.executor import prune_version
 from repo_manager.sync.plan import prune_actions
 from repo_manager.triton.client import TritonClient
@@ -354,8 +355,11 @@ class Agent:
         self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._serving_complete())
         try:
             with metrics.operation("sync"):
-                result = sync_versions(self.settings, self.store, wanted)
+                result = sync_versions(self.settings, self.store, wanted, stop=self.stop_event)
             metrics.count_sync(result.bytes_downloaded, result.bytes_reused)
+        except Cancelled:  # SIGTERM mid-download: stop now (the pod's grace period); the next start resumes
+            self.log("sync stopped: the agent is stopping", wanted=_fmt(wanted))
+            return
         except REFUSALS as exc:
             # a file missing from the store can appear under the same pointer (pushed again): retried on
             # the backoff; anything else the sync refuses (corrupt, incompatible) waits for the pointer

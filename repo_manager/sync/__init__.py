@@ -16,6 +16,7 @@ import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `noop` (in this package) is light
 if TYPE_CHECKING:
+    import threading
     from pathlib import Path
     from typing import Any
 
@@ -96,8 +97,9 @@ def plan_sync(settings: Settings, store: Store, *, env: str | None, models: tupl
 
 
 def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
-                  progress: SyncProgress | None = None) -> SyncResult:
-    """Install exactly these versions (and the members they pin) from ``store`` into the repository."""
+                  progress: SyncProgress | None = None, stop: threading.Event | None = None) -> SyncResult:
+    """Install exactly these versions (and the members they pin) from ``store`` into the repository
+    (``stop``: see ``executor.fetch_blobs``)."""
     from repo_manager.repository import LocalRepository  # noqa: PLC0415
     from repo_manager.sync.cache import BlobCache  # noqa: PLC0415
     from repo_manager.sync.executor import execute  # noqa: PLC0415
@@ -106,7 +108,7 @@ def sync_versions(settings: Settings, store: Store, versions: dict[str, int], *,
     started = time.monotonic()
     repo = LocalRepository(settings.repository)
     plan = build_plan(store, repo, BlobCache(cache_dir_for(settings)), env=None, versions=versions)
-    return execute(plan, store, progress=progress, started=started)
+    return execute(plan, store, progress=progress, started=started, stop=stop)
 
 
 def sync(settings: Settings, store: Store, *, env: str | None, models: tuple[str, ...] = (), prune: bool = False,

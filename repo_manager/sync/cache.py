@@ -157,7 +157,7 @@ class BlobCache:
                 return 0, 0
             if size <= RANGED_THRESHOLD:
                 return self._fetch_small(store, digest, size, on_bytes, limit), 0
-            downloaded = resumed = failures = lost = 0
+            downloaded = failures = lost = 0
             adopt = True
             while True:
                 folder = None
@@ -166,13 +166,12 @@ class BlobCache:
                     adopt = False  # a retry always starts from scratch
                     got, kept, actual = self._download(store, digest, size, folder, on_bytes, parts_pool, limit)
                     downloaded += got
-                    resumed += kept
                     if actual != digest or (folder / "data").stat().st_size != size:
                         raise IntegrityError(f"blob {digest} from the store does not match its manifest (sha256 "
                                              f"{actual[:12]}…)",
                                              hint="the object in the store is corrupt: push the version again")
-                    self._install(folder, digest)
-                    return downloaded, resumed
+                    self._install(folder, digest, size)
+                    return downloaded, kept  # (kept bytes of a try that failed were thrown away)
                 except IntegrityError:
                     if folder is not None:
                         shutil.rmtree(folder, ignore_errors=True)
@@ -183,7 +182,7 @@ class BlobCache:
                     # our partial folder was adopted by another sync: only possible where locks do not
                     # work; it finishes that download, we start a fresh one unless it is already done
                     if self.has(digest, size):
-                        return downloaded, resumed
+                        return downloaded, 0
                     lost += 1
                     if lost == 3:
                         raise
@@ -203,10 +202,7 @@ class BlobCache:
                                          hint="the object in the store is corrupt: push the version again")
                 os.fchmod(fd, 0o444)
                 os.fsync(fd)
-                try:
-                    self._link_small(fd, tmp, digest)
-                except FileExistsError:
-                    pass  # installed by another writer (only where locks do not work): same content
+                self._link_small(fd, tmp, digest, size)
                 return downloaded
             except IntegrityError:
                 if attempt == 2:
@@ -217,17 +213,32 @@ class BlobCache:
                     tmp.unlink(missing_ok=True)
         raise AssertionError("unreachable")
 
-    def _link_small(self, fd: int, tmp: Path | None, digest: str) -> None:
+    def _link_small(self, fd: int, tmp: Path | None, digest: str, size: int) -> None:
+        """Give the verified file its blob name (``tmp``, or the anonymous file open as ``fd``)."""
         if tmp is not None:
-            os.link(tmp, self.path(digest))
+            self._link_blob(lambda target: os.link(tmp, target), digest, size)
             return
         # linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N names the anonymous file (os.link makes a plain
         # link(), which would link the /proc entry itself, unless given a directory fd)
         folder = os.open(self.partial, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            os.link(f"/proc/self/fd/{fd}", self.path(digest), src_dir_fd=folder, follow_symlinks=True)
+            self._link_blob(lambda target: os.link(f"/proc/self/fd/{fd}", target, src_dir_fd=folder,
+                                                   follow_symlinks=True), digest, size)
         finally:
             os.close(folder)
+
+    def _link_blob(self, link: Callable[[Path], None], digest: str, size: int) -> None:
+        """``link(target)`` the verified file as blob ``digest``. A blob already there is another writer's
+        (only where locks do not work: the same content) and kept; one of the wrong size (a repository file
+        edited in place writes through its hard link into the cache) is replaced, atomically."""
+        try:
+            link(self.path(digest))
+        except FileExistsError:
+            if self.has(digest, size):
+                return
+            aside = self.partial / f".replace-{uuid.uuid4().hex}"
+            link(aside)
+            os.replace(aside, self.path(digest))
 
     def _small_file(self, digest: str) -> tuple[int, Path | None]:
         """The file a small blob is downloaded into: an anonymous one (Linux ``O_TMPFILE``, given its name by
@@ -369,15 +380,12 @@ class BlobCache:
         if got != length:
             raise IntegrityError(f"blob {digest[:12]}… was truncated: got {got} of {length} bytes")
 
-    def _install(self, folder: Path, digest: str) -> None:
+    def _install(self, folder: Path, digest: str, size: int) -> None:
         data = folder / "data"
         os.chmod(data, 0o444)  # repositories hard-link to it: make accidental writes fail
         with open(data, "rb") as handle:
             os.fsync(handle.fileno())
-        try:
-            os.link(data, self.path(digest))
-        except FileExistsError:
-            pass  # installed by another writer (only possible where locks do not work): same content
+        self._link_blob(lambda target: os.link(data, target), digest, size)
         shutil.rmtree(folder, ignore_errors=True)
 
     # ------------------------------------------------------------------------------- placing files

@@ -40,24 +40,32 @@ BLOB_WORKERS = 16  # small blobs are latency-bound: more in flight than CPU core
 
 
 def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncProgress,
-                limit: RateLimit) -> tuple[int, int, int, int]:
+                limit: RateLimit, stop: threading.Event | None = None) -> tuple[int, int, int, int]:
     """Fetch every blob of the plan in parallel (large ones in ranged parts).
 
     Returns (bytes downloaded, bytes resumed from partial downloads, blobs fetched, bytes that another
-    sync on this node fetched meanwhile)."""
+    sync on this node fetched meanwhile). ``stop``: set by the caller (the agent, on SIGTERM) to end the
+    downloads within one piece each: ``Cancelled`` is raised, partial downloads stay for the next sync."""
     if not plan.fetch:
         return 0, 0, 0, 0
-    stop = threading.Event()
+    stop = stop or threading.Event()
 
     def advance(nbytes: int) -> None:
         if stop.is_set():  # the sync was interrupted: every download stops at its next piece
             raise Cancelled
         progress.advance(nbytes)
 
+    failures: list[BaseException] = []
+
     with ThreadPoolExecutor(PART_WORKERS, thread_name_prefix="trm-part") as parts, \
             ThreadPoolExecutor(BLOB_WORKERS, thread_name_prefix="trm-blob") as blobs:
         def one(blob) -> tuple[int, int]:
-            got = cache.fetch(store, blob.digest, blob.size, on_bytes=advance, parts_pool=parts, limit=limit)
+            try:
+                got = cache.fetch(store, blob.digest, blob.size, on_bytes=advance, parts_pool=parts, limit=limit)
+            except Exception as exc:  # a failed blob ends the others at their next piece, not at their end
+                failures.append(exc)
+                stop.set()
+                raise
             if got == (0, 0):  # another sync on this node fetched it meanwhile
                 progress.advance(blob.size)
             elif got[1]:
@@ -67,13 +75,15 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
         futures = [blobs.submit(one, blob) for blob in plan.fetch]
         try:
             results = list(zip(plan.fetch, settle(futures)))
-        except BaseException:
+        except BaseException as exc:
             # SIGTERM, SIGINT (raised here, in the main thread) or a failed blob: what has not started never
             # starts and what runs stops within one piece, instead of the pools finishing the whole plan
             # before the process may exit (a pod's grace period). Partial downloads stay for the next sync.
             stop.set()
             for future in futures:
                 future.cancel()
+            if isinstance(exc, Cancelled) and failures:
+                raise failures[0] from None  # the blob that failed, not one it stopped
             raise
     fetched = [got for _, got in results if got != (0, 0)]
     by_others = sum(blob.size for blob, got in results if got == (0, 0))
@@ -167,7 +177,8 @@ def prune_version(repo: LocalRepository, model: str, version: int) -> bool:
 
 
 def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = None,
-            limit_bytes_per_s: float | None = None, started: float | None = None) -> SyncResult:
+            limit_bytes_per_s: float | None = None, started: float | None = None,
+            stop: threading.Event | None = None) -> SyncResult:
     progress = progress or SyncProgress()
     started = time.monotonic() if started is None else started
     cache = BlobCache(plan.cache)
@@ -176,11 +187,13 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     paths.check_free_space(cache.root, plan.fetch_bytes, "this sync")
     progress.start(plan.fetch_bytes, len(plan.fetch))
     with paths.node_writes("this sync", cache.root):
-        downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit)
+        downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit, stop)
     installed, configs = [], []
     with paths.node_writes("this sync", repo.root):
         for model in sorted({a.model for a in plan.models if a.action in (INSTALL, REPLACE)}):
-            repo.clean_staging(model)  # what a sync killed while assembling a version left (its owner is gone)
+            # what a sync killed while assembling a version left: its owner is gone, or it had this pid (a
+            # container restarted as pid 1); this sync has written no staging folder yet
+            repo.clean_staging(model, ours=True)
         for action in plan.models:
             if action.action in (INSTALL, REPLACE) and materialize(store, cache, repo, action, limit):
                 installed.append(f"{action.model}/{action.version}")

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from repo_manager.sync.plan import SyncPlan
     from repo_manager.sync.result import SyncResult
 
-STATE_SCHEMA = "trm.sync-state/2"  # /2 names the pointer's key; a /1 record means one full sync
+STATE_SCHEMA = "trm.sync-state/3"  # /2 names the pointer's key, /3 the model-folder files; older: one full sync
 MANIFEST_NAME = "trm-manifest.json"  # repository.MANIFEST_NAME, without importing the repository module
 CONFIG_NAME = "config.pbtxt"
 
@@ -93,7 +93,9 @@ def record(plan: SyncPlan, store: Store) -> None:
                 "version": action.version,
                 "manifest_sha256": _sha256(folder / MANIFEST_NAME),
                 "config_sha256": _sha256(repo / action.model / CONFIG_NAME),
-                "files": [[f.path, f.size] for f in action.manifest.files]}
+                "files": [[f.path, f.size] for f in action.manifest.files],
+                "model_files": {path: hashlib.sha256(content).hexdigest()  # label and warm-up files
+                                for path, content in action.manifest.model_files.items()}}
         path = Path(state_path(plan.cache, store_id(store), plan.env, repo, plan.selection))
         paths.make_dirs(Path(plan.cache), path.parent)  # never through a link planted in the cache
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -121,6 +123,12 @@ def _serves(repo: str | Path, models: dict[str, Any]) -> bool:
             if _sha256(os.path.join(folder, MANIFEST_NAME)) != entry["manifest_sha256"] or \
                     _sha256(os.path.join(model_dir, CONFIG_NAME)) != entry["config_sha256"]:
                 return False
+            for relative, digest in entry["model_files"].items():  # beside config.pbtxt: Triton needs them
+                if relative.startswith("/") or ".." in relative.split("/"):
+                    return False
+                path = os.path.join(model_dir, relative)
+                if not stat.S_ISREG(os.lstat(path).st_mode) or _sha256(path) != digest:
+                    return False
             prefix = folder + os.sep
             for relative, size in entry["files"]:
                 info = os.lstat(prefix + relative)  # (relative paths were checked when the manifest was read)

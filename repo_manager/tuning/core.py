@@ -53,6 +53,9 @@ MAX_OVERLOAD_FACTOR = 100.0
 """An overload beyond this multiple of capacity is no tuning question (and no client could offer it)."""
 
 
+DEFAULT_BUDGET_S = 300.0
+
+
 @dataclass(frozen=True)
 class TuneRequest:
     model: str
@@ -60,7 +63,7 @@ class TuneRequest:
     low_rps: float
     peak_rps: float
     headroom: float = 1.2
-    budget_s: float = 300.0
+    budget_s: float = DEFAULT_BUDGET_S
     write: bool = False
     report_dir: Path | None = None
     requests: int = 1000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,8 +57,9 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @click.option("--peak-rps", type=POSITIVE, help="Peak traffic, requests/s.")
 @click.option("--headroom", type=Number(1), default=1.2, show_default=True,
               help="The SLO must also hold at peak x headroom.")
-@click.option("--budget", "budget_s", type=POSITIVE, default=300.0, show_default=True,
-              help="Seconds the search may take: optional steps are skipped to fit; a budget below what "
+@click.option("--budget", "budget_s", type=POSITIVE,
+              help="Seconds the search may take (default: 300, or what every run measures at these rates if "
+                   "more): optional steps are skipped to fit; a budget below what "
                    "every run measures is refused.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
               help="Requests per measured point (at most 15 s of traffic at low rates).")
@@ -75,12 +77,12 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @pass_ctx
 def tune_batching_command(ctx: Context, name: str, repository: str | None, triton_url: str | None,
                           p99_ms: float | None, low_rps: float | None, peak_rps: float | None, headroom: float,
-                          budget_s: float, requests: int, overload_factor: float, priority_levels: int,
+                          budget_s: float | None, requests: int, overload_factor: float, priority_levels: int,
                           write: bool, report_dir: str | None, check_only: bool) -> None:
     """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
     measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
     from repo_manager.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
-    from repo_manager.tuning.core import check_measure_arguments  # noqa: PLC0415
+    from repo_manager.tuning.core import DEFAULT_BUDGET_S, check_measure_arguments  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     if check_only:
@@ -99,11 +101,13 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         return
     if p99_ms is None or low_rps is None or peak_rps is None:
         raise UsageError("tune-batching needs --p99-ms, --low-rps and --peak-rps")
-    request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s, write=write,
-                          requests=requests, report_dir=Path(report_dir) if report_dir else None,
+    request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s or DEFAULT_BUDGET_S,
+                          write=write, requests=requests, report_dir=Path(report_dir) if report_dir else None,
                           overload_factor=overload_factor, priority_levels=priority_levels)
+    if budget_s is None:  # the default never refuses: low rates need longer points than 300 s allow
+        request = dataclasses.replace(request, budget_s=max(DEFAULT_BUDGET_S, request.minimum_budget_s()))
     request.check_target(settings)  # refused before the progress display starts
-    with live_progress(ctx, budget_s) as progress:
+    with live_progress(ctx, request.budget_s) as progress:
         result = tune_batching(settings, request, progress)
     ctx.emit(result.to_dict(), _tune_text(result))
     if result.chosen is None and result.overload is not None:
