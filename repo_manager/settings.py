@@ -63,7 +63,8 @@ class Settings:
         for name in ("store", "s3_endpoint_url", "triton_url"):
             value = getattr(self, name)
             if isinstance(value, str):
-                check_no_userinfo(value, f"setting {name}")
+                option = {"store": "STORE", "s3_endpoint_url": "--endpoint-url", "triton_url": "--url"}[name]
+                check_no_userinfo(value, f"setting {name} (or {option})")
         if isinstance(self.triton_url, str) and "://" in self.triton_url:
             check_server_url(self.triton_url, "setting triton_url")
 

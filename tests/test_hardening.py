@@ -612,3 +612,12 @@ def test_a_manifest_with_malformed_data_files_is_refused_as_corrupt(capsys, tmp_
     manifest.write_text(json.dumps(document))
     result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
     assert result.code == 7 and "data" in result.err, result.err
+
+
+@pytest.mark.parametrize("ports, message", [(("--http-port", "9000", "--grpc-port", "9000"), "are both 9000"),
+                                            (("--http-port", "70000"), "70000 is not in the range"),
+                                            (("--trm-metrics-port", "-1"), "-1 is not in the range")])
+def test_serve_refuses_ports_it_cannot_use_before_starting_anything(capsys, tmp_path, ports, message):
+    (tmp_path / "repo").mkdir()
+    result = run_cli(capsys, "serve", "--repo", tmp_path / "repo", *ports)
+    assert result.code == 2 and message in result.err, result.err

@@ -8,6 +8,7 @@ import click
 
 from repo_manager import metrics
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.errors import UsageError
 
 PORT = click.IntRange(0, 65535)
 
@@ -30,6 +31,16 @@ def serve_command(ctx: Context, repository: str | None, http_port: int | None, g
     from repo_manager.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
+    ports = {"--http-port": settings.http_port if http_port is None else http_port,
+             "--grpc-port": settings.grpc_port if grpc_port is None else grpc_port,
+             "--metrics-port": settings.metrics_port if metrics_port is None else metrics_port,
+             "--trm-metrics-port": trm_metrics_port}
+    taken: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port:  # (0: a free one)
+            if port in taken:
+                raise UsageError(f"{taken[port]} and {flag} are both {port}: each server needs its own port")
+            taken[port] = flag
     ctx.progress(f"starting tritonserver on {settings.repository}")
     with ExitStack() as stack:
         exporter = None

@@ -89,7 +89,9 @@ class RichProgress:
         if self._bar is not None:
             with self._lock:
                 self._done_bytes += nbytes
-                self._bar.update(self._bytes, advance=nbytes, detail=self._bytes_detail())
+                # a blob fetched twice (a bad first copy) moves more bytes than planned: show what moved
+                self._total_bytes = max(self._total_bytes, self._done_bytes)
+                self._bar.update(self._bytes, advance=nbytes, total=self._total_bytes, detail=self._bytes_detail())
 
     def file_done(self) -> None:
         if self._bar is not None:
