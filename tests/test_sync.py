@@ -149,7 +149,9 @@ def test_a_stopped_sync_stops_downloading_at_once_and_the_next_one_resumes(capsy
     _push(capsys, src, s3_location)
     env = {"TRM_SYNC_PART_SIZE": str(MB)}
     process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
-                          "--limit-rate", "4", env=env)  # 6 s for the whole blob
+                          "--limit-rate", "4", env=env,  # 6 s for the whole blob
+                          # a shell that started the tests in the background may ignore SIGINT, and so would trm
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_parts(cache, 2, process)
     process.send_signal(signum)
     returncode, _, err = finish(process, timeout=60)

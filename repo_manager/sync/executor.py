@@ -45,13 +45,15 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
 
     Returns (bytes downloaded, bytes resumed from partial downloads, blobs fetched, bytes that another
     sync on this node fetched meanwhile). ``stop``: set by the caller (the agent, on SIGTERM) to end the
-    downloads within one piece each: ``Cancelled`` is raised, partial downloads stay for the next sync."""
+    downloads within one piece each: ``Cancelled`` is raised, partial downloads stay for the next sync (it
+    is only read here: a failure stops the downloads through this sync's own event)."""
     if not plan.fetch:
         return 0, 0, 0, 0
-    stop = stop or threading.Event()
+    ending = threading.Event()  # this sync's: set on an interruption or a failed blob
+    caller = stop or ending
 
     def advance(nbytes: int) -> None:
-        if stop.is_set():  # the sync was interrupted: every download stops at its next piece
+        if ending.is_set() or caller.is_set():  # every download stops at its next piece
             raise Cancelled
         progress.advance(nbytes)
 
@@ -64,7 +66,7 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
                 got = cache.fetch(store, blob.digest, blob.size, on_bytes=advance, parts_pool=parts, limit=limit)
             except Exception as exc:  # a failed blob ends the others at their next piece, not at their end
                 failures.append(exc)
-                stop.set()
+                ending.set()
                 raise
             if got == (0, 0):  # another sync on this node fetched it meanwhile
                 progress.advance(blob.size)
@@ -79,7 +81,7 @@ def fetch_blobs(store: Store, cache: BlobCache, plan: SyncPlan, progress: SyncPr
             # SIGTERM, SIGINT (raised here, in the main thread) or a failed blob: what has not started never
             # starts and what runs stops within one piece, instead of the pools finishing the whole plan
             # before the process may exit (a pod's grace period). Partial downloads stay for the next sync.
-            stop.set()
+            ending.set()
             for future in futures:
                 future.cancel()
             if isinstance(exc, Cancelled) and failures:
