@@ -159,6 +159,10 @@ def write_config(path: str | Path, config: ModelConfig) -> None:
 
 # --------------------------------------------------------------------------------------- generation
 
+MAX_DIM = 2 ** 31 - 1
+"""Largest tensor dimension trm writes (Triton's dims are int64; no real tensor axis comes near)."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output: name, Triton data type name (FP32 …) and dims without the batch axis."""
@@ -178,6 +182,10 @@ class TensorSpec:
             dims = tuple(int(d) for d in parts[2].split(",") if d.strip())
         except ValueError as exc:
             raise InputError(f"tensor spec {text!r}: dims must be integers (-1 for variable)") from exc
+        if any(d != -1 and not 1 <= d <= MAX_DIM for d in dims):
+            raise InputError(f"tensor spec {text!r}: each dim is -1 (variable) or from 1 to {MAX_DIM}")
+        if any(c.isspace() or not c.isprintable() for c in parts[0]):
+            raise InputError(f"tensor spec {text!r}: a tensor name holds no spaces or control characters")
         return cls(parts[0], parts[1].upper().removeprefix("TYPE_"), dims)
 
 

@@ -254,8 +254,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the one place that catches everything
         if verbose:
             click.echo(printable(traceback.format_exc()), err=True, nl=False)
-        click.echo(printable(f"error: internal error ({type(exc).__name__}: {exc}); rerun with --verbose and "
-                          "report it"), err=True)
+        message = f"internal error ({type(exc).__name__}: {exc}); rerun with --verbose and report it"
+        if want_json:  # --json promises JSON on stdout, even for a bug
+            click.echo(json.dumps({"error": redact_data({"kind": "internal", "message": message, "exit_code": 1})},
+                                  indent=2))
+        click.echo(printable(f"error: {message}"), err=True)
         sys.exit(1)
     sys.exit(0)
 

@@ -51,9 +51,33 @@ class NodeFacts:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NodeFacts:
-        gpus = tuple(GpuFacts(**g) for g in data.get("gpus", ()))
-        return cls(**{**{k: v for k, v in data.items() if k in cls.__dataclass_fields__}, "gpus": gpus})
+    def from_dict(cls, data: Any) -> NodeFacts:
+        """Facts written by `trm doctor --json` (or by hand), every field checked: ValueError says which."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        gpus = data.get("gpus", [])
+        if not isinstance(gpus, list):
+            raise ValueError("gpus is not a list")
+        checked = []
+        for number, gpu in enumerate(gpus):
+            if not isinstance(gpu, dict) or set(gpu) - set(GpuFacts.__dataclass_fields__):
+                raise ValueError(f"gpus[{number}] is not an object with {', '.join(GpuFacts.__dataclass_fields__)}")
+            memory, capability = gpu.get("memory_bytes"), gpu.get("compute_capability")
+            if not isinstance(gpu.get("name"), str) or not isinstance(capability, str) or \
+                    not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", capability) or isinstance(memory, bool) or \
+                    not isinstance(memory, int) or not 0 < memory < 2 ** 60 or \
+                    not isinstance(gpu.get("index", 0), int) or isinstance(gpu.get("index", 0), bool):
+                raise ValueError(f"gpus[{number}] needs a name, memory_bytes (a positive integer) and "
+                                 "compute_capability like \"9.0\"")
+            checked.append(GpuFacts(**gpu))
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "gpus"}
+        for key, value in fields.items():
+            if key == "framework_cuda":
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    raise ValueError("framework_cuda is not an object of version strings")
+            elif value is not None and not isinstance(value, str):
+                raise ValueError(f"{key} is not a version string")
+        return cls(**{**fields, "gpus": tuple(checked)})
 
 
 # ----------------------------------------------------------------------------------------------- NVML

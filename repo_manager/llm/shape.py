@@ -189,8 +189,8 @@ def shape_from_config(data: dict[str, Any], origin: str = "config.json") -> Mode
         shared = moe_inter * int(data["n_shared_experts"])
     act = str(data.get("hidden_act") or data.get("hidden_activation") or data.get("activation_function") or "")
     gated = model_type in _GATED_MODEL_TYPES or act in _GATED_ACTS
-    if heads == 0 or layers == 0 or hidden == 0 or vocab == 0:
-        raise InputError(f"{origin}: layers, heads, hidden size and vocabulary must be positive")
+    if heads == 0 or layers == 0 or hidden == 0 or vocab == 0 or head_dim == 0:
+        raise InputError(f"{origin}: layers, heads, head_dim, hidden size and vocabulary must be positive")
     if heads % kv_heads:
         raise InputError(f"{origin}: {heads} attention heads are not a multiple of {kv_heads} KV heads")
     tied = bool(data.get("tie_word_embeddings") if hugging_face else data.get("share_embedding_table", False))

@@ -37,7 +37,7 @@ import yaml
 
 from repo_manager import config as cfg
 from repo_manager.config import atomic_write_bytes
-from repo_manager.errors import UsageError
+from repo_manager.errors import InputError, UsageError
 from repo_manager.manifest import Manifest
 
 
@@ -63,6 +63,19 @@ class Thresholds:
             raise UsageError("need --queue-per-replica >= 0, --samples >= 1 and 0 <= --max-rejected <= 1")
         if self.evaluation_interval_s <= 0 or self.pointer_stale_s <= 0:
             raise UsageError("--evaluation-interval and --pointer-stale must be positive")
+        import re  # noqa: PLC0415
+
+        for flag, value in (("--queue-for", self.queue_for), ("--rejected-for", self.rejected_for),
+                            ("--not-ready-for", self.not_ready_for), ("--versions-for", self.versions_for),
+                            ("--rate-window", self.rate_window)):
+            # a Prometheus duration: 30s, 1m, 1h30m (PromQL rejects anything else when the rules load)
+            if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", value) or not re.search(r"[1-9]", value):
+                raise UsageError(f"{flag} {value!r} is not a Prometheus duration", hint="e.g. 30s, 1m, 1h30m")
+        # label matchers: name op "value" pairs, nothing that closes the selector or starts another expression
+        matcher = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*"([^"\\]|\\.)*"\s*'
+        if self.selector and not re.fullmatch(f"{matcher}(,{matcher})*,?", self.selector):
+            raise UsageError(f"--selector {self.selector!r} is not a list of label matchers",
+                             hint='e.g. job="triton",namespace="prod"')
 
 
 @dataclass(frozen=True)
@@ -293,7 +306,13 @@ def write_artifacts(folder: Path, models: list[ModelWatch], t: Thresholds, env: 
     t.check()
     if not models:
         raise UsageError("no models to watch", hint="name an environment that serves models, or pass --model")
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(f"--out {folder} is {'a symbolic link' if folder.is_symlink() else 'not a folder'}",
+                         hint="give a real folder: trm never writes through a link")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create --out {folder}: {exc.strerror}", hint="give a writable folder") from exc
     rules = rule_file(models, t, env)
     rules_path, dash_path = folder / "trm-rules.yml", folder / "trm-dashboard.json"
     header = (f"# Prometheus alerting rules written by `trm observe rules`{' for ' + env if env else ''}.\n"

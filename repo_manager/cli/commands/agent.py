@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import Context, cli, pass_ctx, repo_option
+from repo_manager.cli import Context, Number, cli, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
 
 
@@ -23,21 +23,21 @@ from repo_manager.cli.commands.store import endpoint_option
 @click.option("--grpc-url", help="Its gRPC endpoint (HOST:PORT): loads and unloads go there, as `trm rollout`.")
 @click.option("--listen", default="0.0.0.0:8090", show_default=True,
               help="Agent HTTP: /healthz /readyz /status /metrics.")
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+@click.option("--interval", type=Number(0, 86_400, low_open=True), default=5.0, show_default=True,
               help="Seconds between pointer checks (one conditional GET each).")
-@click.option("--jitter", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+@click.option("--jitter", type=Number(0, 1), default=0.2, show_default=True,
               help="Random fraction of the interval added to each wait.")
-@click.option("--max-unavailable", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--max-unavailable", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="At most this many pods of the environment out of rotation at once (drain-swap path).")
 @click.option("--no-side-by-side", is_flag=True,
               help="Always drain-swap (readiness false, in-flight finished) instead of loading beside.")
 @click.option("--pod-name", help="Identity for coordination and status (default: $HOSTNAME).")
-@click.option("--drain-grace", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--drain-grace", type=Number(0, 86_400), default=5.0, show_default=True,
               help="Seconds between readiness going false and waiting for in-flight requests (the readiness "
                    "probe's period).")
-@click.option("--drain-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+@click.option("--drain-timeout", type=Number(0, 86_400), default=120.0, show_default=True,
               help="Longest wait for in-flight requests to finish before swapping anyway.")
-@click.option("--backoff", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--backoff", type=Number(0, 86_400), default=5.0, show_default=True,
               help="First retry delay after a failure (doubles, at most 300 s).")
 @click.option("--json", "json_logs", is_flag=True, help="JSON log lines on stderr.")
 @endpoint_option
@@ -63,6 +63,18 @@ def agent_command(ctx: Context, store: str | None, env: str, repository: str | N
         store=location, env=check_env_name(env), repository=Path(settings.repository).absolute(),
         cache=cache_dir_for(settings).absolute(), url=triton_url, grpc_url=grpc_url, listen=listen,
         interval_s=interval, jitter=jitter, max_unavailable=max_unavailable, side_by_side=not no_side_by_side,
-        pod=pod_name or os.environ.get("HOSTNAME") or socket.gethostname(), json_logs=json_logs or ctx.json,
+        pod=_check_pod_name(pod_name) or os.environ.get("HOSTNAME") or socket.gethostname(),
+        json_logs=json_logs or ctx.json,
         drain_grace_s=drain_grace, drain_timeout_s=drain_timeout, backoff_s=backoff)
     run_agent(options, settings)
+
+
+def _check_pod_name(name: str | None) -> str | None:
+    """--pod-name is shown in /status, logs and the drain lease: a DNS-like name, as Kubernetes gives pods."""
+    import re  # noqa: PLC0415
+
+    from repo_manager.errors import UsageError  # noqa: PLC0415
+
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", name):
+        raise UsageError(f"--pod-name {name[:80]!r} is not a pod name (letters, digits, '.', '_', '-')")
+    return name

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import click
 
-from repo_manager.cli import POSITIVE, Context, Number, cli, json_option, pass_ctx, repo_option
-from repo_manager.errors import CompatibilityError, InputError
+from repo_manager.cli import Context, Number, cli, json_option, pass_ctx, repo_option
+from repo_manager.errors import CompatibilityError, InputError, IntegrityError
 from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
+
+GIB = Number(0, 1e6, low_open=True)
+"""GiB of one GPU: positive, finite, below a petabyte."""
+COUNT = click.IntRange(max=2 ** 20)
+"""Sequences, tokens, GPUs: what a number of them can be (below it, the planner says what is wrong)."""
 
 
 def plan_text(plan) -> str:
@@ -28,15 +32,15 @@ def plan_text(plan) -> str:
 
 @cli.command("plan")
 @click.argument("checkpoint", type=click.Path())
-@click.option("--gpu-memory", "gpu_memory", type=POSITIVE, required=True,
+@click.option("--gpu-memory", "gpu_memory", type=GIB, required=True,
               help="Memory of one GPU in GiB, as nvidia-smi reports it (a '24 GB' card: 24).")
 @click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), help="Weight precision (default: the checkpoint's).")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_DTYPES), help="KV-cache precision (default: 16-bit).")
-@click.option("--max-batch-size", type=int, help="Sequences at once (default: 1, or the engine's).")
-@click.option("--max-seq-len", type=int, help="Prompt + output tokens per sequence (default: the model's "
+@click.option("--max-batch-size", type=COUNT, help="Sequences at once (default: 1, or the engine's).")
+@click.option("--max-seq-len", type=COUNT, help="Prompt + output tokens per sequence (default: the model's "
               "max_position_embeddings, or the engine's max_seq_len).")
-@click.option("--tp", type=int, help="Tensor-parallel GPUs (default: 1, or the engine's).")
-@click.option("--max-num-tokens", type=int, help="Tokens per forward pass, sizing the activation memory "
+@click.option("--tp", type=COUNT, help="Tensor-parallel GPUs (default: 1, or the engine's).")
+@click.option("--max-num-tokens", type=COUNT, help="Tokens per forward pass, sizing the activation memory "
               "(default: 8192, or the engine's).")
 @click.option("--utilization", type=Number(0, 1, low_open=True), default=0.9, show_default=True,
               help="Fraction of GPU memory the server may use.")
@@ -78,9 +82,15 @@ def doctor_command(ctx: Context, repository: str | None, node_facts: str | None)
 
     settings = ctx.settings.replace(repository=repository)
     if node_facts:
+        from repo_manager import documents  # noqa: PLC0415
+
         try:
-            node = NodeFacts.from_dict(json.loads(Path(node_facts).read_text()))
-        except (ValueError, TypeError, AttributeError) as exc:
+            node = NodeFacts.from_dict(documents.parse(Path(node_facts).read_bytes(), str(node_facts)))
+        except OSError as exc:
+            raise InputError(f"cannot read {node_facts}: {exc.strerror}") from exc
+        except IntegrityError as exc:  # not JSON, too deep or too large: a local file, so bad input
+            raise InputError(exc.message) from exc
+        except ValueError as exc:
             raise InputError(f"{node_facts} does not hold node facts: {exc}") from exc
     else:
         node = probe_node()
@@ -100,16 +110,16 @@ _TRTLLM = [
     click.option("--layout", "trtllm_layout", type=click.Choice(["engine", "llmapi"]), default="engine",
                  show_default=True, help="tensorrt-llm: engine + inflight_batcher_llm models, or the LLM-API "
                  "backend (no engine build)."),
-    click.option("--gpu-memory", "trtllm_gpu_memory", type=POSITIVE,
+    click.option("--gpu-memory", "trtllm_gpu_memory", type=GIB,
                  help="tensorrt-llm: GiB of one serving GPU to plan for (default: this node's GPU)."),
     click.option("--dtype", "trtllm_dtype", type=click.Choice(WEIGHT_DTYPES), help="tensorrt-llm: weights."),
     click.option("--kv-cache-dtype", "trtllm_kv_dtype", type=click.Choice(KV_DTYPES)),
-    click.option("--max-input-len", "trtllm_max_input_len", type=int, help="tensorrt-llm: prompt tokens."),
-    click.option("--max-seq-len", "trtllm_max_seq_len", type=int,
+    click.option("--max-input-len", "trtllm_max_input_len", type=COUNT, help="tensorrt-llm: prompt tokens."),
+    click.option("--max-seq-len", "trtllm_max_seq_len", type=COUNT,
                  help="tensorrt-llm: prompt + output tokens (default: the model's maximum)."),
-    click.option("--max-beam-width", "trtllm_max_beam_width", type=int, default=1, show_default=True),
-    click.option("--max-num-tokens", "trtllm_max_num_tokens", type=int, default=8192, show_default=True),
-    click.option("--tp", "trtllm_tp", type=int, default=1, show_default=True, help="tensorrt-llm: GPUs."),
+    click.option("--max-beam-width", "trtllm_max_beam_width", type=COUNT, default=1, show_default=True),
+    click.option("--max-num-tokens", "trtllm_max_num_tokens", type=COUNT, default=8192, show_default=True),
+    click.option("--tp", "trtllm_tp", type=COUNT, default=1, show_default=True, help="tensorrt-llm: GPUs."),
     click.option("--engine-dir", "trtllm_engine_dir", type=click.Path(file_okay=False),
                  help="tensorrt-llm: an engine trtllm-build already built; skips the build."),
     click.option("--builder", "trtllm_builder", help="tensorrt-llm: build command prefix taking trtllm-build's "

@@ -6,7 +6,7 @@ import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
 from repo_manager.cli.commands.llm import trtllm_options
-from repo_manager.errors import UsageError
+from repo_manager.errors import InputError, UsageError
 
 
 @cli.group()
@@ -24,9 +24,9 @@ def publish() -> None:
               help="Source format (default: detected).")
 @repo_option
 @url_option
-@click.option("--max-batch-size", type=int, help="0 disables batching; default: 8 when the model has a "
-              "batch axis.")
-@click.option("--instances", "instance_count", type=int, default=1, show_default=True,
+@click.option("--max-batch-size", type=click.IntRange(0, 1_000_000),
+              help="0 disables batching; default: 8 when the model has a batch axis.")
+@click.option("--instances", "instance_count", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Model instances.")
 @click.option("--instance-kind", type=click.Choice(["CPU", "GPU", "AUTO"], case_sensitive=False),
               default="CPU", show_default=True)
@@ -47,8 +47,9 @@ def publish() -> None:
               "L2-normalise the embedding (default: no, as SentenceTransformer(path) does).")
 @click.option("--prompt-name", help="Hugging Face checkpoints: serve with this prompt of "
               "config_sentence_transformers.json prepended (default: its default_prompt_name, if any).")
-@click.option("--max-length", type=int, help="Hugging Face checkpoints: truncate texts to this many tokens "
-              "(default: the checkpoint's own max length).")
+@click.option("--max-length", type=click.IntRange(1, 1_000_000),
+              help="Hugging Face checkpoints: truncate texts to this many tokens (default: the checkpoint's own max "
+                   "length).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
 @trtllm_options
@@ -84,9 +85,13 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,
                                 instance_kind=instance_kind.upper(), dynamic_batching=dynamic_batching,
                                 warmup=warmup)
-    result = publish_model(settings, source, name, fmt=fmt, options=options,
-                           inputs=[cfg.TensorSpec.parse(s) for s in inputs],
-                           outputs=[cfg.TensorSpec.parse(s) for s in outputs],
+    input_specs, output_specs = [cfg.TensorSpec.parse(s) for s in inputs], [cfg.TensorSpec.parse(s) for s in outputs]
+    names = [spec.name for spec in input_specs + output_specs]
+    if len(set(names)) != len(names):
+        raise InputError(f"tensor {next(n for n in names if names.count(n) > 1)!r} is named twice in --input/--output",
+                         hint="every input and output needs its own name")
+    result = publish_model(settings, source, name, fmt=fmt, options=options, inputs=input_specs,
+                           outputs=output_specs,
                            verify_model=verify, progress=ctx.progress, trtllm=trtllm, **hf_options)
     data = result.to_dict()
     if target is not None:

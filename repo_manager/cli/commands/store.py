@@ -74,8 +74,12 @@ class RichProgress:
             TransferSpeedColumn,
         )
 
+        class BytesSpeed(TransferSpeedColumn):  # a rate of bytes, not of blobs
+            def render(self, task):  # noqa: ANN001, ANN202 - rich's signature
+                return super().render(task) if task.description == "bytes" else ""
+
         self._bar = Progress(TextColumn("{task.description:<5}"), BarColumn(), TaskProgressColumn(),
-                             TextColumn("{task.fields[detail]}"), TransferSpeedColumn(), TimeRemainingColumn(),
+                             TextColumn("{task.fields[detail]}"), BytesSpeed(), TimeRemainingColumn(),
                              console=Console(stderr=True))
         self._total_bytes, self._total_files, self._done_bytes, self._done_files = total_bytes, total_files, 0, 0
         self._bytes = self._bar.add_task("bytes", total=total_bytes, detail=self._bytes_detail())
