@@ -702,3 +702,9 @@ def test_an_internal_error_is_still_json_with_json(capsys, tmp_path, monkeypatch
     make_version(tmp_path / "src", "base", {"model.py": b"# v1"})
     result = run_cli(capsys, "--json", "push", tmp_path / "store", "--repo", tmp_path / "src")
     assert result.code == 1 and json.loads(result.out)["error"]["kind"] == "internal", result.out
+
+
+@pytest.mark.parametrize("version", ["0", "-1", "100000000000000000000"])
+def test_infer_refuses_a_version_that_cannot_exist(capsys, tmp_path, version):
+    result = run_cli(capsys, "infer", "m", "--version", version, "--url", "http://127.0.0.1:9", "--text", "x")
+    assert result.code == 2 and "--version" in result.err, result.err

@@ -15,7 +15,8 @@ from repo_manager.errors import UsageError
 @click.option("--text", "texts", multiple=True, help="Text for a model with one STRING input (repeatable).")
 @click.option("--query", help="For a reranker: the query the --text passages are scored against.")
 @click.option("--input", "input_files", multiple=True, help="NAME=FILE.npy for tensor models (repeatable).")
-@click.option("--version", type=int, help="Default: the version the server routes to (the latest).")
+@click.option("--version", type=click.IntRange(1, 2 ** 63 - 1),
+              help="Default: the version the server routes to (the latest).")
 @repo_option
 @url_option
 @json_option
