@@ -74,6 +74,13 @@ def check_label_path(path: str) -> str:
     return path
 
 
+def files_and_folders(paths: list[str]) -> list[str]:
+    """The paths that are also a folder of another path (a file may not be both), sorted. Linear in the
+    paths' total length: manifests can list thousands of files."""
+    folders = {path[:i] for path in paths for i, char in enumerate(path) if char == "/"}
+    return sorted(folders.intersection(paths))
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -175,11 +182,9 @@ class Manifest:
         paths = [f.path for f in files]
         if len(set(paths)) != len(paths):
             raise IntegrityError(f"{origin} lists a file twice")
-        # a file may not also be a folder of another file (linear: manifests can list thousands of files)
-        folders = {path[:i] for path in paths for i, char in enumerate(path) if char == "/"}
-        for path in paths:
-            if path in folders:
-                raise IntegrityError(f"{origin}: {path!r} is both a file and a folder")
+        both = files_and_folders(paths)
+        if both:
+            raise IntegrityError(f"{origin}: {both[0]!r} is both a file and a folder")
         records = {key: data.get(key) or {} for key in ("members", "source", "environment", "verification")}
         for key, value in records.items():
             if not isinstance(value, dict):
@@ -209,8 +214,7 @@ class Manifest:
         for path in [*labels, *blobs]:
             check_label_path(path)
         kept = [*labels, *blobs]
-        folders = {path[:i] for path in kept for i, char in enumerate(path) if char == "/"}
-        if len(set(kept)) != len(kept) or folders & set(kept):
+        if len(set(kept)) != len(kept) or files_and_folders(kept):
             raise IntegrityError(f"{origin} names a model-folder file twice, or as a file and a folder")
         return cls(model=model, version=version, files=files, config=config,
                    source=records["source"], environment=records["environment"],

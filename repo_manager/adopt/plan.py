@@ -33,6 +33,7 @@ from repo_manager.manifest import (
     Manifest,
     check_label_path,
     check_model_name,
+    files_and_folders,
     read_manifest,
     sha256_file,
 )
@@ -106,7 +107,7 @@ class ModelPlan:
 
     @property
     def model_files(self) -> dict[str, bytes]:
-        return {**{path: text.encode() for path, text in self.labels.items()}, **self.data}
+        return _model_files(self.labels, self.data)
 
     @property
     def runnable(self) -> bool:
@@ -255,13 +256,11 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     data, problem = _model_level_data(folder, config)
     if problem:
         return ModelPlan(name, folder, backend, text, refused=problem)
-    named = [*labels, *data]
-    folders = {path[:i] for path in named for i, char in enumerate(path) if char == "/"}
-    clash = sorted((set(labels) & set(data)) | (folders & set(named)))
+    clash = sorted((set(labels) & set(data)) | set(files_and_folders([*labels, *data])))
     if clash:  # (a manifest holding both could not be read back)
         return ModelPlan(name, folder, backend, text, refused=f"{folder / CONFIG_NAME}: {clash[0]} is named both "
                          "as a label file and as warm-up data, or as a file and a folder")
-    carried = {**{path: text.encode() for path, text in labels.items()}, **data}
+    carried = _model_files(labels, data)
     label_roots = {path.split("/")[0] for path in carried}
     versions: list[VersionPlan] = []
     for child in sorted(folder.iterdir()):
@@ -287,6 +286,11 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     if not versions:
         notes.append("no version folder: nothing to adopt")
     return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels, data=data)
+
+
+def _model_files(labels: dict[str, str], data: dict[str, bytes]) -> dict[str, bytes]:
+    """What a version's manifest will carry beside config.pbtxt (``Manifest.model_files``): path -> bytes."""
+    return {**{path: text.encode() for path, text in labels.items()}, **data}
 
 
 def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]:

@@ -40,7 +40,7 @@ from repo_manager.triton.client import TritonClient
 from repo_manager.triton.server import TritonServer
 from repo_manager.tuning.candidates import Candidate
 from repo_manager.tuning.overload import OverloadOutcome, PolicySearch, try_cost_s
-from repo_manager.tuning.prober import LOAD_S, Point, Prober, Progress, point_cost_s, profile_cost_s
+from repo_manager.tuning.prober import Point, Prober, Progress, config_cost_s, point_cost_s, profile_cost_s
 from repo_manager.tuning.report import write_report
 from repo_manager.tuning.search import ALWAYS_MEASURED, Outcome, Search
 
@@ -116,7 +116,7 @@ class TuneRequest:
         """What every run measures, whatever its budget (``search``: steps 1-2 for the current config, plain
         batching and the top structure; the first queue-policy try): a budget below it could only be
         overrun, so it is refused before anything starts."""
-        configs = ALWAYS_MEASURED * (sum(map(self.point_s, self.rates())) + LOAD_S)
+        configs = ALWAYS_MEASURED * config_cost_s(self.point_s, self.rates())
         policy = try_cost_s(self.overload_s, self.recover_s, self.point_s(self.rates()[-1])) \
             if self.overload_factor else 0.0
         return profile_cost_s(self.max_batch_limit) + configs + policy

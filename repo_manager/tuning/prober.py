@@ -17,7 +17,7 @@ interleaved re-measure (``search``) catches a config that only passed by luck.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,6 +45,11 @@ def point_count(rate: float, *, requests: int, max_point_s: float) -> int:
 def point_cost_s(rate: float, *, requests: int, max_point_s: float, warmup_s: float) -> float:
     """Seconds one measured point at ``rate`` takes at least: warm-up, its requests at that rate, wind-down."""
     return warmup_s + point_count(rate, requests=requests, max_point_s=max_point_s) / rate + 0.3
+
+
+def config_cost_s(point_cost: Callable[[float], float], rates: Iterable[float]) -> float:
+    """Seconds measuring one config at ``rates`` takes at least: its load and a point at each rate."""
+    return sum(map(point_cost, rates)) + LOAD_S
 
 
 def profile_cost_s(max_batch_size: int) -> float:

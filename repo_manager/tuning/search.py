@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repo_manager.tuning.candidates import Candidate, Profile, Pruned, preferred_sizes, structures
-from repo_manager.tuning.prober import LOAD_S, Point, Prober
+from repo_manager.tuning.prober import LOAD_S, Point, Prober, config_cost_s
 
 LEVELS = ("low", "peak", "headroom")
 ALWAYS_MEASURED = 3
@@ -103,7 +103,7 @@ class Search:
         return self.candidates.setdefault(candidate.key, candidate)
 
     def _cost(self, levels: int = 3) -> float:
-        return sum(self.prober.point_cost_s(r) for r in list(self.rates.values())[:levels]) + LOAD_S
+        return config_cost_s(self.prober.point_cost_s, list(self.rates.values())[:levels])
 
     def _level_point(self, candidate: Candidate, level: str) -> Point | None:
         rate = self.rates[level]
@@ -123,7 +123,7 @@ class Search:
         need = self.rates["headroom"]
         kept, pruned = structures(self.profile, self.current, self.slo_ms, need)
         plain = Candidate(self.current.max_batch_size, self.current.instances, True, 0, (), "plain")
-        mandatory = ([self.current, plain] + kept[:1])[:ALWAYS_MEASURED]
+        mandatory = [self.current, plain] + kept[:1]  # (ALWAYS_MEASURED: what the budget check counts)
         for candidate in mandatory:
             self.evaluate(candidate)
         # until a structure meets every level, measure the next; then search its delay (the step that

@@ -11,6 +11,10 @@ import click
 from repo_manager.cli import Context, Number, cli, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
 
+DAY_S = 86_400
+SECONDS = Number(0, DAY_S)
+"""A wait or timeout: finite, at most a day (an agent that waits longer is a stopped one)."""
+
 
 @cli.command("agent")
 @click.argument("store", required=False)
@@ -23,7 +27,7 @@ from repo_manager.cli.commands.store import endpoint_option
 @click.option("--grpc-url", help="Its gRPC endpoint (HOST:PORT): loads and unloads go there, as `trm rollout`.")
 @click.option("--listen", default="0.0.0.0:8090", show_default=True,
               help="Agent HTTP: /healthz /readyz /status /metrics.")
-@click.option("--interval", type=Number(0, 86_400, low_open=True), default=5.0, show_default=True,
+@click.option("--interval", type=Number(0, DAY_S, low_open=True), default=5.0, show_default=True,
               help="Seconds between pointer checks (one conditional GET each).")
 @click.option("--jitter", type=Number(0, 1), default=0.2, show_default=True,
               help="Random fraction of the interval added to each wait.")
@@ -32,12 +36,12 @@ from repo_manager.cli.commands.store import endpoint_option
 @click.option("--no-side-by-side", is_flag=True,
               help="Always drain-swap (readiness false, in-flight finished) instead of loading beside.")
 @click.option("--pod-name", help="Identity for coordination and status (default: $HOSTNAME).")
-@click.option("--drain-grace", type=Number(0, 86_400), default=5.0, show_default=True,
+@click.option("--drain-grace", type=SECONDS, default=5.0, show_default=True,
               help="Seconds between readiness going false and waiting for in-flight requests (the readiness "
                    "probe's period).")
-@click.option("--drain-timeout", type=Number(0, 86_400), default=120.0, show_default=True,
+@click.option("--drain-timeout", type=SECONDS, default=120.0, show_default=True,
               help="Longest wait for in-flight requests to finish before swapping anyway.")
-@click.option("--backoff", type=Number(0, 86_400), default=5.0, show_default=True,
+@click.option("--backoff", type=SECONDS, default=5.0, show_default=True,
               help="First retry delay after a failure (doubles, at most 300 s).")
 @click.option("--json", "json_logs", is_flag=True, help="JSON log lines on stderr.")
 @endpoint_option

@@ -8,6 +8,7 @@ import click
 
 from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option, url_option
 from repo_manager.errors import UsageError
+from repo_manager.manifest import MAX_VERSION
 
 
 @cli.command("infer")
@@ -15,7 +16,7 @@ from repo_manager.errors import UsageError
 @click.option("--text", "texts", multiple=True, help="Text for a model with one STRING input (repeatable).")
 @click.option("--query", help="For a reranker: the query the --text passages are scored against.")
 @click.option("--input", "input_files", multiple=True, help="NAME=FILE.npy for tensor models (repeatable).")
-@click.option("--version", type=click.IntRange(1, 2 ** 63 - 1),
+@click.option("--version", type=click.IntRange(1, MAX_VERSION),
               help="Default: the version the server routes to (the latest).")
 @repo_option
 @url_option
