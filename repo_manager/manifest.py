@@ -23,7 +23,7 @@ from typing import Any
 
 from repo_manager import documents
 from repo_manager.errors import InputError, IntegrityError
-from repo_manager.paths import check_store_path
+from repo_manager.paths import check_store_path, open_inside, walk_inside
 
 MANIFEST_NAME = "trm-manifest.json"
 SCHEMA = "trm.manifest/1"
@@ -62,6 +62,13 @@ def check_relative_path(path: object) -> str:
 # reads from the model folder (``data``, base64: model_warmup inputs, sequence initial states). They are small.
 MAX_LABEL_BYTES = 16 * 1024 * 1024
 MAX_DATA_BYTES = 8 * 1024 * 1024
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""Longest config.pbtxt a manifest records (Triton's own example configs are a few KiB)."""
+MAX_MANIFEST_BYTES = documents.MAX_DOCUMENT_BYTES
+"""Largest manifest trm writes: exactly what every reader accepts (``read_manifest``, a store's reader)."""
+MANIFEST_RESERVE_BYTES = 1024 * 1024
+"""Room a plan keeps below ``MAX_MANIFEST_BYTES`` for what is recorded after planning (the verification,
+the environment, a tuning record), so that a planned manifest still fits when it is written."""
 
 
 def check_label_path(path: str) -> str:
@@ -157,6 +164,22 @@ class Manifest:
     def to_json(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
 
+    def writable_json(self) -> bytes:
+        """``to_json()`` when trm can read it back (``from_json`` accepts it), else InputError (exit 3)
+        before anything is written: a manifest nobody can read would break `trm list` for the repository."""
+        if len(self.config.encode()) > MAX_CONFIG_BYTES:
+            raise InputError(f"the config of {self.model} version {self.version} is "
+                             f"{len(self.config.encode()) / 2**20:.1f} MiB, more than the {MAX_CONFIG_BYTES >> 20} "
+                             "MiB a manifest records", hint="shorten config.pbtxt")
+        payload = self.to_json()
+        if len(payload) > MAX_MANIFEST_BYTES:
+            raise InputError(f"the manifest of {self.model} version {self.version} would be "
+                             f"{len(payload) / 2**20:.1f} MiB, more than the {MAX_MANIFEST_BYTES >> 20} MiB trm "
+                             f"reads back ({len(self.files)} files, label files and data "
+                             f"{len(json.dumps([self.labels, self.data])) / 2**20:.1f} MiB as JSON)",
+                             hint="fewer files per version (pack them), or smaller label and warm-up files")
+        return payload
+
     @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
@@ -173,8 +196,8 @@ class Manifest:
                 raise TypeError(f"files is not a list of at most {documents.MAX_FILES} entries")
             files = tuple(FileEntry(f["path"], f["size"], f["sha256"]).check() for f in data["files"])
             config = data["config"]
-            if not isinstance(config, str):
-                raise TypeError("config")
+            if not isinstance(config, str) or len(config) > MAX_CONFIG_BYTES:
+                raise TypeError(f"config is not a text of at most {MAX_CONFIG_BYTES >> 20} MiB")
         except IntegrityError as exc:
             raise IntegrityError(f"{origin}: {exc.message}", hint=exc.hint) from exc
         except (KeyError, TypeError, InputError) as exc:
@@ -236,27 +259,30 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def scan_files(folder: Path) -> tuple[FileEntry, ...]:
-    """FileEntry for every regular file under ``folder`` (sorted), except the manifest.
+def scan_files(folder: Path, *, skip_folders: frozenset[str] = frozenset()) -> tuple[FileEntry, ...]:
+    """FileEntry for every regular file under ``folder`` (in path order), except the manifest.
 
-    Symlinks are refused: a version must be self-contained and cannot point outside itself.
+    Read through ``paths.walk_inside`` and ``paths.open_inside``: a symbolic link anywhere, a special file,
+    a folder or file that cannot be read, and a name a manifest cannot record are refused (exit 3), so a
+    version is never built from less than its folder holds, nor from anything outside it.
     """
     entries = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_symlink():
-            raise InputError(f"{path} is a symbolic link; a version must hold real files")
-        try:
-            check_store_path(rel, "a version")
-        except IntegrityError as exc:  # here it is the user's source, not store content
-            raise InputError(exc.message, hint="rename the file: names must be printable") from exc
-        if path.is_dir() or rel == MANIFEST_NAME:
+    for rel in walk_inside(folder, skip_folders=skip_folders):
+        if rel == MANIFEST_NAME:
             continue
-        if not path.is_file():  # reading a FIFO would block forever
-            raise InputError(f"{path} is not a regular file (a FIFO, socket or device); a version holds "
-                             "regular files")
-        entries.append(FileEntry(rel, path.stat().st_size, sha256_file(path)))
+        digest, size = sha256_inside(folder, rel)
+        entries.append(FileEntry(rel, size, digest))
     return tuple(entries)
+
+
+def sha256_inside(root: Path, relative: str) -> tuple[str, int]:
+    """sha256 and size of ``root/relative``, read through ``paths.open_inside`` (no link on the way)."""
+    digest, size = hashlib.sha256(), 0
+    with open_inside(root, relative) as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def read_manifest(version_dir: Path) -> Manifest:

@@ -474,7 +474,7 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
     assert "not UTF-8" in refused["label_binary"]
     assert "warmup/raw does not exist (Triton fails to load the model)" in refused["warm"]  # warm-up data: carried,
     assert "names a file outside warmup/" in refused["warm_escapes"]  # but only from the model's warmup/ folder,
-    assert "is not a regular file" in refused["warm_link"]  # never through a link,
+    assert "is a symbolic link" in refused["warm_link"]  # never through a link,
     assert "larger than 8 MiB" in refused["warm_big"]  # and small
     assert "'EXECUTION_ENV_PATH' reads py310.tar.gz from the model folder" in refused["env"]
     assert "symbolic link" in refused["alias"] and "real/2: a symbolic link" in refused["real"]
