@@ -165,19 +165,24 @@ class Manifest:
         return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
 
     def writable_json(self) -> bytes:
-        """``to_json()`` when trm can read it back (``from_json`` accepts it), else InputError (exit 3)
-        before anything is written: a manifest nobody can read would break `trm list` for the repository."""
+        """``to_json()`` when trm can read it back, else InputError (exit 3) before anything is written: a
+        manifest no reader accepts would break `trm list` for the whole repository. Bounded first (config,
+        total size: cheap), then parsed back by the reader itself, so writer and reader cannot disagree."""
+        origin = f"the manifest of {self.model} version {self.version}"
         if len(self.config.encode()) > MAX_CONFIG_BYTES:
             raise InputError(f"the config of {self.model} version {self.version} is "
                              f"{len(self.config.encode()) / 2**20:.1f} MiB, more than the {MAX_CONFIG_BYTES >> 20} "
                              "MiB a manifest records", hint="shorten config.pbtxt")
         payload = self.to_json()
         if len(payload) > MAX_MANIFEST_BYTES:
-            raise InputError(f"the manifest of {self.model} version {self.version} would be "
-                             f"{len(payload) / 2**20:.1f} MiB, more than the {MAX_MANIFEST_BYTES >> 20} MiB trm "
-                             f"reads back ({len(self.files)} files, label files and data "
-                             f"{len(json.dumps([self.labels, self.data])) / 2**20:.1f} MiB as JSON)",
+            raise InputError(f"{origin} would be {len(payload) / 2**20:.1f} MiB, more than the "
+                             f"{MAX_MANIFEST_BYTES >> 20} MiB trm reads back ({len(self.files)} files; label and "
+                             f"data files {len(json.dumps([self.labels, self.data])) / 2**20:.1f} MiB as JSON)",
                              hint="fewer files per version (pack them), or smaller label and warm-up files")
+        try:
+            Manifest.from_json(payload, origin)
+        except IntegrityError as exc:
+            raise InputError(f"{exc.message} (trm would not read it back)", hint=exc.hint) from exc
         return payload
 
     @property

@@ -350,6 +350,9 @@ def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]
             labels[path] = data.decode()
         except UnicodeDecodeError:
             return {}, f"{where}: {folder / path} is not UTF-8 text"
+        if sum(len(text) for text in labels.values()) > MAX_LABEL_BYTES:  # (what the manifest reader allows)
+            return {}, (f"{folder / CONFIG_NAME}: the label files are larger than {MAX_LABEL_BYTES >> 20} MiB in "
+                        "all, more than trm carries in a manifest")
     return labels, ""
 
 
