@@ -239,7 +239,7 @@ def _manifest(model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ..
 def _write(plan: AdoptPlan, model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ...],
            verification: dict[str, Any]) -> Path:
     manifest = _manifest(model, version, files, verification)
-    manifest.writable_json()  # (refused before anything is written: trm could not read it back)
+    manifest.writable_json()  # one trm could not read back is refused before anything is written
     source = model.folder / str(version.version)
     if plan.target is None:
         return _add_manifest(LocalRepository(plan.source), source, manifest)
@@ -265,7 +265,7 @@ def _add_manifest(repo: LocalRepository, folder: Path, manifest: Manifest) -> Pa
     staging folder of the model, then hard-linked into place (a link never replaces an existing file)."""
     staging = repo.stage(manifest.model)
     try:
-        cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.writable_json())
+        cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json())  # (checked by _write)
         try:
             os.link(staging / MANIFEST_NAME, folder / MANIFEST_NAME)
         except FileExistsError as exc:

@@ -5,8 +5,14 @@ read the way Triton reads it (config.pbtxt through the ModelConfig schema, versi
 default model file) and each version gets one verdict:
 
 - ``adopt``: a manifest will be written for it (in place) or it will be copied as a trm version (``--into``);
-- ``present``: it already carries a manifest that matches its files (adopting twice changes nothing);
+- ``present``: it already carries a manifest that agrees with what adopting it now would record: its files,
+  its config byte for byte, its label and data files, a verification it could have had (adopting twice
+  changes nothing; a planted or stale manifest is refused, never replaced);
 - ``refused``: with the reason, the file and, for a config, the line.
+
+Everything is read inside the repository (``paths.read_inside`` / ``walk_inside``): a link anywhere on a
+path, an unreadable file or folder and a name a manifest cannot record are refusals naming the path, and
+each version's manifest is measured against what trm reads back, so the dry run and the real run agree.
 
 Anything that Triton would ignore or that trm does not carry (stray files, non-version folders) is a note.
 The plan is a value: ``--dry-run`` prints it, ``execute`` carries out exactly this plan.
@@ -468,8 +474,10 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
     if has_manifest:
         try:
             manifest = read_manifest(folder)
-        except (IntegrityError, OSError) as exc:
-            return VersionPlan(version, "refused", f"{manifest_path}: {getattr(exc, 'message', exc)}", len(files),
+        except IntegrityError as exc:
+            return VersionPlan(version, "refused", f"{manifest_path}: {exc.message}", len(files), size)
+        except OSError as exc:
+            return VersionPlan(version, "refused", f"{manifest_path} cannot be read ({exc.strerror})", len(files),
                                size)
         problem = _disagreement(manifest, model, version, folder, files, text, carried, backend)
         if problem:
