@@ -777,3 +777,20 @@ def test_every_problem_is_listed_and_a_model_file_outside_a_version_folder_is_no
     rest = run_cli(capsys, "adopt", repo, "--no-verify", "--skip-broken")
     assert rest.code == 0, rest.err
     assert "note: stray: model.onnx: a model file outside any version folder" in rest.out, rest.out
+
+
+def test_older_versions_of_a_folder_trm_keeps_are_already_adopted_with_their_own_configs(capsys, tmp_path):
+    """Once trm publishes or tunes into a model folder, config.pbtxt is its newest version's config and
+    older versions record the configs they were published with: adopting again leaves them all present
+    (only a hand-made or adopted folder must agree with config.pbtxt byte for byte)."""
+    source = tmp_path / "src"
+    _write(source / "model.py", DOUBLER)
+    repo = tmp_path / "repo"
+    for batch in (8, 16):
+        published = run_cli(capsys, "publish", "model", source, "--name", "py", "--repo", repo, "--input",
+                            "X:FP32:3", "--output", "Y:FP32:3", "--max-batch-size", batch, "--no-verify")
+        assert published.code == 0, published.err
+    assert read_manifest(repo / "py" / "1").config != read_manifest(repo / "py" / "2").config
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 0, plan.out
+    assert plan.json()["counts"] == {"adopt": 0, "present": 2, "refused": 0}

@@ -296,6 +296,8 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
         children = _children(folder)
     except SourceReadError as exc:
         return ModelPlan(name, folder, backend, text, refused=exc.message)
+    # the config every version's manifest must record: config.pbtxt's text, unless trm keeps the folder
+    served = None if _kept_by_trm(children, text) else text
     versions: list[VersionPlan] = []
     for child in children:
         if child.name == CONFIG_NAME or child.name.startswith(STAGING_PREFIX):
@@ -308,7 +310,7 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
             versions.append(VersionPlan(_loose_number(child.name), "refused", f"{child}: a symbolic link "
                                         "(Triton follows it; a trm version must be a real folder)"))
         elif child.is_dir() and not child.is_symlink() and _VERSION.match(child.name):
-            versions.append(_plan_version(name, int(child.name), child, config, text, target, carried,
+            versions.append(_plan_version(name, int(child.name), child, config, text, served, target, carried,
                                           base_size))
         elif child.is_dir() and not child.is_symlink() and (child.name[:1].isdigit() or child.name[:1] in " +-"):
             number = _loose_number(child.name)
@@ -324,6 +326,24 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     if not versions:
         notes.append("no version folder: nothing to adopt")
     return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels, data=data)
+
+
+def _kept_by_trm(children: list[Path], text: str) -> bool:
+    """Whether trm keeps this model folder: its newest version was published or tuned by trm (not adopted)
+    and config.pbtxt is that version's config, which is what trm writes there. Older versions then record
+    configs and label files of their own (what they were published or tuned with): not a disagreement. In a
+    hand-made or adopted folder every manifest must record config.pbtxt and the label files it holds."""
+    numbered = sorted((int(c.name), c) for c in children if _VERSION.match(c.name) and c.is_dir()
+                      and not c.is_symlink())
+    for number, child in reversed(numbered):
+        if not os.path.lexists(child / MANIFEST_NAME):
+            continue
+        try:
+            manifest = read_manifest(child)
+        except (IntegrityError, OSError):
+            return False
+        return manifest.version == number and manifest.config == text and manifest.source.get("kind") != "adopted"
+    return False
 
 
 def _looks_like_model_file(child: Path, config: cfg.ModelConfig) -> bool:
@@ -449,8 +469,10 @@ def model_file(config: cfg.ModelConfig) -> str | None:
     return DEFAULT_MODEL_FILES.get(backend_of(config))
 
 
-def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, text: str,
+def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, text: str, served: str | None,
                   target: Path | None, carried: dict[str, bytes], base_size: int) -> VersionPlan:
+    """``text``: the model's config.pbtxt; ``served``: the config an existing manifest must record (None
+    when trm keeps the model folder, see ``_kept_by_trm``)."""
     backend = backend_of(config)
     try:
         files = _files(folder)
@@ -479,7 +501,7 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
         except OSError as exc:
             return VersionPlan(version, "refused", f"{manifest_path} cannot be read ({exc.strerror})", len(files),
                                size)
-        problem = _disagreement(manifest, model, version, folder, files, text, carried, backend)
+        problem = _disagreement(manifest, model, version, folder, files, served, carried, backend)
         if problem:
             return VersionPlan(version, "refused", f"{manifest_path} {problem}: adopt refuses it rather than "
                                "replace it (remove it to adopt the version again)", len(files), size)
@@ -513,23 +535,24 @@ def _files_json_size(files: dict[str, int]) -> int:
     return len(json.dumps({"files": entries}, indent=2, sort_keys=True)) - len(json.dumps({"files": []}, indent=2))
 
 
-def _disagreement(manifest: Manifest, model: str, version: int, folder: Path, files: dict[str, int], config: str,
-                  carried: dict[str, bytes], backend: str) -> str:
+def _disagreement(manifest: Manifest, model: str, version: int, folder: Path, files: dict[str, int],
+                  config: str | None, carried: dict[str, bytes], backend: str) -> str:
     """Why an existing manifest is not what adopting this version would record now ("" when it is): its
     files (sizes and sha256), its config (byte for byte, as adopt records it), its label and data files,
     and a verification it could not have had. A manifest found in a repository is a claim, not a proof."""
     if manifest.model != model or manifest.version != version or not _matches(manifest, folder, files):
         return "does not match the files beside it (`trm validate` shows how)"
-    if manifest.config != config:
+    if config is not None and manifest.config != config:
         return "records another config than the model's config.pbtxt (Triton serves the version with that one)"
-    if manifest.model_files != carried:
+    if config is not None and manifest.model_files != carried:
         return "carries other label or data files than the model folder holds now"
     record, source = manifest.verification, manifest.source
-    if not isinstance(record.get("passed"), bool):
-        return "records no verification result"
-    if source.get("kind") == "adopted" and source.get("config_sha256") != hashlib.sha256(config.encode()).hexdigest():
+    if not isinstance(record.get("passed"), bool) and record.get("skipped") is not True:
+        return "records no verification result"  # (neither a result nor a verification skipped, as publish records)
+    if source.get("kind") == "adopted" and \
+            source.get("config_sha256") != hashlib.sha256(manifest.config.encode()).hexdigest():
         return "says adopt wrote it, but its source record does not match its config"
-    if record["passed"]:
+    if record.get("passed") is True:
         if source.get("kind") == "adopted" and backend not in RUNNABLE_BACKENDS and backend != "ensemble":
             return f"says the version was verified, but adopt cannot run backend {backend} to verify it"
         if not all(key in record for key in ("server", "samples", "outputs_checked")):
