@@ -601,6 +601,23 @@ def test_a_link_anywhere_on_the_way_to_a_label_or_warmup_file_is_refused_and_not
     assert not list((repo / "lab").rglob(MANIFEST_NAME))
 
 
+def test_validate_names_a_label_file_reached_through_a_linked_folder(capsys, tmp_path):
+    """A label file a version carries, later reached through a folder swapped for a link (same bytes
+    outside): Triton would read through the link, so validate reports it."""
+    repo = tmp_path / "repo"
+    _write(repo / "lab" / "config.pbtxt", PY_LABELLED % "labels/sub/l.txt")
+    _write(repo / "lab" / "labels" / "sub" / "l.txt", "a\nb\n")
+    _write(repo / "lab" / "1" / "model.py", DOUBLER)
+    assert _adopt(capsys, repo, "--no-verify").code == 0
+    assert run_cli(capsys, "validate", repo, "--json").json()["ok"]
+    _write(tmp_path / "outside" / "l.txt", "a\nb\n")
+    (repo / "lab" / "labels" / "sub" / "l.txt").unlink()
+    (repo / "lab" / "labels" / "sub").rmdir()
+    (repo / "lab" / "labels" / "sub").symlink_to(tmp_path / "outside")
+    checked = run_cli(capsys, "validate", repo, "--json").json()
+    assert not checked["ok"] and any("label or data file" in str(p) for p in checked["problems"]), checked
+
+
 def test_unreadable_files_and_folders_in_a_repository_are_problems_naming_them_never_left_out(tmp_path):
     """No mock: trm runs where the kernel refuses the reads (tests/unreadable.py). A version whose
     subfolder or file cannot be read, a label file that cannot be read and a model folder that cannot be
