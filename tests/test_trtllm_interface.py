@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 from pathlib import Path
 
 import llm_fixtures as fx
@@ -20,10 +21,11 @@ import numpy as np
 import pytest
 
 from repo_manager import config as cfg
-from repo_manager.errors import ServerError
+from repo_manager.errors import InputError, ServerError
 from repo_manager.llm import trtllm_interface as io
 from repo_manager.llm.node import NodeFacts
 from repo_manager.llm.triton_models import common as route
+from repo_manager.llm.trtllm_interface import ensemble_request
 from repo_manager.publish import publish_model
 from repo_manager.publish.tensorrt_llm import TrtllmOptions
 from repo_manager.repository import LocalRepository
@@ -245,6 +247,15 @@ def served(published, tmp_path_factory):
             out = client.infer(model, request)
             return out, json.loads(record.read_text())
 
+        def generate(model, body):
+            """Triton's HTTP generate endpoint, the way upstream's docs call the ensemble with curl."""
+            record.write_text("")
+            post = urllib.request.Request(f"{server.url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
+                                          headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(post, timeout=60) as response:
+                return json.loads(response.read()), json.loads(record.read_text())
+
+        infer.generate = generate
         yield infer
 
 
@@ -264,3 +275,30 @@ def test_a_malformed_optional_input_is_refused_in_one_line(served):
     with pytest.raises(ServerError, match="embedding_bias_words has 2 words but embedding_bias_weights 1") as exc:
         served("llm", request)
     assert "\n" not in str(exc.value) and "Traceback" not in str(exc.value)
+
+
+@pytest.mark.parametrize("model", ["llm", "llm_tensorrt_llm_bls"])
+def test_the_generate_endpoint_takes_upstreams_json_request(served, model):
+    out, saw = served.generate(model, {"text_input": "hello world", "max_tokens": 8, "stop_words": ["on a", "runs"],
+                                       "bad_words": ["gpu"], "temperature": 0.25, "random_seed": 42})
+    assert out["text_output"] == "hello world"
+    assert saw["stop_words_list"] == {"shape": [1, 2, 3], "value": [9, 10, 8, 2, 3, -1]}
+    assert saw["bad_words_list"] == {"shape": [1, 2, 1], "value": [11, 1]}
+    assert saw["temperature"]["value"] == [0.25] and saw["random_seed"]["value"] == [42]
+
+
+def test_a_request_with_vllm_sampling_names_becomes_the_ensembles_inputs(served):
+    request = ensemble_request("hello world", {"max_tokens": 8, "seed": 42, "min_tokens": 2, "stop": ["on a", "runs"],
+                                               "n": 1, "temperature": 0.25, "beam_width": 1}, stream=False)
+    _, saw = served("llm", request)
+    expected = _engine_saw(True)
+    for name in ("stop_words_list", "request_output_len", "random_seed", "min_length", "num_return_sequences",
+                 "temperature", "beam_width", "streaming"):
+        assert saw[name] == expected[name], name
+    _, saw = served("llm", ensemble_request("the engine runs"))  # vLLM's default of 16 tokens, capped by nothing
+    assert saw["request_output_len"]["value"] == [16]
+
+
+def test_a_sampling_parameter_without_a_tensorrt_llm_equivalent_is_named():
+    with pytest.raises(InputError, match="no TensorRT-LLM ensemble input for best_of, logit_bias"):
+        ensemble_request("hi", {"best_of": 2, "logit_bias": {"4": 1.0}, "temperature": 0.5})

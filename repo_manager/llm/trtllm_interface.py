@@ -15,7 +15,15 @@ models without a draft model, and upstream's ensemble does not route them either
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from repo_manager import config as cfg
+from repo_manager.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 LOGITS = "LOGITS"
 """Stands for the engine's logits data type (``pretrained_config.logits_dtype``) in the tables below."""
@@ -214,3 +222,44 @@ _BY_NAME = {t.name: t for t in ENSEMBLE_INPUTS}
 BLS_INPUTS = [Tensor(t.name, t.dtype, t.dims, t.optional, t.ragged and t.name not in _BLS_NOT_RAGGED,
                      t.name in _BLS_SCALARS) for t in (_BY_NAME[name] for name in _BLS_ORDER)]
 BLS_OUTPUTS = ENSEMBLE_OUTPUTS
+
+
+# ------------------------------------------------------------------------------ one request, both backends
+
+_FROM_VLLM = {"seed": "random_seed", "min_tokens": "min_length", "stop": "stop_words", "n": "num_return_sequences"}
+"""vLLM ``SamplingParams`` names whose TensorRT-LLM input has another name (docs/llm.md has the table)."""
+
+VLLM_DEFAULT_MAX_TOKENS = 16
+"""vLLM's ``SamplingParams.max_tokens`` default; the ensemble requires ``max_tokens``, so it gets the same."""
+
+
+def ensemble_request(prompt: str, parameters: Mapping[str, Any] | None = None, *,
+                     stream: bool | None = None) -> dict[str, np.ndarray]:
+    """The input tensors (batch of one) of the ensemble or the BLS model for one prompt.
+
+    ``parameters`` are vLLM's sampling parameters (``max_tokens``, ``temperature``, ``seed``, ``stop`` …)
+    or the ensemble's own input names (``random_seed``, ``stop_words``, ``beam_width`` …); one with no
+    TensorRT-LLM equivalent is refused, naming it.
+    """
+    import numpy as np  # noqa: PLC0415 - not needed to generate configs
+
+    values: dict[str, Any] = {"text_input": prompt, "max_tokens": VLLM_DEFAULT_MAX_TOKENS}
+    for key, value in (parameters or {}).items():
+        values[_FROM_VLLM.get(key, key)] = value
+    if stream is not None:
+        values["stream"] = stream
+    by_name = {t.name: t for t in ENSEMBLE_INPUTS}
+    unknown = sorted(key for key in values if key not in by_name)
+    if unknown:
+        raise InputError(f"no TensorRT-LLM ensemble input for {', '.join(unknown)}",
+                         hint="see the table of equivalents in docs/llm.md (One client request)")
+    tensors = {}
+    for name, value in values.items():
+        spec = by_name[name]
+        items = value if isinstance(value, (list, tuple, np.ndarray)) else [value]
+        if spec.dtype == "STRING":
+            array = np.array([[str(v).encode() for v in items]], dtype=np.object_)
+        else:
+            array = np.array([items], dtype=cfg.numpy_dtype(cfg.data_type(spec.dtype)))
+        tensors[name] = array
+    return tensors
