@@ -302,3 +302,69 @@ def test_a_request_with_vllm_sampling_names_becomes_the_ensembles_inputs(served)
 def test_a_sampling_parameter_without_a_tensorrt_llm_equivalent_is_named():
     with pytest.raises(InputError, match="no TensorRT-LLM ensemble input for best_of, logit_bias"):
         ensemble_request("hi", {"best_of": 2, "logit_bias": {"4": 1.0}, "temperature": 0.5})
+
+
+# ------------------------------------------------------------------------------------------ streaming
+
+STREAMING_ENGINE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Stand-in for the decoupled TensorRT-LLM engine: "generates" the prompt's tokens, one response per
+    token when the request asks for streaming, else one response with all of them."""
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+            length = int(pb_utils.get_input_tensor_by_name(request, "input_lengths").as_numpy().reshape(-1)[0])
+            wanted = int(pb_utils.get_input_tensor_by_name(request, "request_output_len").as_numpy().reshape(-1)[0])
+            streaming = pb_utils.get_input_tensor_by_name(request, "streaming")
+            streaming = streaming is not None and bool(streaming.as_numpy().reshape(-1)[0])
+            tokens = ids[0, :min(length, wanted)].astype(np.int32)
+            chunks = [tokens[k:k + 1] for k in range(len(tokens))] if streaming else [tokens]
+            for chunk in chunks:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("output_ids", chunk.reshape(1, 1, -1)),
+                    pb_utils.Tensor("sequence_length", np.array([[len(chunk)]], dtype=np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def _generate_stream(url: str, model: str, body: dict) -> list[dict]:
+    """Triton's generate_stream endpoint: one server-sent event per response."""
+    post = urllib.request.Request(f"{url}/v2/models/{model}/generate_stream", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(post, timeout=60) as response:
+        lines = response.read().decode().splitlines()
+    return [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+
+
+def test_stream_true_streams_token_by_token_through_the_ensemble_and_the_bls(tmp_path):
+    from repo_manager.llm.layout import ServingOptions  # noqa: PLC0415
+    from repo_manager.triton.server import TritonServer  # noqa: PLC0415
+
+    checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
+    engine = fx.engine_dir(tmp_path / "engine", checkpoint, fingerprint=FINGERPRINT)
+    publish_model(Settings(repository=tmp_path / "repo"), checkpoint, "llm", fmt="tensorrt-llm",
+                  trtllm=TrtllmOptions(engine_dir=engine, gpu_memory_gib=24, bls=True,
+                                       serving=ServingOptions(decoupled=True)),
+                  node=NodeFacts(probe="none (test: a CPU-only node)"))
+    engine_config = cfg.read_config(tmp_path / "repo" / "llm_tensorrt_llm" / "config.pbtxt")
+    assert engine_config.model_transaction_policy.decoupled
+    engine_config.backend = "python"
+    cfg.write_config(tmp_path / "repo" / "llm_tensorrt_llm" / "config.pbtxt", engine_config)
+    (tmp_path / "repo" / "llm_tensorrt_llm" / "1" / "model.py").write_text(STREAMING_ENGINE)
+    with TritonServer(tmp_path / "repo") as server, TritonClient(server.url) as client:
+        for model in ("llm_preprocessing", "llm_tensorrt_llm", "llm_postprocessing", "llm", "llm_tensorrt_llm_bls"):
+            client.load(model)
+        for model in ("llm", "llm_tensorrt_llm_bls"):
+            events = _generate_stream(server.url, model, {"text_input": "the engine runs", "max_tokens": 8,
+                                                          "stream": True})
+            assert [e["text_output"] for e in events if e.get("text_output")] == ["the", "engine", "runs"], model
+            events = _generate_stream(server.url, model, {"text_input": "the engine runs", "max_tokens": 8,
+                                                          "stream": False})
+            assert [e["text_output"] for e in events if e.get("text_output")] == ["the engine runs"], model
