@@ -245,7 +245,7 @@ def served(published, tmp_path_factory):
         def infer(model, request):
             record.write_text("")
             out = client.infer(model, request)
-            return out, json.loads(record.read_text())
+            return out, json.loads(record.read_text() or "null")  # null: the engine was not called
 
         def generate(model, body):
             """Triton's HTTP generate endpoint, the way upstream's docs call the ensemble with curl."""
@@ -368,3 +368,18 @@ def test_stream_true_streams_token_by_token_through_the_ensemble_and_the_bls(tmp
             events = _generate_stream(server.url, model, {"text_input": "the engine runs", "max_tokens": 8,
                                                           "stream": False})
             assert [e["text_output"] for e in events if e.get("text_output")] == ["the engine runs"], model
+
+
+def test_preprocessing_tokenizes_the_words_of_each_request_in_a_batch(served):
+    """A batch of two through the preprocessing model alone: word lists padded to the longer one."""
+    request = {"QUERY": np.array([[b"hello world"], [b"the engine runs"]], dtype=np.object_),
+               "REQUEST_OUTPUT_LEN": np.array([[4], [200]], dtype=np.int32),
+               "STOP_WORDS_DICT": np.array([[b"on a", b""], [b"runs", b"gpu"]], dtype=np.object_),
+               "END_ID": np.array([[11], [2]], dtype=np.int32)}
+    out, engine_saw = served("llm_preprocessing", request)
+    assert engine_saw is None
+    assert out["STOP_WORDS_IDS"].tolist() == [[[9, 10], [2, -1]], [[8, 11], [1, 2]]]
+    assert out["BAD_WORDS_IDS"].shape == (2, 2, 0) and out["EMBEDDING_BIAS"].shape == (2, 0)
+    assert out["OUT_END_ID"].ravel().tolist() == [11, 2]
+    assert out["REQUEST_OUTPUT_LEN"].ravel().tolist() == [4, 125]  # capped to max_seq_len 128 - 3
+    assert "OUT_PROMPT_TABLE_EXTRA_IDS" not in out  # only when the request gives prompt_table_extra_id
