@@ -288,7 +288,7 @@ def _origin(manifest: Manifest) -> str:
 
 def _bad(manifest: Manifest, where: str, wanted: str) -> IntegrityError:
     return IntegrityError(f"{_origin(manifest)}: {where} is not {wanted}",
-                          hint="the store holds a record trm did not write; republish the version")
+                          hint="trm did not write this record, or it was changed since; republish the version")
 
 
 def _number(value: Any, manifest: Manifest, where: str, *, positive: bool = False) -> float:
