@@ -216,3 +216,120 @@ def test_bare_trm_prints_its_help_and_errors_stay_one_line(capsys, tmp_path):
     missing = run_cli(capsys, "show", "ghost", "--repo", tmp_path)
     assert missing.code == 4 and missing.err.splitlines()[0].startswith("error: model 'ghost' not found")
     assert len([line for line in missing.err.splitlines() if line.startswith("error:")]) == 1
+
+
+# ------------------------------------------------------------------------------------ output for people
+
+CONFIG = '''name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [{{name: "X" data_type: TYPE_FP32 dims: [4]}}]
+output [{{name: "Y" data_type: TYPE_FP32 dims: [2]}}]
+instance_group [{{count: 2 kind: KIND_CPU}}]
+dynamic_batching {{max_queue_delay_microseconds: 500 preferred_batch_size: [4, 8]}}
+parameters {{key: "note" value {{string_value: "{note}"}}}}
+'''
+TUNING = {"tool": "trm tune-batching", "tuned_from_version": 1, "slo": {"p99_ms": 25.0, "low_rps": 50, "peak_rps": 400,
+                                                                    "headroom": 1.2, "overload_factor": 2},
+          "chosen": {"key": "b8-i2-d500-q6824", "origin": "overload", "max_batch_size": 8, "instances": 2,
+                     "dynamic_batching": True, "max_queue_delay_microseconds": 500, "preferred_batch_size": [4, 8],
+                     "queue_policy": {"timeout_action": "REJECT", "default_timeout_microseconds": 6824,
+                                      "allow_timeout_override": True, "max_queue_size": 0, "priority_levels": 0}},
+          "evidence": {"max_batch_size": "8: the cost per request stops dropping above it"}, "notes": [],
+          "points": [{"p99_ms": float("nan")}]}
+HF_VERIFICATION = {"passed": True, "samples": 5, "criterion": "cosine >= 0.999",
+                   "reference": {"library": "sentence-transformers", "version": "3.0.1",
+                                 "call": "SentenceTransformer(path).encode(texts)", "max_length": 256},
+                   "cases": [{"case": "sentence", "min_cosine": 0.9999991, "max_length_ratio_diff": 1e-7}]}
+
+
+def commit_version(root: Path, name: str, *, config: str | None = None, files: dict[str, bytes] | None = None,
+                   **records) -> None:
+    """A version written through the repository's own stage/commit, with the records trm's writers put in
+    manifests (given as keyword arguments: verification, tuning, source, members)."""
+    from repo_manager.manifest import Manifest, now_iso, scan_files  # noqa: PLC0415
+
+    repo = LocalRepository(root)
+    staging = repo.stage(name)
+    for path, data in (files or {"model.py": b"# stand-in\n"}).items():
+        (staging / path).write_bytes(data)
+    repo.commit(staging, Manifest(name, repo.next_version(name), scan_files(staging),
+                                  config or CONFIG.format(name=name, note="plain"), created_at=now_iso(), **records))
+
+
+def people_project(root: Path) -> Path:
+    """A project folder as a user has one: configs/trm.yaml with staging and production in a folder store, a
+    repository with a verified model, a tuned version of it, and a Hugging Face ensemble with its members."""
+    repo = root / "model_repository"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "trm.yaml").write_text(f"repository: model_repository\nstore: {root / 'store'}\n"
+                                               "environments:\n  staging: {}\n  production: {}\n")
+    commit_version(repo, "lin", source={"kind": "onnx", "path": "/src/lin.onnx"},
+                   verification={"passed": True, "samples": 8, "worst_abs_diff": {"Y": 1.5e-7}, "reference": None})
+    commit_version(repo, "lin", source={"kind": "tuning", "from_version": 1}, tuning=TUNING,
+                   verification={"passed": True, "method": "trm tune-batching"})
+    for member in ("emb_tokenizer", "emb_encoder"):
+        commit_version(repo, member, source={"kind": "huggingface", "path": "/ckpt"}, verification={"skipped": True})
+    commit_version(repo, "emb", config=ENSEMBLE.replace("model_version: 3", "model_version: 1"),
+                   files={}, source={"kind": "huggingface", "path": "/ckpt"}, verification=HF_VERIFICATION,
+                   members={"emb_tokenizer": 1, "emb_encoder": 1})
+    return repo
+
+
+PYTHON_VALUES = ("None", "{'", "[(", "(('", "<repo_manager", "Traceback")
+
+
+def test_every_view_speaks_to_people_no_python_values_and_diff_within_100_columns(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "100")
+    people_project(tmp_path)
+    store = tmp_path / "store"
+    commands = [["push", store, "--env", "staging"], ["push", store, "--model", "lin:1", "--env", "production"],
+                ["list"], ["list", "--all"], ["show", "lin"], ["show", "lin", "--version", "1"], ["show", "emb"],
+                ["diff", "lin", "1", "2"], ["diff", "lin", "1", "2", "--store", store], ["validate"],
+                ["history", "staging"], ["history", "production"], ["specs"],
+                ["observe", "rules", "--out", tmp_path / "obs"],
+                ["observe", "rules", "staging", "--out", tmp_path / "o2"],
+                ["promote", "lin", "--from", "staging", "--to", "production", "--dry-run"]]
+    seen = {}
+    for args in commands:
+        result = run_cli(capsys, *args)
+        assert result.code == 0, (args, result.err)
+        text = result.out + result.err
+        seen[" ".join(map(str, args)).replace(str(tmp_path), "")] = text
+        for marker in PYTHON_VALUES:
+            assert marker not in text, (args, marker, text)
+    assert "environment staging serves emb version 1, emb_encoder version 1, emb_tokenizer version 1, lin version 2" \
+        in seen["push /store --env staging"]
+    # the ensemble's reference is its library and version, not the mapping that records the call
+    emb = run_cli(capsys, "show", "emb", "--json").json()["version_rows"][0]
+    assert emb["verification"]["text"] == "yes vs sentence-transformers 3.0.1, cosine >= 0.999999"
+    lin = run_cli(capsys, "show", "lin", "--json").json()["version_rows"][1]
+    assert lin["tuning"]["text"] == ("p99 25 ms at 50-400 rps: batch 8 x2, delay 500 us, preferred [4, 8], "
+                                     "queue timeout 6824 us then reject")
+    history = run_cli(capsys, "history", "production").out
+    assert "lin is served at version 1 but no promotion recorded it" in history
+    for line in run_cli(capsys, "diff", "lin", "1", "2").out.splitlines():
+        assert len(line) <= 100, line
+
+
+def test_list_in_a_project_without_stores_leaves_the_environments_column_out(capsys, tmp_path, monkeypatch):
+    """The project's own configs/trm.yaml names staging and production with no store: nothing to show."""
+    monkeypatch.chdir(tmp_path)
+    people_project(tmp_path)
+    (tmp_path / "configs" / "trm.yaml").write_text("repository: model_repository\nstore: null\n"
+                                                   "environments:\n  staging: {store: null}\n"
+                                                   "  production: {store: null}\n")
+    listing = run_cli(capsys, "list")
+    assert listing.code == 0, listing.err
+    assert "environments" not in listing.out and "note:" not in listing.out and "no store" not in listing.out
+    assert "lin" in listing.out and "served" not in run_cli(capsys, "list", "--json").json()["models"][0]
+    shown = run_cli(capsys, "show", "lin")
+    assert shown.code == 0 and "environments" not in shown.out and "no store" not in shown.out
+
+
+def test_a_mistyped_command_suggests_the_close_one(capsys):
+    for typed, meant in (("lst", "'list'"), ("shwo", "'show'"), ("hisotry", "'history'")):
+        result = run_cli(capsys, typed)
+        assert result.code == 2 and f"Did you mean {meant}?" in result.err, result.err
+    assert "Did you mean" not in run_cli(capsys, "zzzz").err

@@ -132,7 +132,7 @@ def _show_renderable(info: dict[str, Any]):
         versions.add_column(header, justify="right" if header in ("version", "size") else "left", overflow="fold",
                             no_wrap=header in _NO_WRAP)
     if with_envs:
-        versions.add_column("environments", overflow="fold")
+        versions.add_column("environments", overflow="fold", min_width=12)
     for row in info["version_rows"]:
         mark = f"{row['version']}*" if row["version"] == shown else str(row["version"])
         tuning = row["tuning"]["text"] if row["tuning"] else "-"
