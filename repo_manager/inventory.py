@@ -220,21 +220,26 @@ def list_models(root: str | Path, settings: Settings | None = None, *, store: st
     repo = LocalRepository(root)
     envs = _envs_or_none(settings, store)
     pointers = envs["environments"] if envs else {}
-    rows = []
+    rows, unreadable = [], []
     for model in repo.models():
         versions = repo.versions(model)
         row: dict[str, Any] = {"model": model, "versions": versions, "latest": versions[-1] if versions else None}
         if versions:
-            manifests = [repo.manifest(model, v) for v in (versions if all_versions else versions[-1:])]
-            latest = manifests[-1]
-            row["backend"] = backend_name(cfg.parse_config(latest.config))
-            row.update({k: v for k, v in version_row(latest, pointers, repo).items() if k != "version"})
-            if all_versions:
-                row["all"] = [version_row(m, pointers, repo) for m in manifests]
+            try:
+                manifests = [repo.manifest(model, v) for v in (versions if all_versions else versions[-1:])]
+                latest = manifests[-1]
+                row["backend"] = backend_name(cfg.parse_config(latest.config, f"config of {model}/{latest.version}"))
+            except TrmError as exc:  # one unreadable manifest hides neither the model nor the others
+                row["unreadable"] = exc.message
+                unreadable.append(f"{model}: {exc.message.splitlines()[0]}")
+            else:
+                row.update({k: v for k, v in version_row(latest, pointers, repo).items() if k != "version"})
+                if all_versions:
+                    row["all"] = [version_row(m, pointers, repo) for m in manifests]
         if envs is not None:
             row["served"] = {env: models[model] for env, models in pointers.items() if model in models}
         rows.append(row)
-    result: dict[str, Any] = {"repository": str(root), "models": rows}
+    result: dict[str, Any] = {"repository": str(root), "models": rows, "unreadable": unreadable}
     if envs is not None:
         result["stores"], result["notes"] = envs["stores"], envs["notes"]
     return result

@@ -86,8 +86,10 @@ def list_command(ctx: Context, repository: str | None, all_versions: bool, store
     if with_envs:
         table.add_column("environments", overflow="fold", min_width=12)
     for row in data["models"]:
-        if not row["versions"]:
-            table.add_row(*_cells(row["model"], "-", "-", "no complete version", "-", *(["-"] if with_envs else [])))
+        if not row["versions"] or "unreadable" in row:
+            table.add_row(*_cells(row["model"], "-", str(row["latest"] or "-"),
+                                  "manifest unreadable" if row["versions"] else "no complete version", "-",
+                                  *(["-"] if with_envs else [])))
             continue
         for item in row["all"] if all_versions else [row]:
             version = item["version"] if all_versions else row["latest"]
@@ -96,6 +98,9 @@ def list_command(ctx: Context, repository: str | None, all_versions: bool, store
                                   human_size(item["bytes_with_members"] or item["bytes"]),
                                   *([_envs_cell(envs)] if with_envs else [])))
     notes = [f"note: {n}" for n in data.get("notes", [])]
+    if data["unreadable"]:
+        notes += [f"note: {n}" for n in data["unreadable"]] + [f"note: `trm validate {settings.repository}` "
+                                                               "lists every problem"]
     if any(row.get("bytes_with_members") is not None for row in data["models"]):
         notes.append("an ensemble's size includes the member versions it pins")
     ctx.emit(data, _group(table, *notes) if notes else table)
