@@ -313,3 +313,30 @@ def test_top_reads_any_agent_status_without_an_internal_error(capsys, status, ra
             assert "\x1b" not in result.out + result.err, (result.out, result.err)
     finally:
         server.close()
+
+
+label_values = markup | st.sampled_from(['a\\"b', "a\\\\", "trm-verify-0a1b2c3d-m", ""])
+metric_lines = st.builds(
+    lambda name, model, version, value: f'{name}{{model="{model}",version="{version}"}} {value}',
+    st.sampled_from(["nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+                     "nv_inference_queue_duration_us", "nv_inference_pending_request_count",
+                     "nv_inference_request_failure", "nv_inference_request_summary_us", "other"]),
+    label_values, label_values | st.sampled_from(["1", "-1", ""]),
+    st.sampled_from(["NaN", "+Inf", "-Inf", "1e308", "-1", "0", "x", "3"]) | st.floats().map(repr)) | nasty
+
+
+@PROPERTY
+@given(before=st.lists(metric_lines, max_size=8), after=st.lists(metric_lines, max_size=8))
+def test_top_renders_any_metrics_text_as_printable_rows(before, after):
+    """Whatever a /metrics endpoint answers: rows with finite figures or none, JSON without NaN/Infinity, and
+    text without escape sequences."""
+    from repo_manager.observe.top import Scrape, Server, View, between, parse_metrics, render  # noqa: PLC0415
+
+    server = Server("http://h:8002/metrics")
+    rows = between(Scrape(server, 0.0, *parse_metrics("\n".join(before))),
+                   Scrape(server, 1.0, *parse_metrics("\n".join(after))))
+    view = View(tuple(rows), 1.0, ())
+    json.dumps(view.to_dict(), allow_nan=False)
+    text = render(view)
+    assert "\x1b" not in text and "\x07" not in text
+    assert not any(r.model.startswith("trm-verify-") for r in rows)

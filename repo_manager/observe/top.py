@@ -34,6 +34,8 @@ COUNTERS = {"nv_inference_request_success": "success", "nv_inference_count": "in
             "nv_inference_queue_duration_us": "queue_us", "nv_inference_compute_input_duration_us": "compute_us",
             "nv_inference_compute_infer_duration_us": "compute_us", "nv_inference_compute_output_duration_us":
             "compute_us"}
+MAX_METRICS_BYTES = 64 * 1024 * 1024
+"""Read at most this much of a /metrics answer (Triton's is about 1 KB per model and version)."""
 Key = tuple[str, str]
 """(model, version)."""
 TEMPORARY_PREFIX = "trm-verify-"
@@ -86,6 +88,8 @@ def parse_metrics(text: str) -> tuple[dict[Key, dict[str, float]], dict[Key, flo
             value = float(value_text)
         except ValueError:
             continue
+        if not math.isfinite(value):  # a summary with no observations yet says NaN: no figure, not a number
+            continue
         if name in COUNTERS:
             counters[key][COUNTERS[name]] += value
         elif name == "nv_inference_request_failure":
@@ -101,7 +105,7 @@ def scrape(server: Server, timeout_s: float = 3.0) -> Scrape:
     """One read of a server's metrics (and statistics). ServerError when metrics are off or unreachable."""
     try:
         with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as response:
-            text = response.read().decode(errors="replace")
+            text = response.read(MAX_METRICS_BYTES).decode(errors="replace")
     except (urllib.error.URLError, OSError) as exc:
         raise ServerError(f"{server.http_url or server.metrics_url}: no metrics at {server.metrics_url} "
                           f"(metrics disabled, or not reachable: {getattr(exc, 'reason', exc)})",
@@ -147,7 +151,7 @@ class Row:
     rejected_rps: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
