@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from repo_manager import config as cfg
 from repo_manager.errors import IntegrityError, TrmError, UsageError
-from repo_manager.manifest import Manifest, read_tuning, read_verification
+from repo_manager.manifest import Manifest, read_config, read_tuning, read_verification
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 
@@ -228,7 +228,7 @@ def list_models(root: str | Path, settings: Settings | None = None, *, store: st
             try:
                 manifests = [repo.manifest(model, v) for v in (versions if all_versions else versions[-1:])]
                 latest = manifests[-1]
-                row["backend"] = backend_name(cfg.parse_config(latest.config, f"config of {model}/{latest.version}"))
+                row["backend"] = backend_name(read_config(latest))
             except TrmError as exc:  # one unreadable manifest hides neither the model nor the others
                 row["unreadable"] = exc.message
                 unreadable.append(f"{model}: {exc.message.splitlines()[0]}")
@@ -283,7 +283,7 @@ def show_model(root: str | Path, name: str, version: int | None = None, settings
     envs = _envs_or_none(settings, store)
     pointers = envs["environments"] if envs else {}
     versions = repo.versions(name)
-    shown_config = cfg.parse_config(manifest.config)
+    shown_config = read_config(manifest)
     result: dict[str, Any] = {
         "model": name,
         "versions": versions,
@@ -411,8 +411,7 @@ def diff_manifests(a: Manifest, b: Manifest) -> dict[str, Any]:
         "unchanged": sum(1 for p in set(files_a) & set(files_b) if files_a[p].sha256 == files_b[p].sha256),
         "bytes": {"a": a.total_size, "b": b.total_size},
     }
-    config_changes = proto_diff(cfg.parse_config(a.config, f"config of {a.model}/{a.version}"),
-                                cfg.parse_config(b.config, f"config of {b.model}/{b.version}"))
+    config_changes = proto_diff(read_config(a), read_config(b))
     ver_a, ver_b = verification_summary(a), verification_summary(b)
     tune_a, tune_b = tuning_summary(a), tuning_summary(b)
     compared = ("slo", "chosen", "tuned_from_version")

@@ -446,3 +446,15 @@ def read_tuning(manifest: Manifest) -> TuningRecord | None:
         None if source is None else _integer(source, manifest, "tuning.tuned_from_version"),
         tuple((_text(k, manifest, "a setting in tuning.evidence"), _text(v, manifest, f"tuning.evidence[{k!r}]"))
               for k, v in evidence.items()))
+
+
+def read_config(manifest: Manifest) -> Any:
+    """The config (Triton's ModelConfig) ``manifest`` was validated with; IntegrityError (exit 7) when it is
+    not a valid config: it is stored data, not a file the user edits."""
+    from repo_manager import config as cfg  # noqa: PLC0415 - protobuf only for the readers that need it
+    from repo_manager.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        return cfg.parse_config(manifest.config, f"the config in {_origin(manifest)}")
+    except ConfigError as exc:
+        raise IntegrityError(exc.message.splitlines()[0][:300], hint=exc.hint) from exc

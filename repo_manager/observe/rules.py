@@ -39,10 +39,9 @@ from typing import Any
 
 import yaml
 
-from repo_manager import config as cfg
 from repo_manager.config import atomic_write_bytes
 from repo_manager.errors import InputError, UsageError
-from repo_manager.manifest import Manifest, read_tuning
+from repo_manager.manifest import Manifest, read_config, read_tuning
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class ModelWatch:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, p99_ms: float | None = None) -> ModelWatch:
-        config = cfg.parse_config(manifest.config, f"manifest of {manifest.model}/{manifest.version}")
+        config = read_config(manifest)
         instances = config.instance_group[0].count if config.instance_group else 1
         # a tuning record's SLO must be a positive finite number: NaN or a negative SLO would make an alert
         # that never fires, 0 one that always does; read_tuning refuses them (IntegrityError, exit 7)
