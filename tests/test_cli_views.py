@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx_models as om
 import pytest
-from helpers import run_cli
+from helpers import FixedAnswers, run_cli
 
 from repo_manager.inventory import diff_manifests, diff_text, tuning_summary
 from repo_manager.repository import LocalRepository
@@ -342,35 +342,6 @@ TITLE, CLEAR = "\x1b]0;pwned\x07", "\x1b[2J\x1b[H"
 HOSTILE = f"[/ml]{TITLE}[test]{CLEAR}"
 
 
-class _Endpoints:
-    """An HTTP server answering fixed documents by path: a stand-in for Triton's /metrics and an agent's
-    /status, because the names under test (escape sequences in a model name, a pod name) cannot be given to
-    a real Triton or agent through trm, which refuses them."""
-
-    def __init__(self, documents: dict[str, bytes]) -> None:
-        import http.server  # noqa: PLC0415
-        import threading  # noqa: PLC0415
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                body = documents.get(self.path.split("?")[0], b"")
-                self.send_response(200 if body else 404)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _metrics(model: str) -> bytes:
     labels = f'model="{model}",version="1"'
     lines = [f"nv_inference_request_success{{{labels}}} 10", f"nv_inference_count{{{labels}}} 10",
@@ -380,38 +351,14 @@ def _metrics(model: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-@pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux, a real terminal to render into")
-def test_hostile_names_reach_a_real_terminal_as_text(tmp_path):
-    """list, show, diff, top (once and live) in tmux: names with rich markup and escape sequences (a window
-    title, a clear screen) in a backend, a tensor, a config parameter, a Triton metric label and an agent's
-    /status show as text; the pane keeps its title and its earlier lines; every command exits 0."""
-    import json  # noqa: PLC0415
+def _in_tmux(script: Path, lines: list[str]) -> tuple[str, str]:
+    """Run ``lines`` in a bash inside a fresh tmux server (200 x 150): the screen at the end, and the pane's
+    title (what a window-title escape would change)."""
     import time  # noqa: PLC0415
     import uuid  # noqa: PLC0415
 
-    repo = tmp_path / "repo"
-    hostile_config = (f'name: "lin"\nbackend: "py{HOSTILE}"\nmax_batch_size: 4\n'
-                      f'input [{{name: "IN{HOSTILE}" data_type: TYPE_FP32 dims: [2]}}]\n'
-                      f'parameters {{key: "k{HOSTILE}" value {{string_value: "v{HOSTILE}"}}}}\n')
-    commit_version(repo, "lin", verification={"passed": True, "reference": f"lib{HOSTILE}",
-                                              "worst_abs_diff": {f"OUT{HOSTILE}": 1e-6}})
-    commit_version(repo, "lin", config=hostile_config.encode("unicode_escape").decode().replace('\\n', '\n'),
-                   verification={"passed": True, "reference": f"lib{HOSTILE}"})
-    endpoints = _Endpoints({"/metrics": _metrics(f"m{HOSTILE}"),
-                            "/status": json.dumps({"pod": f"pod{HOSTILE}", "env": "prod", "state": f"s{HOSTILE}",
-                                                   "ready": True, "served": {f"lin{HOSTILE}": 1}, "wanted": {},
-                                                   "last_rollout": {"outcome": "done", "seconds": 1.5,
-                                                                    "reason": HOSTILE}}).encode()})
-    trm = f"env PYTHONPATH={ENV['PYTHONPATH']} {sys.executable} -m repo_manager"
-    script = tmp_path / "session.sh"
-    script.write_text("\n".join([
-        "echo EARLIER-LINE", f"{trm} list --repo {repo}; echo rc=$?", f"{trm} show lin --repo {repo}; echo rc=$?",
-        f"{trm} diff lin 1 2 --repo {repo}; echo rc=$?",
-        f"{trm} top {endpoints.url}/metrics --agent {endpoints.url} --once --interval 0.2; echo rc=$?",
-        f"timeout -s INT --preserve-status 3 {trm} top {endpoints.url}/metrics --agent {endpoints.url} "
-        "--interval 0.3; echo live-rc=$?", "echo SESSION-DONE", "sleep 120"]) + "\n")
-    socket = f"trm-test-{uuid.uuid4().hex[:8]}"
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+    script.write_text("\n".join([*lines, "echo SESSION-DONE", "sleep 120"]) + "\n")
+    tmux = ["tmux", "-L", f"trm-test-{uuid.uuid4().hex[:8]}", "-f", "/dev/null"]
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "150", "bash", "--norc", str(script)],
                    check=True, env={**{k: v for k, v in ENV.items() if not k.startswith("TRM_")}, "TERM": "xterm"})
     try:
@@ -423,7 +370,37 @@ def test_hostile_names_reach_a_real_terminal_as_text(tmp_path):
                                text=True).stdout.strip()
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
-        endpoints.close()
+    return screen, title
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux, a real terminal to render into")
+def test_hostile_names_reach_a_real_terminal_as_text(tmp_path):
+    """list, show, diff, top (once and live) in tmux: names with rich markup and escape sequences (a window
+    title, a clear screen) in a backend, a tensor, a config parameter, a Triton metric label and an agent's
+    /status show as text; the pane keeps its title and its earlier lines; every command exits 0."""
+    import json  # noqa: PLC0415
+
+    repo = tmp_path / "repo"
+    hostile_config = (f'name: "lin"\nbackend: "py{HOSTILE}"\nmax_batch_size: 4\n'
+                      f'input [{{name: "IN{HOSTILE}" data_type: TYPE_FP32 dims: [2]}}]\n'
+                      f'parameters {{key: "k{HOSTILE}" value {{string_value: "v{HOSTILE}"}}}}\n')
+    commit_version(repo, "lin", verification={"passed": True, "reference": f"lib{HOSTILE}",
+                                              "worst_abs_diff": {f"OUT{HOSTILE}": 1e-6}})
+    commit_version(repo, "lin", config=hostile_config.encode("unicode_escape").decode().replace('\\n', '\n'),
+                   verification={"passed": True, "reference": f"lib{HOSTILE}"})
+    # stand-ins for Triton's /metrics and an agent's /status: trm refuses such names, so a real Triton or
+    # agent cannot be given them through trm
+    status = {"pod": f"pod{HOSTILE}", "env": "prod", "state": f"s{HOSTILE}", "ready": True,
+              "served": {f"lin{HOSTILE}": 1}, "wanted": {},
+              "last_rollout": {"outcome": "done", "seconds": 1.5, "reason": HOSTILE}}
+    with FixedAnswers({"/metrics": _metrics(f"m{HOSTILE}"), "/status": json.dumps(status).encode()}) as endpoints:
+        trm = f"env PYTHONPATH={ENV['PYTHONPATH']} {sys.executable} -m repo_manager"
+        top = f"{trm} top {endpoints.url}/metrics --agent {endpoints.url}"
+        screen, title = _in_tmux(tmp_path / "session.sh", [
+            "echo EARLIER-LINE", f"{trm} list --repo {repo}; echo rc=$?",
+            f"{trm} show lin --repo {repo}; echo rc=$?", f"{trm} diff lin 1 2 --repo {repo}; echo rc=$?",
+            f"{top} --once --interval 0.2; echo rc=$?",
+            f"timeout -s INT --preserve-status 3 {top} --interval 0.3; echo live-rc=$?"])
     assert "SESSION-DONE" in screen, screen
     assert title != "pwned" and "pwned" not in title, title
     assert screen.lstrip().startswith("EARLIER-LINE"), screen  # nothing cleared the screen

@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from helpers import run_cli
+from helpers import FixedAnswers, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import python_config, tree_digest
@@ -269,50 +269,16 @@ statuses = json_values | st.fixed_dictionaries({}, optional={
                                                                "reason": odd | markup})})
 
 
-class _StatusServer:
-    """An HTTP server answering /status with whatever the test sets: a stand-in for an agent, because a
-    real `trm agent` only ever answers documents of the right shape."""
-
-    def __init__(self) -> None:
-        import http.server  # noqa: PLC0415
-        import threading  # noqa: PLC0415
-
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(owner.payload)))
-                self.end_headers()
-                self.wfile.write(owner.payload)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.payload = b"{}"
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @PROPERTY
 @given(status=statuses, raw=st.none() | st.binary(max_size=40))
 def test_top_reads_any_agent_status_without_an_internal_error(capsys, status, raw):
-    server = _StatusServer()
-    try:
-        server.payload = raw if raw is not None else json.dumps(status).encode()
+    """A stand-in answers /status: a real agent only ever answers documents of the right shape."""
+    with FixedAnswers({"/status": raw if raw is not None else json.dumps(status).encode()}) as server:
         for args in (["top", "--agent", server.url, "--once"], ["top", "--agent", server.url, "--json"]):
             result = run_cli(capsys, *args)
             assert result.code in (0, 6), (args, result.code, result.err)
             assert "internal error" not in result.err and "Traceback" not in result.err, result.err
             assert "\x1b" not in result.out + result.err, (result.out, result.err)
-    finally:
-        server.close()
 
 
 label_values = markup | st.sampled_from(['a\\"b', "a\\\\", "trm-verify-0a1b2c3d-m", ""])
