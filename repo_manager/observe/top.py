@@ -200,10 +200,8 @@ def read_agent(url: str, timeout_s: float = 3.0) -> AgentRow:
 def agent_row(base: str, status: Any) -> AgentRow:
     """The row of one agent from its parsed ``/status``; IntegrityError naming the first field of the wrong
     type (an agent of another trm version may add fields: those are left alone)."""
-    origin = f"{base}/status"
-
     def bad(where: str, wanted: str) -> IntegrityError:
-        return IntegrityError(f"{where} is not {wanted}", hint=origin)
+        return IntegrityError(f"{where} is not {wanted}")
 
     def text(value: Any, where: str, default: str = "-") -> str:
         if value is None:
