@@ -355,10 +355,9 @@ def _in_tmux(script: Path, lines: list[str]) -> tuple[str, str]:
     """Run ``lines`` in a bash inside a fresh tmux server (200 x 150): the screen at the end, and the pane's
     title (what a window-title escape would change)."""
     import time  # noqa: PLC0415
-    import uuid  # noqa: PLC0415
 
     script.write_text("\n".join([*lines, "echo SESSION-DONE", "sleep 120"]) + "\n")
-    tmux = ["tmux", "-L", f"trm-test-{uuid.uuid4().hex[:8]}", "-f", "/dev/null"]
+    tmux = ["tmux", "-S", str(script.with_name("tmux.sock")), "-f", "/dev/null"]  # its own server, socket here
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "150", "bash", "--norc", str(script)],
                    check=True, env={**{k: v for k, v in ENV.items() if not k.startswith("TRM_")}, "TERM": "xterm"})
     try:
