@@ -291,7 +291,11 @@ def test_every_view_speaks_to_people_no_python_values_and_diff_within_100_column
                 ["history", "staging"], ["history", "production"], ["specs"],
                 ["observe", "rules", "--out", tmp_path / "obs"],
                 ["observe", "rules", "staging", "--out", tmp_path / "o2"],
-                ["promote", "lin", "--from", "staging", "--to", "production", "--dry-run"]]
+                ["promote", "lin", "--from", "staging", "--to", "production", "--dry-run"],
+                ["sync", store, "--env", "production", "--repo", tmp_path / "node", "--cache", tmp_path / "cache"],
+                ["sync", store, "--env", "staging", "--repo", tmp_path / "node", "--cache", tmp_path / "cache",
+                 "--dry-run"],
+                ["export", store, tmp_path / "exported", "--env", "staging"]]
     seen = {}
     for args in commands:
         result = run_cli(capsys, *args)
