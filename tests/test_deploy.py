@@ -655,7 +655,7 @@ def test_triton_restricts_its_control_apis_to_the_key_only_the_agent_holds(tmp_p
     assert options["listen"].startswith("0.0.0.0:") and options["url"].startswith("http://127.0.0.1:")
     # Triton's root filesystem is read-only: what it writes goes to emptyDirs
     volumes = {v["name"]: v for v in pod["volumes"]}
-    for path in ("/tmp", "/dev/shm"):
+    for path in ("/tmp", "/dev/shm", "/var/log"):
         assert "emptyDir" in volumes[volume_at(containers["triton"], path)]
 
 
