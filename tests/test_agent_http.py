@@ -129,7 +129,8 @@ def test_slowloris_leaves_readyz_answering_bounded_sockets_no_tracebacks_and_the
             seconds = sorted(s for _, s in probes)
             print(f"\n/readyz on loopback: quiet median {statistics.median(quiet) * 1000:.1f} ms; under "
                   f"{len(held)} half-open connections: median {statistics.median(seconds) * 1000:.1f} ms, "
-                  f"max {seconds[-1] * 1000:.1f} ms; agent fds {baseline_fds} -> {peak_fds} (cap "
+                  f"p95 {seconds[int(len(seconds) * 0.95)] * 1000:.1f} ms, max {seconds[-1] * 1000:.1f} ms; "
+                  f"agent fds {baseline_fds} -> {peak_fds} (cap "
                   f"{MAX_CONNECTIONS})")
             assert seconds[-1] < 5.0  # generous: the kubelet's timeout here is 1 s, the aim under 100 ms
             assert peak_fds < baseline_fds + MAX_CONNECTIONS + 200, "the connection cap did not hold"
@@ -143,9 +144,11 @@ def test_slowloris_leaves_readyz_answering_bounded_sockets_no_tracebacks_and_the
                 time.sleep(0.5)
             assert all(closed_by_peer(s) for s in sample), "half-open connections left open"
             assert probe(agent.port, "/status")[0] == 200
-            log = agent.log_tail(100_000)
-            assert "Traceback" not in log and "Exception" not in log, log[-3000:]
+            held += half_open(agent.port, 100)
+            assert agent.stop() == 0  # with connections open: a clean stop, no line per connection either
         finally:
+            agent.stop()
             for sock in held:
                 sock.close()
-            agent.stop()
+    log = agent.log_tail(100_000)
+    assert "Traceback" not in log and "Exception" not in log and "Task" not in log, log[-3000:]

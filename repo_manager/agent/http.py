@@ -17,7 +17,6 @@ a rollout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import threading
@@ -65,6 +64,7 @@ class AgentHTTP:
         self._server: asyncio.base_events.Server | None = None
         self._open: OrderedDict[asyncio.StreamWriter, bool] = OrderedDict()
         """Open connections, oldest first; the value: True once the request head is in (answering)."""
+        self._tasks: set[asyncio.Task] = set()
         self.evicted = 0
         self._started = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trm-agent-http", daemon=True)
@@ -84,9 +84,24 @@ class AgentHTTP:
 
     def stop(self) -> None:
         if self.thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
             self.thread.join(10)
         self._socket.close()
+
+    async def _shutdown(self) -> None:
+        """Stop accepting, end every open connection (quietly: its task sees the reset and returns), stop."""
+        if self._server is not None:
+            self._server.close()
+        deadline = self._loop.time() + WRITE_TIMEOUT_S
+        while self._loop.time() < deadline:
+            for _ in range(5):  # connections accepted just before the close start their tasks
+                await asyncio.sleep(0)
+            if not self._tasks:
+                break
+            for writer in list(self._open):
+                writer.transport.abort()  # (not task.cancel(): asyncio's stream callback would log each one)
+            await asyncio.wait(list(self._tasks), timeout=0.5)
+        self._loop.stop()
 
     # ------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -97,11 +112,6 @@ class AgentHTTP:
         try:
             self._loop.run_forever()
         finally:
-            self._server.close()
-            for writer in list(self._open):
-                writer.transport.abort()
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(asyncio.sleep(0))  # let the aborted connections' tasks end
             self._loop.close()
 
     def _admit(self, writer: asyncio.StreamWriter) -> bool:
@@ -119,6 +129,8 @@ class AgentHTTP:
         if not self._admit(writer):
             writer.transport.abort()
             return
+        task = asyncio.current_task()
+        self._tasks.add(task)
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.head_timeout_s)
@@ -135,6 +147,7 @@ class AgentHTTP:
         except (TimeoutError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # a slow, silent or vanished peer: closed below, nothing worth a log line
         finally:
+            self._tasks.discard(task)
             self._open.pop(writer, None)
             writer.close()
 
