@@ -100,10 +100,10 @@ def check_api_key(key: str | None, header: str) -> None:
     """The restricted-API key and its header, in the characters Triton's flag and HTTP/gRPC headers carry
     unchanged. The message never repeats the key."""
     if not _API_HEADER.fullmatch(header):
-        raise UsageError(f"setting triton_api_header {header[:80]!r} is not a lower-case header name",
+        raise ConfigError(f"setting triton_api_header {header[:80]!r} is not a lower-case header name",
                          hint="letters a-z, digits and '-', e.g. triton-api-key")
     if key is not None and not _API_KEY.fullmatch(key):
-        raise UsageError(f"$TRM_TRITON_API_KEY ({len(key)} characters) is not a usable key: it needs 16 to 512 "
+        raise ConfigError(f"$TRM_TRITON_API_KEY ({len(key)} characters) is not a usable key: it needs 16 to 512 "
                          "letters, digits or . _ ~ + / -", hint="make one with `openssl rand -hex 32`")
 
 

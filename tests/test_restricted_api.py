@@ -28,7 +28,7 @@ from agent_helpers import AgentProcess
 from helpers import run_cli
 from tritonclient.utils import InferenceServerException
 
-from repo_manager.errors import ServerError, UsageError
+from repo_manager.errors import ConfigError, ServerError
 from repo_manager.redact import redact
 from repo_manager.settings import Settings, load_settings
 from repo_manager.storage import open_store
@@ -174,7 +174,7 @@ def test_unauthenticated_control_is_refused_while_inference_works_and_trm_with_t
     assert "restricted to $TRM_TRITON_API_KEY: model-repository, shared-memory" in output and KEY not in output
 
 
-def test_the_key_is_never_shown_and_stays_out_of_settings_files(tmp_path):
+def test_the_key_is_never_shown_and_stays_out_of_settings_files(capsys, monkeypatch, tmp_path):
     settings = load_settings(env={"TRM_TRITON_API_KEY": KEY})
     assert settings.triton_api_key == KEY and settings.triton_api_header == "triton-api-key"
     assert KEY not in repr(settings) and settings.to_dict()["triton_api_key"] == "***"
@@ -186,12 +186,16 @@ def test_the_key_is_never_shown_and_stays_out_of_settings_files(tmp_path):
     assert restricted.current() is None
     config = tmp_path / "trm.yaml"
     config.write_text(f"triton_api_key: {KEY}\n")
-    with pytest.raises(Exception, match="a secret does not belong in a settings file") as info:
+    with pytest.raises(ConfigError, match="a secret does not belong in a settings file") as info:
         load_settings(config, env={})
     assert KEY not in str(info.value)
     for bad in ("short", "has space in it 0123456789", "x" * 600, "semi:colon=equals-0123456789"):
-        with pytest.raises(UsageError) as info:
+        with pytest.raises(ConfigError) as info:
             Settings(triton_api_key=bad)
         assert bad not in info.value.message
-    with pytest.raises(UsageError, match="lower-case header name"):
+    with pytest.raises(ConfigError, match="lower-case header name"):
         Settings(triton_api_key=KEY, triton_api_header="X-Key")
+    monkeypatch.setenv("TRM_TRITON_API_KEY", "a key with spaces 0123456789")
+    result = run_cli(capsys, "list")
+    assert result.code == 3 and len(result.err.strip().splitlines()) <= 2, result.err
+    assert "TRM_TRITON_API_KEY" in result.err and "spaces" not in result.err
