@@ -29,6 +29,7 @@ from helpers import run_cli
 from tritonclient.utils import InferenceServerException
 
 from repo_manager.errors import ConfigError, ServerError
+from repo_manager.loadgen.measure import LoadSpec, Target, measure
 from repo_manager.redact import redact
 from repo_manager.settings import Settings, load_settings
 from repo_manager.storage import open_store
@@ -154,6 +155,10 @@ def test_unauthenticated_control_is_refused_while_inference_works_and_trm_with_t
                          "--repo", repo, "--json")
         assert result.code == 0, result.err
         assert answer_tag(url, "m") == 1 and KEY not in result.out + result.err
+        # ... a measurement (it reads statistics, a restricted group) ...
+        with restricted.process_key(load_settings(env={"TRM_TRITON_API_KEY": KEY})):
+            point = measure(Target("m", url), LoadSpec(concurrency=2, requests=60, warmup_s=0.0))
+        assert point.errors == 0 and point.server is not None, point
         # ... and the agent following a promotion (its key from the environment, as the manifests give it)
         store = open_store(str(store_dir))
         assert run_cli(capsys, "push", store_dir, "--repo", repo, "--json").code == 0
