@@ -20,7 +20,9 @@ import rollout_models as rm
 from agent_helpers import AgentProcess
 from helpers import run_cli
 
-from repo_manager.agent.http import HEAD_TIMEOUT_S, MAX_CONNECTIONS, parse_listen
+from repo_manager.agent import Agent, AgentOptions
+from repo_manager.agent.http import HEAD_TIMEOUT_S, MAX_CONNECTIONS, AgentHTTP, parse_listen
+from repo_manager.settings import Settings
 from repo_manager.storage import open_store
 from repo_manager.triton.server import TritonServer
 
@@ -76,6 +78,43 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return False
     except OSError:  # reset
         return True
+
+
+def test_the_endpoint_is_read_only_bounded_and_stops_quietly(tmp_path, capfd):
+    """A real Agent (folder store, not started: its status is `starting`) behind a small AgentHTTP."""
+    agent = Agent(AgentOptions(store=str(tmp_path / "store"), env="production", repository=tmp_path / "repo",
+                               cache=tmp_path / "cache", url="http://127.0.0.1:9"), Settings())
+    http = AgentHTTP(agent, "127.0.0.1:0", max_connections=8, head_timeout_s=0.5)
+    http.start()
+    port = int(http.address.rsplit(":", 1)[1])
+    try:
+        assert probe(port)[0] == 503 and probe(port, "/healthz")[0] == 200  # (not converged: not ready)
+
+        def raw(data: bytes) -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(data)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            return answer
+
+        assert raw(b"POST /readyz HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}").startswith(b"HTTP/1.1 405")
+        assert raw(b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 431")
+        assert raw(b"\x16\x03\x01 hello\r\n\r\n").startswith(b"HTTP/1.1 400")
+        head = raw(b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
+        held = half_open(port, 40)  # five times the cap: the oldest unfinished ones make room
+        assert probe(port, "/healthz")[0] == 200 and http.evicted >= 30 and http.open_connections <= 8
+        time.sleep(1.5)  # past the head timeout: the server closed the rest itself
+        assert all(closed_by_peer(sock) for sock in held)
+        held = half_open(port, 8)
+    finally:
+        http.stop()
+    assert all(closed_by_peer(sock) for sock in held)
+    for sock in held:
+        sock.close()
+    out, err = capfd.readouterr()
+    assert out == err == "", err  # nothing per connection, also at the stop
 
 
 def test_listen_defaults_to_loopback():

@@ -65,6 +65,7 @@ class AgentHTTP:
         self._open: OrderedDict[asyncio.StreamWriter, bool] = OrderedDict()
         """Open connections, oldest first; the value: True once the request head is in (answering)."""
         self._tasks: set[asyncio.Task] = set()
+        self._closing = False
         self.evicted = 0
         self._started = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trm-agent-http", daemon=True)
@@ -89,18 +90,23 @@ class AgentHTTP:
         self._socket.close()
 
     async def _shutdown(self) -> None:
-        """Stop accepting, end every open connection (quietly: its task sees the reset and returns), stop."""
-        if self._server is not None:
-            self._server.close()
-        deadline = self._loop.time() + WRITE_TIMEOUT_S
-        while self._loop.time() < deadline:
-            for _ in range(5):  # connections accepted just before the close start their tasks
-                await asyncio.sleep(0)
+        """End every open connection (quietly: its task sees the reset and returns), stop accepting, stop.
+
+        The listening socket closes last: asyncio drops (without closing) a connection it accepted but had
+        not yet set up when its server closed, so until then new ones are set up and reset on arrival."""
+        self._closing = True
+        deadline, quiet_rounds = self._loop.time() + WRITE_TIMEOUT_S, 0
+        while self._loop.time() < deadline and quiet_rounds < 3:
+            await asyncio.sleep(0.02)  # connections accepted just before the stop are set up meanwhile
             if not self._tasks:
-                break
+                quiet_rounds += 1
+                continue
+            quiet_rounds = 0
             for writer in list(self._open):
                 writer.transport.abort()  # (not task.cancel(): asyncio's stream callback would log each one)
             await asyncio.wait(list(self._tasks), timeout=0.5)
+        if self._server is not None:
+            self._server.close()
         self._loop.stop()
 
     # ------------------------------------------------------------------------------------ the loop
@@ -126,7 +132,7 @@ class AgentHTTP:
         return True
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self._admit(writer):
+        if self._closing or not self._admit(writer):
             writer.transport.abort()
             return
         task = asyncio.current_task()
