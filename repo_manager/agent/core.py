@@ -87,7 +87,7 @@ class AgentOptions:
     cache: Path
     url: str
     grpc_url: str | None = None
-    listen: str = "0.0.0.0:8090"
+    listen: str = "127.0.0.1:8090"
     interval_s: float = 5.0
     jitter: float = 0.2
     max_unavailable: int = 1

@@ -181,6 +181,9 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, config_file: str | None, json_output: bool, verbose: bool, quiet: bool) -> None:
     """trm: publish, tune, store, sync and roll out versioned Triton models."""
     ctx.obj = Context(load_settings(config_file), json=json_output, verbose=verbose, quiet=quiet)
+    from repo_manager.triton.restricted import process_key  # noqa: PLC0415 - off the import path of --help
+
+    ctx.with_resource(process_key(ctx.obj.settings))  # Triton's restricted-API key, for this command
 
 
 # ------------------------------------------------------------------------------------ shell completion

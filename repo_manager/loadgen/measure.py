@@ -34,6 +34,7 @@ import tritonclient.http.aio as http_aio
 from repo_manager.errors import ServerError, UsageError
 from repo_manager.loadgen.stats import ServerStats, StatsSnapshot
 from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text, is_rejection
+from repo_manager.triton import restricted
 from repo_manager.triton.client import TritonClient, normalize_url
 
 ARRIVALS = ("poisson", "constant")
@@ -173,6 +174,8 @@ class _Snapshots:
     def __init__(self, url: str, model: str) -> None:
         self.url, self.model = url, model
         self._client = http_aio.InferenceServerClient(normalize_url(url))
+        key = restricted.current()  # statistics are one of Triton's restricted groups
+        self._headers = key.http_headers() if key else None
         self.taken: dict[str, asyncio.Future] = {}
 
     def __call__(self, key: str) -> None:
@@ -180,7 +183,7 @@ class _Snapshots:
 
     async def _read(self) -> StatsSnapshot:
         try:
-            data = await self._client.get_inference_statistics(self.model)
+            data = await self._client.get_inference_statistics(self.model, headers=self._headers)
         except Exception as exc:  # noqa: BLE001 - any transport failure is the server's
             raise ServerError(f"Triton at {self.url} refused statistics of {self.model}: {error_text(exc)}",
                               url=self.url) from exc

@@ -25,8 +25,9 @@ SECONDS = Number(0, DAY_S)
 @click.option("--url", "triton_url", required=True,
               help="The Triton server beside the agent (HTTP, explicit model-control mode).")
 @click.option("--grpc-url", help="Its gRPC endpoint (HOST:PORT): loads and unloads go there, as `trm rollout`.")
-@click.option("--listen", default="0.0.0.0:8090", show_default=True,
-              help="Agent HTTP: /healthz /readyz /status /metrics.")
+@click.option("--listen", default="127.0.0.1:8090", show_default=True,
+              help="Agent HTTP (/healthz /readyz /status /metrics), HOST:PORT; 0.0.0.0:PORT only where "
+                   "something off the host must reach it (the kubelet's probes).")
 @click.option("--interval", type=Number(0, DAY_S, low_open=True), default=5.0, show_default=True,
               help="Seconds between pointer checks (one conditional GET each).")
 @click.option("--jitter", type=Number(0, 1), default=0.2, show_default=True,
