@@ -46,10 +46,13 @@ from typing import Any
 
 from repo_manager import config as cfg
 from repo_manager import metrics
-from repo_manager.agent.lease import DrainLease
+from repo_manager.agent import state
+from repo_manager.agent.lease import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, DrainLease
+from repo_manager.agent.record import RECORD_NAME, AgentRecord, read_record, write_record
 from repo_manager.errors import (
     CompatibilityError,
     ConflictError,
+    InputError,
     IntegrityError,
     ModelLoadError,
     NotFoundError,
@@ -74,8 +77,9 @@ from repo_manager.sync.plan import prune_actions
 from repo_manager.triton.client import TritonClient
 
 # what makes a version refused (until the pointer moves) rather than retried
+# (InputError: the pointer names models a node repository cannot hold, e.g. two that differ only in case)
 REFUSALS = (RolledBackError, ModelLoadError, VerificationError, IntegrityError, CompatibilityError,
-            ConflictError, NotFoundError, UsageError)
+            ConflictError, NotFoundError, UsageError, InputError)
 VERIFY_PREFIX = "trm-verify-"  # publish.verify.temporary_names
 
 
@@ -97,7 +101,7 @@ class AgentOptions:
     drain_grace_s: float = 5.0
     """After readiness goes false, time for the load balancer to stop sending (readiness probe period)."""
     drain_timeout_s: float = 120.0
-    lease_ttl_s: float = 120.0
+    lease_ttl_s: float = DEFAULT_TTL_S
     backoff_s: float = 5.0
     backoff_max_s: float = 300.0
 
@@ -109,6 +113,8 @@ class Agent:
     def __init__(self, options: AgentOptions, settings: Settings, store: Store | None = None) -> None:
         if options.interval_s <= 0 or not 0 <= options.jitter <= 1 or options.max_unavailable < 1:
             raise UsageError("--interval must be > 0, --jitter between 0 and 1, --max-unavailable >= 1")
+        if not MIN_TTL_S <= options.lease_ttl_s <= MAX_TTL_S:
+            raise UsageError(f"--lease-ttl must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds")
         self.options = options
         self.settings = settings.replace(repository=options.repository, cache_dir=options.cache)
         self.store = store or open_store(options.store, self.settings)
@@ -141,9 +147,15 @@ class Agent:
         self.lease_holders: list[str] = []
         self._cleaned = False
         self._pruned_for: str | None = None
-        self._managed: set[str] = set()
         self._reported: str | None = None
-        self.report_name = _object_name(options.pod)
+        self.record_path = options.repository / RECORD_NAME
+        self.record, note = read_record(self.record_path)
+        if note:
+            self.log(note)
+        self.identity = _object_name(f"{options.pod}-{self.record.agent_id}")
+        """Unique per agent (two pods may share a host name): its drain slot and its report's name."""
+        self.lease = DrainLease(self.store, options.env, self.identity, options.max_unavailable,
+                                options.lease_ttl_s, pod=options.pod)
 
     # ------------------------------------------------------------------------------------- output
     def log(self, message: str, **facts: Any) -> None:
@@ -173,13 +185,13 @@ class Agent:
         with self._lock:
             refused = {"models": self.refused["models"], "reason": self.refused["reason"]} if self.refused else None
             body = {"schema": "trm.agent-report/1", "env": self.options.env, "pod": self.options.pod,
-                    "state": self.state, "ready": self.ready, "served": dict(self.served),
+                    "agent": self.identity, "state": self.state, "ready": self.ready, "served": dict(self.served),
                     "wanted": dict(self.wanted), "refused": refused}
         signature = json.dumps(body, sort_keys=True)
         if signature == self._reported:
             return
         try:
-            self.store.put_report(self.options.env, self.report_name,
+            self.store.put_report(self.options.env, self.identity,
                                   json.dumps(body | {"at": now_iso()}, sort_keys=True).encode())
             self._reported = signature
         except TrmError as exc:
@@ -191,11 +203,12 @@ class Agent:
             age = None if self.pointer_read_at is None else round(time.monotonic() - self.pointer_read_at, 3)
             pointer = self.pointer
             return {
-                "pod": self.options.pod, "env": self.options.env, "store": self.store.location,
+                "pod": self.options.pod, "agent": self.identity, "env": self.options.env,
+                "store": self.store.location,
                 "server": {"url": self.options.url, "grpc_url": self.options.grpc_url},
                 "state": self.state, "reason": self.reason, "ready": self.ready, "draining": self.draining,
                 "degraded_reason": self.refused["reason"] if self.refused else None,
-                "wanted": dict(self.wanted), "served": dict(self.served),
+                "wanted": dict(self.wanted), "served": dict(self.served), "last_good": dict(self.record.good),
                 "refused": dict(self.refused) if self.refused else None,
                 "last_rollout": dict(self.last_rollout) if self.last_rollout else None,
                 "rollouts": dict(self.rollouts),
@@ -206,7 +219,8 @@ class Agent:
                 "sync": dict(self.sync_totals) | {"last": self.last_sync},
                 "lease_holders": list(self.lease_holders), "started_at": self.started_at,
                 "options": {"interval_s": self.options.interval_s, "side_by_side": self.options.side_by_side,
-                            "max_unavailable": self.options.max_unavailable},
+                            "max_unavailable": self.options.max_unavailable,
+                            "lease_ttl_s": self.options.lease_ttl_s},
             }
 
     # --------------------------------------------------------------------------------------- loop
@@ -246,18 +260,19 @@ class Agent:
             with self._lock:
                 self.wanted = wanted
             served = self._read_served(client, wanted)
+            self._unload_dropped(client, wanted)
             if all(served.get(m) == v for m, v in wanted.items()):
                 if self._verify_served(client):
                     with self._lock:
                         self.refused = None
-                    self._set("ready", None, ready=True)
+                    self._converged(wanted)
                     if self._pruned_for != _key(wanted):
                         self._prune(wanted)
                 return
             if self.refused is not None and self.refused["etag"] == self.pointer.etag and not (
                     self.refused["stage"] == "store" and time.monotonic() >= self.refused_until[_key(wanted)]):
                 self._verify_served(client)
-                self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
+                self._set("degraded", _refusal_text(self.refused), ready=self._ready_now())
                 return
             if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
                 return
@@ -300,7 +315,7 @@ class Agent:
 
     def _verify_served(self, client: TritonClient) -> bool:
         """Smoke-check every served version not checked yet (after a restart of the agent). True when
-        every model of the environment is served and answered."""
+        every served model answered."""
         for model, version in sorted(self.served.items()):
             if version is None or self.verified.get(model) == version:
                 continue
@@ -310,16 +325,35 @@ class Agent:
             except (TrmError, ValueError, TypeError) as exc:
                 text = exc.message.splitlines()[0] if isinstance(exc, TrmError) else f"{type(exc).__name__}: {exc}"
                 self._set("degraded", f"{model} version {version} is loaded but does not answer: {text}",
-                          ready=False)
+                          ready=self._ready_now())
                 return False
             with self._lock:
                 self.verified[model] = version
-        return self._serving_complete()
+        return True
 
-    def _serving_complete(self) -> bool:
+    def _ready_now(self) -> bool:
+        """Readiness from the last good set (``state.is_ready``)."""
         with self._lock:
-            return bool(self.wanted) and all(self.served.get(m) is not None
-                                             and self.verified.get(m) == self.served.get(m) for m in self.wanted)
+            return not self.draining and state.is_ready(self.wanted, self.record.good, self.served, self.verified)
+
+    def _converged(self, wanted: dict[str, int]) -> None:
+        """Every model of ``wanted`` served and answering: it is the last good set."""
+        self._remember(good=wanted, add=set(wanted) | state.members(self.repo, wanted))
+        self._set("ready", None, ready=True)
+
+    def _remember(self, *, good: dict[str, int] | None = None, add: set[str] = frozenset(),
+                  drop: set[str] = frozenset()) -> None:
+        """Update the on-disk record (record.py) when it changes."""
+        with self._lock:
+            record = AgentRecord(self.record.agent_id, dict(self.record.good if good is None else good),
+                                 (self.record.loaded | add) - drop)
+            if record == self.record:
+                return
+            self.record = record
+        try:
+            write_record(self.record_path, record, self.options.env)
+        except OSError as exc:
+            self.log("could not write the agent record", path=str(self.record_path), error=str(exc))
 
     def _clean_leftovers(self, client: TritonClient) -> None:
         """Unload pre-check models an agent killed mid-rollout left loaded under temporary names, and
@@ -352,7 +386,7 @@ class Agent:
         pointer_tag = self.pointer.etag if self.pointer else None
         started, t0 = now_iso(), time.monotonic()
         record: dict[str, Any] = {"wanted": dict(wanted), "started_at": started, "models": []}
-        self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._serving_complete())
+        self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._ready_now())
         try:
             with metrics.operation("sync"):
                 result = sync_versions(self.settings, self.store, wanted, stop=self.stop_event)
@@ -376,7 +410,13 @@ class Agent:
             self.last_sync = {"installed": list(result.installed), "bytes_downloaded": result.bytes_downloaded,
                               "bytes_reused": result.bytes_reused, "seconds": round(result.seconds, 3)}
         record["sync"] = self.last_sync
-        self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._serving_complete())
+        conflict = state.pin_conflict(self.repo, wanted)
+        if conflict:
+            self._refuse(wanted, pointer_tag, conflict, record, t0, stage="sync")
+            return
+        # recorded before anything loads, so that an agent killed mid-way still unloads what it loaded
+        self._remember(add=state.keep_loaded(self.repo, wanted, self.record.good, self.served))
+        self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._ready_now())
         moved: list[tuple[str, int | None]] = []
         try:
             prechecked = self._precheck_first(wanted)
@@ -407,27 +447,32 @@ class Agent:
                                           "seconds": round(time.monotonic() - t0, 3)}
         self.log("converged", models=wanted, seconds=round(time.monotonic() - t0, 3),
                  bytes_downloaded=result.bytes_downloaded)
-        self._unload_dropped(wanted)
         with self._client() as client:
-            self._read_served(client, wanted)
-            if self._verify_served(client):
-                self._set("ready", None, ready=True)
+            served = self._read_served(client, wanted)
+            self._unload_dropped(client, wanted)
+            if self._verify_served(client) and all(served.get(m) == v for m, v in wanted.items()):
+                self._converged(wanted)
 
-    def _unload_dropped(self, wanted: dict[str, int]) -> None:
-        """Models this agent loaded for the environment that it no longer names are unloaded (models
-        loaded by anyone else are left alone)."""
-        keep = set(wanted) | {m for model, v in wanted.items() for m, _ in dependencies(self.repo, model, v)}
-        dropped = sorted(self._managed - keep)
-        self._managed = keep
+    def _unload_dropped(self, client: TritonClient, wanted: dict[str, int]) -> None:
+        """Models this agent loaded (its record, so also those of an agent before a restart) that the
+        environment no longer needs are unloaded, ensembles before their members; models loaded by anyone
+        else are left alone."""
+        if not self.record.loaded - set(wanted):
+            return
+        dropped = self.record.loaded - state.keep_loaded(self.repo, wanted, self.record.good, self.served)
         if not dropped:
             return
-        with self._client() as client:
-            for model in dropped:
-                try:
-                    client.unload(model)
-                    self.log("unloaded a model the environment no longer serves", model=model)
-                except TrmError as exc:
-                    self.log("could not unload", model=model, error=exc.message)
+        loaded = {m: v for m, v in served_versions(client, sorted(dropped)).items() if v}
+        inner = state.members(self.repo, {m: max(v) for m, v in loaded.items()})
+        done = set(dropped - set(loaded))
+        for model in sorted(loaded, key=lambda m: (m in inner, m)):
+            try:
+                client.unload(model)
+                done.add(model)
+                self.log("unloaded a model the environment no longer serves", model=model)
+            except TrmError as exc:
+                self.log("could not unload", model=model, error=exc.message.splitlines()[0])
+        self._remember(drop=done)
 
     def _top_level(self, wanted: dict[str, int]) -> list[str]:
         """Models of the environment that are not members of another one's version (those move with
@@ -494,6 +539,10 @@ class Agent:
         server = plan.servers[0]
         if server.strategy == SKIP:
             return None
+        if server.strategy == DRAIN:
+            # one copy at a time: a pre-check would load the new version beside the old one (the smoke
+            # check after the swap still refuses a bad version, and the executor rolls it back)
+            plan = replace(plan, options=replace(plan.options, precheck=False))
         self.log("rolling out", model=model, version=version, strategy=server.strategy, reason=server.reason)
         progress = self.log
         if server.strategy == DRAIN:
@@ -551,7 +600,10 @@ class Agent:
                 self._verify_served(client)
             except TrmError:
                 pass
-        self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
+        with self._lock:
+            kept = state.good_now(wanted, self.served, self.verified)
+        self._remember(good=kept)
+        self._set("degraded", _refusal_text(self.refused), ready=self._ready_now())
 
     def _transient(self, exc: TrmError) -> None:
         with self._lock:
@@ -560,7 +612,7 @@ class Agent:
             self.retry_at = time.monotonic() + delay
             self.rollouts["failed"] += 1 if self.state in ("syncing", "rolling_out") else 0
         self._set("error", f"{exc.message.splitlines()[0]} (retrying in {delay:.0f} s)",
-                  ready=self._serving_complete() and not isinstance(exc, ServerError))
+                  ready=self._ready_now() and not isinstance(exc, ServerError))
 
     def _prune(self, wanted: dict[str, int]) -> None:
         """Remove version folders the environment no longer serves and the server has not loaded (the
@@ -582,47 +634,51 @@ class Agent:
     # ------------------------------------------------------------------------------------- drain
     @contextmanager
     def _drained(self, models: list[str]) -> Iterator[None]:
-        """Out of rotation for the body: a slot in the drain lease, readiness false, in-flight requests
-        finished; back in rotation (and the slot freed) after."""
-        lease = DrainLease(self.store, self.options.env, self.options.pod, self.options.max_unavailable,
-                           self.options.lease_ttl_s)
+        """Out of rotation for the body: a slot in the drain lease, renewed by a heartbeat the whole time
+        (lease.py), readiness false, in-flight requests finished; back in rotation (and the slot freed)
+        after."""
+        max_unavailable = self.options.max_unavailable
 
         def waiting(holders: list[str]) -> None:
             with self._lock:
                 self.lease_holders = holders
-            self._set("waiting_for_slot", f"{len(holders)} of {self.options.max_unavailable} pod(s) out of "
-                      f"rotation: {', '.join(holders)}", ready=self._serving_complete())
+            self._set("waiting_for_slot", f"{len(holders)} of {max_unavailable} pod(s) out of "
+                      f"rotation: {', '.join(holders)}", ready=self._ready_now())
 
-        if not lease.acquire(self.stop_event, waiting):
+        if not self.lease.acquire(self.stop_event, waiting):
             raise ServerError("stopping before a drain slot was free; nothing changed")
-        try:
-            with self._lock:
-                self.draining, self.ready = True, False
-                self.lease_holders = lease.holders()
-            self._set("draining", f"out of rotation to swap {', '.join(models)}")
-            self.stop_event.wait(self.options.drain_grace_s)
-            self._wait_idle(models, lease)
-            yield
-        finally:
-            with self._lock:
-                self.draining = False
-            with self._client() as client:
+        with self.lease.held(lambda problem: self.log("could not renew the drain slot", error=problem)):
+            try:
                 try:
-                    self._read_served(client, self.wanted)
-                    self._verify_served(client)
+                    holders = self.lease.holders()
                 except TrmError:
-                    pass
-            self._set("rolling_out", "back in rotation", ready=self._serving_complete())
-            time.sleep(min(self.options.drain_grace_s, 5.0))  # the load balancer sees the pod ready again
-            lease.release()
-            with self._lock:
-                self.lease_holders = []
+                    holders = [self.options.pod]
+                with self._lock:
+                    self.draining, self.ready = True, False
+                    self.lease_holders = holders
+                self._set("draining", f"out of rotation to swap {', '.join(models)}")
+                self.stop_event.wait(self.options.drain_grace_s)
+                self._wait_idle(models)
+                yield
+            finally:
+                with self._lock:
+                    self.draining = False
+                with self._client() as client:
+                    try:
+                        self._read_served(client, self.wanted)
+                        self._verify_served(client)
+                    except TrmError:
+                        pass
+                self._set("rolling_out", "back in rotation", ready=self._ready_now())
+                time.sleep(min(self.options.drain_grace_s, 5.0))  # the load balancer sees the pod ready again
+        with self._lock:
+            self.lease_holders = []
 
-    def _wait_idle(self, models: list[str], lease: DrainLease) -> None:
+    def _wait_idle(self, models: list[str]) -> None:
         """Until Triton's request counters of ``models`` stop moving for a second (in-flight requests
         done), or the drain timeout."""
         deadline = time.monotonic() + self.options.drain_timeout_s
-        last, quiet_since, renewed = None, time.monotonic(), time.monotonic()
+        last, quiet_since = None, time.monotonic()
         with self._client() as client:
             while time.monotonic() < deadline:
                 total = 0
@@ -636,9 +692,6 @@ class Agent:
                     last, quiet_since = total, now
                 elif now - quiet_since >= 1.0:
                     return
-                if now - renewed > self.options.lease_ttl_s / 3:
-                    lease.renew()
-                    renewed = now
                 time.sleep(0.2)
         self.log("drain timeout: swapping with requests still arriving", timeout_s=self.options.drain_timeout_s)
 

@@ -1,0 +1,74 @@
+"""Readiness from the last good set, what the environment still needs loaded, and pins that disagree.
+
+Pure decisions over the agent's snapshot (no I/O beyond reading manifests of the node repository), so
+each rule is one small function:
+
+* ``is_ready``: the pod is ready while every model of its last good set that the environment still names
+  is loaded and has answered. A model the environment adds (loading, refused, or named twice in two
+  cases) is not required: it is reported (``syncing``, ``rolling_out``, ``degraded``), and the models the
+  pod served keep it in rotation. Before the first good set (a fresh pod) nothing is ready.
+* ``keep_loaded``: the models of the environment plus the members their versions pin; whatever else the
+  agent loaded is unloaded.
+* ``pin_conflict``: the environment names a member at another version than the one its ensemble pins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from repo_manager.errors import TrmError
+from repo_manager.repository import LocalRepository
+from repo_manager.serving import dependencies
+
+
+def required(wanted: Mapping[str, int], good: Mapping[str, int]) -> dict[str, int]:
+    """The models readiness is judged on: the last good set, less what the environment dropped."""
+    return {m: v for m, v in good.items() if m in wanted}
+
+
+def is_ready(wanted: Mapping[str, int], good: Mapping[str, int], served: Mapping[str, int | None],
+             verified: Mapping[str, int]) -> bool:
+    need = required(wanted, good)
+    return bool(need) and all(served.get(m) is not None and verified.get(m) == served.get(m) for m in need)
+
+
+def good_now(wanted: Mapping[str, int], served: Mapping[str, int | None],
+             verified: Mapping[str, int]) -> dict[str, int]:
+    """After a refusal: the versions of the environment's models that the server still serves and that
+    answered (what the agent refused to leave)."""
+    return {m: v for m in wanted if (v := served.get(m)) is not None and verified.get(m) == v}
+
+
+def members(repo: LocalRepository, models: Mapping[str, int]) -> set[str]:
+    """Members pinned by these versions; a version whose manifest is missing or unreadable (not
+    installed yet, refused by the sync) contributes none."""
+    found: set[str] = set()
+    for model, version in models.items():
+        try:
+            found |= {m for m, _ in dependencies(repo, model, version)}
+        except (TrmError, OSError, ValueError):
+            continue
+    return found
+
+
+def keep_loaded(repo: LocalRepository, wanted: Mapping[str, int], good: Mapping[str, int],
+                served: Mapping[str, int | None]) -> set[str]:
+    """What must stay loaded: the environment's models, the members of their wanted versions, and the
+    members of the versions still served for them (a refused ensemble keeps its old members)."""
+    still = {m: v for m, v in (dict(good) | {k: s for k, s in served.items() if s is not None}).items()
+             if m in wanted}
+    return set(wanted) | members(repo, wanted) | members(repo, still)
+
+
+def pin_conflict(repo: LocalRepository, wanted: Mapping[str, int]) -> str | None:
+    """A reason when the environment names a member at another version than an ensemble it names pins."""
+    for model, version in sorted(wanted.items()):
+        try:
+            pins = dependencies(repo, model, version)
+        except (TrmError, OSError, ValueError):
+            continue  # the rollout reports a version it cannot read
+        for member, pinned in pins:
+            if member in wanted and wanted[member] != pinned:
+                return (f"the environment names {member} version {wanted[member]}, but {model} version "
+                        f"{version} pins {member} version {pinned}")
+    return None
