@@ -419,15 +419,15 @@ def test_a_model_added_to_the_environment_never_takes_the_pod_out_of_rotation(ca
             assert rm.tagged(tmp_path / "src-twin", "M", 1) == 1
             push(capsys, tmp_path / "src-twin", location, "M:1")
             set_env(store, {"m": 1, "big": 1, "M": 1})
-            status = agent.wait(lambda s: s["state"] == "degraded" and "M" in s["wanted"], what="refusal of M")
-            assert status["ready"] and "differ only in case" in status["degraded_reason"], status
+            status = agent.wait(lambda s: "only in case" in (s["degraded_reason"] or ""), what="refusal of M")
+            assert status["ready"] and status["state"] == "degraded", status
             # an ensemble whose member the environment names at another version than the ensemble pins
             ens = tmp_path / "src-ens"
             assert rm.ensemble(ens, 1) == 1 and rm.tagged(ens, "pre", 2) == 2
             push(capsys, ens, location, "pipe:1", "pre:2")
             set_env(store, {"m": 1, "big": 1, "pipe": 1, "pre": 2})
-            status = agent.wait(lambda s: s["state"] == "degraded" and "pipe" in s["wanted"], what="refusal of pipe")
-            assert status["ready"] and "pins pre version 1" in status["degraded_reason"], status
+            status = agent.wait(lambda s: "pins pre version 1" in (s["degraded_reason"] or ""), what="refusal of pipe")
+            assert status["ready"] and status["state"] == "degraded", status
             load.wait_for(load.count() + 10)
         assert watch.unready == [], watch.unready[:5]
         summary = load.summary()

@@ -63,8 +63,8 @@ def keep_loaded(repo: LocalRepository, wanted: Mapping[str, int], good: Mapping[
 def pin_conflict(repo: LocalRepository, wanted: Mapping[str, int]) -> str | None:
     """A reason when the environment names a member at another version than an ensemble it names pins."""
     for model, version in sorted(wanted.items()):
-        try:
-            pins = dependencies(repo, model, version)
+        try:  # the direct members (a nested ensemble is a wanted model of its own, or not installed)
+            pins = sorted(repo.manifest(model, version).members.items())
         except (TrmError, OSError, ValueError):
             continue  # the rollout reports a version it cannot read
         for member, pinned in pins:
