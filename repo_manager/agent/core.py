@@ -48,7 +48,9 @@ from repo_manager import config as cfg
 from repo_manager import metrics
 from repo_manager.agent import state
 from repo_manager.agent.lease import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, DrainLease
+from repo_manager.agent.pointer import PointerWatch
 from repo_manager.agent.record import RECORD_NAME, AgentRecord, read_record, write_record
+from repo_manager.agent.rollout import LocalRollout
 from repo_manager.errors import (
     CompatibilityError,
     ConflictError,
@@ -64,12 +66,11 @@ from repo_manager.errors import (
 )
 from repo_manager.manifest import now_iso
 from repo_manager.repository import LocalRepository
-from repo_manager.rollout import RolloutOptions, execute
-from repo_manager.rollout.checks import precheck, smoke_cases, smoke_live
-from repo_manager.rollout.plan import DRAIN, SKIP, build_plan, served_versions, with_settings
-from repo_manager.serving import dependencies, load_version
+from repo_manager.rollout.checks import smoke_cases, smoke_live
+from repo_manager.rollout.plan import served_versions
+from repo_manager.serving import dependencies
 from repo_manager.settings import Settings
-from repo_manager.storage import EnvPointer, Store, open_store
+from repo_manager.storage import Store, open_store
 from repo_manager.sync import loaded_versions, sync_versions
 from repo_manager.sync.cache import Cancelled
 from repo_manager.sync.executor import prune_version
@@ -125,10 +126,7 @@ class Agent:
         self.state, self.reason = "starting", "not converged yet"
         self.ready = False
         self.draining = False
-        self.pointer: EnvPointer | None = None
-        self.pointer_read_at: float | None = None
-        self.pointer_error: str | None = None
-        self.reads: Counter[str] = Counter()
+        self.watch = PointerWatch(self.store, options.env, self.log)
         self.wanted: dict[str, int] = {}
         self.served: dict[str, int | None] = {}
         self.verified: dict[str, int] = {}
@@ -156,6 +154,8 @@ class Agent:
         """Unique per agent (two pods may share a host name): its drain slot and its report's name."""
         self.lease = DrainLease(self.store, options.env, self.identity, options.max_unavailable,
                                 options.lease_ttl_s, pod=options.pod)
+        self.rollout = LocalRollout(self.repo, options.url, options.grpc_url, options.side_by_side,
+                                    self.settings.rollout, self.log, self._drained)
 
     # ------------------------------------------------------------------------------------- output
     def log(self, message: str, **facts: Any) -> None:
@@ -200,8 +200,6 @@ class Agent:
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot (what /status returns and /metrics renders)."""
         with self._lock:
-            age = None if self.pointer_read_at is None else round(time.monotonic() - self.pointer_read_at, 3)
-            pointer = self.pointer
             return {
                 "pod": self.options.pod, "agent": self.identity, "env": self.options.env,
                 "store": self.store.location,
@@ -212,10 +210,7 @@ class Agent:
                 "refused": dict(self.refused) if self.refused else None,
                 "last_rollout": dict(self.last_rollout) if self.last_rollout else None,
                 "rollouts": dict(self.rollouts),
-                "pointer": {"etag": pointer.etag if pointer else None,
-                            "updated_at": pointer.updated_at if pointer else None, "age_s": age,
-                            "changed": self.reads["changed"], "unchanged": self.reads["unchanged"],
-                            "errors": self.reads["errors"], "last_error": self.pointer_error},
+                "pointer": self.watch.status(),
                 "sync": dict(self.sync_totals) | {"last": self.last_sync},
                 "lease_holders": list(self.lease_holders), "started_at": self.started_at,
                 "options": {"interval_s": self.options.interval_s, "side_by_side": self.options.side_by_side,
@@ -240,7 +235,7 @@ class Agent:
             self.stop_event.wait(interval + random.uniform(0, self.options.jitter * interval))
 
     def _client(self) -> TritonClient:
-        return TritonClient(self.options.url, timeout_s=60.0, grpc_url=self.options.grpc_url)
+        return self.rollout.client()
 
     def tick(self) -> None:
         with self._client() as client:
@@ -251,12 +246,12 @@ class Agent:
                 return
             if not self._cleaned:
                 self._clean_leftovers(client)
-            self._poll_pointer()
-            if self.pointer is None:
-                self._set("waiting", f"the pointer of {self.options.env} was never read: {self.pointer_error}",
+            self.watch.poll()
+            if self.watch.pointer is None:
+                self._set("waiting", f"the pointer of {self.options.env} was never read: {self.watch.error}",
                           ready=False)
                 return
-            wanted = dict(self.pointer.models)
+            wanted = dict(self.watch.pointer.models)
             with self._lock:
                 self.wanted = wanted
             served = self._read_served(client, wanted)
@@ -269,7 +264,7 @@ class Agent:
                     if self._pruned_for != _key(wanted):
                         self._prune(wanted)
                 return
-            if self.refused is not None and self.refused["etag"] == self.pointer.etag and not (
+            if self.refused is not None and self.refused["etag"] == self.watch.etag and not (
                     self.refused["stage"] == "store" and time.monotonic() >= self.refused_until[_key(wanted)]):
                 self._verify_served(client)
                 self._set("degraded", _refusal_text(self.refused), ready=self._ready_now())
@@ -277,30 +272,6 @@ class Agent:
             if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
                 return
         self.converge(wanted)
-
-    def _poll_pointer(self) -> None:
-        etag = self.pointer.etag if self.pointer else None
-        try:
-            with metrics.operation("pointer_read") as op:
-                pointer = self.store.get_env_if_changed(self.options.env, etag)
-                op.outcome = "unchanged" if pointer is None else "changed"
-        except TrmError as exc:
-            with self._lock:
-                self.reads["errors"] += 1
-                self.pointer_error = exc.message.splitlines()[0]
-            if self.pointer is not None:
-                self.log("pointer read failed; serving what was converged", error=self.pointer_error)
-            return
-        with self._lock:
-            self.pointer_read_at, self.pointer_error = time.monotonic(), None
-            if pointer is None:
-                self.reads["unchanged"] += 1
-                return
-            self.reads["changed"] += 1
-            moved = self.pointer is not None
-            self.pointer = pointer
-        if moved:
-            self.log("pointer moved", models=pointer.models, etag=pointer.etag)
 
     def _read_served(self, client: TritonClient, wanted: dict[str, int]) -> dict[str, int | None]:
         """Per model of the environment: the one READY version, or None (absent, or several loaded)."""
@@ -383,7 +354,7 @@ class Agent:
     def converge(self, wanted: dict[str, int]) -> None:
         """Sync ``wanted`` into the node repository, then roll every model that differs out on this
         server; refuse the whole set (rolling back what moved) when any model fails."""
-        pointer_tag = self.pointer.etag if self.pointer else None
+        pointer_tag = self.watch.etag
         started, t0 = now_iso(), time.monotonic()
         record: dict[str, Any] = {"wanted": dict(wanted), "started_at": started, "models": []}
         self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._ready_now())
@@ -419,21 +390,23 @@ class Agent:
         self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._ready_now())
         moved: list[tuple[str, int | None]] = []
         try:
-            prechecked = self._precheck_first(wanted)
-            for model in self._top_level(wanted):
+            prechecked = self.rollout.precheck_first(wanted)
+            for model in self.rollout.top_level(wanted):
                 with metrics.operation("rollout", model=model) as op:
-                    outcome = self._roll_one(model, wanted[model], prechecked=model in prechecked)
+                    outcome = self.rollout.roll_one(model, wanted[model], prechecked=model in prechecked)
                     op.outcome = "skipped" if outcome is None else ("ok" if outcome["outcome"] == "done"
                                                                     else outcome["outcome"])
                 if outcome is not None:
+                    with self._lock:
+                        self.verified[model] = wanted[model]
                     moved.append((model, outcome["previous"]))
                     record["models"].append(outcome)
         except REFUSALS as exc:
-            self._undo(moved)
+            self.rollout.undo(moved)
             self._refuse(wanted, pointer_tag, exc.message.splitlines()[0], record, t0)
             return
         except TrmError as exc:
-            self._undo(moved)
+            self.rollout.undo(moved)
             self._transient(exc)
             return
         with self._lock:
@@ -473,110 +446,6 @@ class Agent:
             except TrmError as exc:
                 self.log("could not unload", model=model, error=exc.message.splitlines()[0])
         self._remember(drop=done)
-
-    def _top_level(self, wanted: dict[str, int]) -> list[str]:
-        """Models of the environment that are not members of another one's version (those move with
-        their ensemble)."""
-        members = {m for model, version in wanted.items() for m, _ in dependencies(self.repo, model, version)}
-        return sorted(m for m in wanted if m not in members)
-
-    def _precheck_first(self, wanted: dict[str, int]) -> set[str]:
-        """When one change moves several models, pre-check (under temporary names) every one that can
-        be before any of them switches, so that a set with a bad model is refused before clients get an
-        answer from any of its versions; a failure past this point still rolls back what moved. Only
-        side-by-side moves of models without members: an ensemble is pre-checked once its new members
-        are loaded, and a drain-swap model may not fit twice. Returns the models checked."""
-        grpc = [self.options.grpc_url] if self.options.grpc_url else None
-        candidates = []
-        with self._client() as client:
-            for model in self._top_level(wanted):
-                before = served_versions(client, [model])[model]
-                if not before or before == (wanted[model],):
-                    continue
-                options = RolloutOptions(side_by_side=self.options.side_by_side, drain_cmd="true",
-                                         restore_cmd="true")
-                try:
-                    plan = build_plan(self.repo, model, wanted[model], [self.options.url],
-                                      with_settings(options, model, self.settings.rollout), grpc_urls=grpc)
-                except UsageError:
-                    continue  # loaded by someone else: _roll_one loads it directly
-                candidates.append((model, plan))
-            if len(candidates) < 2:
-                return set()  # one model moves: its rollout pre-checks it first anyway
-            checked = set()
-            for model, plan in candidates:
-                if plan.servers[0].strategy in (SKIP, DRAIN) or plan.target.members:
-                    continue
-                config = cfg.parse_config(self.repo.manifest(model, wanted[model]).config)
-                started = time.monotonic()
-                count = precheck(client, self.repo, [(model, wanted[model])], model, smoke_cases(config, None))
-                self.log("pre-checked before any model moves", model=model, version=wanted[model],
-                         requests=count, seconds=round(time.monotonic() - started, 3))
-                checked.add(model)
-        return checked
-
-    def _roll_one(self, model: str, version: int, *, prechecked: bool = False) -> dict[str, Any] | None:
-        """Roll ``model`` to ``version`` on this server; None when it already serves it."""
-        with self._client() as client:
-            before = served_versions(client, [model])[model]
-        options = RolloutOptions(side_by_side=self.options.side_by_side, precheck=bool(before) and not prechecked,
-                                 # the agent drains itself around the whole transition (``_drained``)
-                                 drain_cmd="true", restore_cmd="true")
-        options = with_settings(options, model, self.settings.rollout)
-        grpc = [self.options.grpc_url] if self.options.grpc_url else None
-        try:
-            plan = build_plan(self.repo, model, version, [self.options.url], options, grpc_urls=grpc)
-        except UsageError as exc:
-            # the server serves versions this node repository does not hold (loaded by someone else):
-            # nothing to roll back to, so a plain load, which Triton swaps in once the new one is ready
-            self.log("no rollout plan; loading directly", model=model, reason=exc.message)
-            with self._client() as client:
-                load_version(client, self.repo, model, version)
-                config = cfg.parse_config(self.repo.manifest(model, version).config)
-                smoke_live(client, model, version, config, smoke_cases(config, None))
-            return {"model": model, "version": version, "previous": None, "strategy": "load",
-                    "outcome": "done"}
-        server = plan.servers[0]
-        if server.strategy == SKIP:
-            return None
-        if server.strategy == DRAIN:
-            # one copy at a time: a pre-check would load the new version beside the old one (the smoke
-            # check after the swap still refuses a bad version, and the executor rolls it back)
-            plan = replace(plan, options=replace(plan.options, precheck=False))
-        self.log("rolling out", model=model, version=version, strategy=server.strategy, reason=server.reason)
-        progress = self.log
-        if server.strategy == DRAIN:
-            with self._drained([model, *(m for m, _ in plan.target.members)]):
-                result = execute(plan, self.repo, progress)
-        else:
-            result = execute(plan, self.repo, progress)
-        with self._lock:
-            self.verified[model] = version
-        previous = max(server.before.get(model, ()) or (0,)) or None
-        return {"model": model, "version": version, "previous": previous, "strategy": server.strategy,
-                "outcome": result.outcome, "seconds": round(result.seconds, 3)}
-
-    def _undo(self, moved: list[tuple[str, int | None]]) -> None:
-        """Models already moved in a refused set go back to what they served (newest first)."""
-        for model, previous in reversed(moved):
-            try:
-                if previous is None:
-                    with self._client() as client:
-                        client.unload(model)
-                    continue
-                options = RolloutOptions(side_by_side=self.options.side_by_side, drain_cmd="true",
-                                         restore_cmd="true", precheck=False)
-                plan = build_plan(self.repo, model, previous, [self.options.url],
-                                  with_settings(options, model, self.settings.rollout),
-                                  grpc_urls=[self.options.grpc_url] if self.options.grpc_url else None)
-                if plan.servers[0].strategy == DRAIN:
-                    with self._drained([model]):
-                        execute(plan, self.repo, self.log)
-                else:
-                    execute(plan, self.repo, self.log)
-                self.log("rolled back", model=model, version=previous)
-            except TrmError as exc:
-                self.log("could not roll back", model=model, version=previous, error=exc.message)
 
     def _refuse(self, wanted: dict[str, int], etag: str | None, reason: str, record: dict[str, Any],
                 t0: float, *, stage: str = "rollout") -> None:
@@ -658,7 +527,7 @@ class Agent:
                     self.lease_holders = holders
                 self._set("draining", f"out of rotation to swap {', '.join(models)}")
                 self.stop_event.wait(self.options.drain_grace_s)
-                self._wait_idle(models)
+                self.rollout.wait_idle(models, self.options.drain_timeout_s)
                 yield
             finally:
                 with self._lock:
@@ -673,27 +542,6 @@ class Agent:
                 time.sleep(min(self.options.drain_grace_s, 5.0))  # the load balancer sees the pod ready again
         with self._lock:
             self.lease_holders = []
-
-    def _wait_idle(self, models: list[str]) -> None:
-        """Until Triton's request counters of ``models`` stop moving for a second (in-flight requests
-        done), or the drain timeout."""
-        deadline = time.monotonic() + self.options.drain_timeout_s
-        last, quiet_since = None, time.monotonic()
-        with self._client() as client:
-            while time.monotonic() < deadline:
-                total = 0
-                for model in models:
-                    for entry in client.statistics(model):
-                        stats = entry.get("inference_stats", {})
-                        total += int(stats.get("success", {}).get("count", 0))
-                        total += int(stats.get("fail", {}).get("count", 0))
-                now = time.monotonic()
-                if total != last:
-                    last, quiet_since = total, now
-                elif now - quiet_since >= 1.0:
-                    return
-                time.sleep(0.2)
-        self.log("drain timeout: swapping with requests still arriving", timeout_s=self.options.drain_timeout_s)
 
 
 def _fmt(models: dict[str, int]) -> str:
