@@ -471,6 +471,8 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
         record = fleet.repo("n-pod1") / RECORD_NAME
         written = json.loads(record.read_text())
         assert written["good"] == {"a": 1, "b": 1, "c": 1} and set(written["loaded"]) == {"a", "b", "c"}
+        with TritonClient(fleet.servers["n-pod1"].url) as client:  # Triton does not take it for a model
+            assert RECORD_NAME not in {e["name"] for e in client.repository_index()}
         first_id = agent.status()["agent"]
         # nothing else moves: b is dropped
         set_env(store, {"a": 1, "c": 1})
