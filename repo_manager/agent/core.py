@@ -271,6 +271,7 @@ class Agent:
                 return
             if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
                 return
+            self._verify_served(client)  # a restarted agent: what it served keeps the pod ready meanwhile
         self.converge(wanted)
 
     def _read_served(self, client: TritonClient, wanted: dict[str, int]) -> dict[str, int | None]:
