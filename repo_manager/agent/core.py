@@ -131,13 +131,7 @@ class Agent:
         self.served: dict[str, int | None] = {}
         self.verified: dict[str, int] = {}
         """model -> version smoke-checked on this server (cleared when Triton restarts)."""
-        self.refused: dict[str, Any] | None = None
-        self.failures: Counter[str] = Counter()
-        self.refused_until: dict[str, float] = {}
-        """Per refused set: before this (monotonic) time, a pointer naming it again is not retried."""
-        self.retry_at = 0.0
-        """After a transient failure: no new attempt before this (monotonic) time."""
-        self.transient = 0
+        self.backoff = state.Backoff(options.backoff_s, options.backoff_max_s)
         self.last_rollout: dict[str, Any] | None = None
         self.rollouts: Counter[str] = Counter()
         self.sync_totals = {"bytes_downloaded": 0, "bytes_reused": 0, "syncs": 0}
@@ -183,7 +177,8 @@ class Agent:
         a fleet of 10,000 pods must not cost a PUT per pod per interval). ``trm promote`` reads the
         reports of a canary environment (promote/waves.py)."""
         with self._lock:
-            refused = {"models": self.refused["models"], "reason": self.refused["reason"]} if self.refused else None
+            last = self.backoff.refused
+            refused = {"models": last["models"], "reason": last["reason"]} if last else None
             body = {"schema": "trm.agent-report/1", "env": self.options.env, "pod": self.options.pod,
                     "agent": self.identity, "state": self.state, "ready": self.ready, "served": dict(self.served),
                     "wanted": dict(self.wanted), "refused": refused}
@@ -205,9 +200,9 @@ class Agent:
                 "store": self.store.location,
                 "server": {"url": self.options.url, "grpc_url": self.options.grpc_url},
                 "state": self.state, "reason": self.reason, "ready": self.ready, "draining": self.draining,
-                "degraded_reason": self.refused["reason"] if self.refused else None,
+                "degraded_reason": self.backoff.refused["reason"] if self.backoff.refused else None,
                 "wanted": dict(self.wanted), "served": dict(self.served), "last_good": dict(self.record.good),
-                "refused": dict(self.refused) if self.refused else None,
+                "refused": dict(self.backoff.refused) if self.backoff.refused else None,
                 "last_rollout": dict(self.last_rollout) if self.last_rollout else None,
                 "rollouts": dict(self.rollouts),
                 "pointer": self.watch.status(),
@@ -259,17 +254,16 @@ class Agent:
             if all(served.get(m) == v for m, v in wanted.items()):
                 if self._verify_served(client):
                     with self._lock:
-                        self.refused = None
+                        self.backoff.refused = None
                     self._converged(wanted)
                     if self._pruned_for != _key(wanted):
                         self._prune(wanted)
                 return
-            if self.refused is not None and self.refused["etag"] == self.watch.etag and not (
-                    self.refused["stage"] == "store" and time.monotonic() >= self.refused_until[_key(wanted)]):
+            if self.backoff.holds(_key(wanted), self.watch.etag):
                 self._verify_served(client)
-                self._set("degraded", _refusal_text(self.refused), ready=self._ready_now())
+                self._set("degraded", _refusal_text(self.backoff.refused), ready=self._ready_now())
                 return
-            if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
+            if self.backoff.waiting(_key(wanted)):
                 return
             self._verify_served(client)  # a restarted agent: what it served keeps the pod ready meanwhile
         self.converge(wanted)
@@ -411,11 +405,7 @@ class Agent:
             self._transient(exc)
             return
         with self._lock:
-            self.failures.pop(_key(wanted), None)
-            self.refused_until.pop(_key(wanted), None)
-            self.refused = None
-            self.transient = 0
-            self.retry_at = 0.0
+            self.backoff.succeeded(_key(wanted))
             self.rollouts["done"] += 1
             self.last_rollout = record | {"outcome": "done", "reason": None,
                                           "seconds": round(time.monotonic() - t0, 3)}
@@ -456,11 +446,8 @@ class Agent:
         not for this node) and "rollout" (failed on the server) are tried again only when the pointer moves."""
         key = _key(wanted)
         with self._lock:
-            self.failures[key] += 1
-            delay = min(self.options.backoff_s * 2 ** (self.failures[key] - 1), self.options.backoff_max_s)
-            self.refused_until[key] = time.monotonic() + delay  # a pointer moving back here waits this long
-            self.refused = {"models": dict(wanted), "etag": etag, "reason": reason, "at": now_iso(),
-                            "failures": self.failures[key], "retry_after_s": delay, "stage": stage}
+            refused = self.backoff.refuse(key, {"models": dict(wanted), "etag": etag, "reason": reason,
+                                                "at": now_iso(), "stage": stage})
             self.rollouts["refused"] += 1
             self.last_rollout = record | {"outcome": "refused", "reason": reason,
                                           "seconds": round(time.monotonic() - t0, 3)}
@@ -473,13 +460,11 @@ class Agent:
         with self._lock:
             kept = state.good_now(wanted, self.served, self.verified)
         self._remember(good=kept)
-        self._set("degraded", _refusal_text(self.refused), ready=self._ready_now())
+        self._set("degraded", _refusal_text(refused), ready=self._ready_now())
 
     def _transient(self, exc: TrmError) -> None:
         with self._lock:
-            self.transient += 1
-            delay = min(self.options.backoff_s * 2 ** (self.transient - 1), self.options.backoff_max_s)
-            self.retry_at = time.monotonic() + delay
+            delay = self.backoff.transient()
             self.rollouts["failed"] += 1 if self.state in ("syncing", "rolling_out") else 0
         self._set("error", f"{exc.message.splitlines()[0]} (retrying in {delay:.0f} s)",
                   ready=self._ready_now() and not isinstance(exc, ServerError))

@@ -9,12 +9,16 @@ each rule is one small function:
   pod served keep it in rotation. Before the first good set (a fresh pod) nothing is ready.
 * ``keep_loaded``: the models of the environment plus the members their versions pin; whatever else the
   agent loaded is unloaded.
-* ``pin_conflict``: the environment names a member at another version than the one its ensemble pins.
+* ``pin_conflict``: the environment names a member at another version than the one its ensemble pins;
+* ``Backoff``: when a refused set, or a transient failure, is tried again.
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 from repo_manager.errors import TrmError
 from repo_manager.repository import LocalRepository
@@ -72,3 +76,52 @@ def pin_conflict(repo: LocalRepository, wanted: Mapping[str, int]) -> str | None
                 return (f"the environment names {member} version {wanted[member]}, but {model} version "
                         f"{version} pins {member} version {pinned}")
     return None
+
+
+class Backoff:
+    """When to try again: per refused set (keyed by its models) and after transient failures, each
+    doubling from ``first_s`` up to ``max_s``. ``refused`` describes the last refusal (/status)."""
+
+    def __init__(self, first_s: float, max_s: float) -> None:
+        self.first_s, self.max_s = first_s, max_s
+        self.refused: dict[str, Any] | None = None
+        self._failures: Counter[str] = Counter()
+        self._refused_until: dict[str, float] = {}
+        """Per refused set: before this (monotonic) time, a pointer naming it again is not retried."""
+        self._transient = 0
+        self._retry_at = 0.0
+        """After a transient failure: no new attempt before this (monotonic) time."""
+
+    def _delay(self, count: int) -> float:
+        return min(self.first_s * 2 ** (count - 1), self.max_s)
+
+    def refuse(self, key: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Note a refusal of the set ``key``; ``record`` (models, etag, reason, stage...) is completed with
+        the failure count and the backoff, and becomes ``refused``."""
+        self._failures[key] += 1
+        delay = self._delay(self._failures[key])
+        self._refused_until[key] = time.monotonic() + delay  # a pointer moving back here waits this long
+        self.refused = record | {"failures": self._failures[key], "retry_after_s": delay}
+        return self.refused
+
+    def transient(self) -> float:
+        """Note a transient failure; the delay before the next attempt."""
+        self._transient += 1
+        delay = self._delay(self._transient)
+        self._retry_at = time.monotonic() + delay
+        return delay
+
+    def succeeded(self, key: str) -> None:
+        self._failures.pop(key, None)
+        self._refused_until.pop(key, None)
+        self.refused, self._transient, self._retry_at = None, 0, 0.0
+
+    def holds(self, key: str, etag: str | None) -> bool:
+        """The pointer still names the refused set: keep it refused, unless it was refused for files
+        missing from the store (stage ``store``) and its backoff has passed (they may be back)."""
+        refused = self.refused
+        return refused is not None and refused["etag"] == etag and not (
+            refused["stage"] == "store" and time.monotonic() >= self._refused_until.get(key, 0.0))
+
+    def waiting(self, key: str) -> bool:
+        return time.monotonic() < max(self._retry_at, self._refused_until.get(key, 0.0))
