@@ -5,12 +5,17 @@ It composes trm's one-node operations rather than repeating them:
 * **sync** (``repo_manager.sync.sync_versions``): the versions the pointer names are installed into the
   node repository through the node cache (blobs verified, each version folder appears complete or not at
   all; a second pod on the node downloads nothing);
-* **rollout** (``repo_manager.rollout``): per model, the plan ``trm rollout`` makes for one server and its
-  executor (pre-check under a temporary name, load beside, smoke check, switch, unload; rolled back on
-  failure); the drain strategy is wrapped by the agent's own drain (readiness false, a slot in the
-  environment's drain lease, in-flight requests finished) instead of operator commands;
-* **the store's conditional read** (``Store.get_env_if_changed``): every interval (plus jitter) one
+* **rollout** (``repo_manager.rollout``, through ``agent/rollout.py``): per model, the plan ``trm rollout``
+  makes for one server and its executor (pre-check under a temporary name, load beside, smoke check,
+  switch, unload; rolled back on failure); the drain strategy is wrapped by the agent's own drain
+  (readiness false, a slot in the environment's drain lease renewed by a heartbeat, in-flight requests
+  finished) instead of operator commands, and is never pre-checked beside the old copy;
+* **the store's conditional read** (``agent/pointer.py``): every interval (plus jitter) one
   If-None-Match GET of the pointer, no listing; an unchanged pointer costs a 304.
+
+Readiness comes from the last good set (``agent/state.py``): a model the environment adds, loading or
+refused, never takes the pod out of rotation. What the agent loaded is recorded in the repository
+(``agent/record.py``), so models the environment drops are unloaded, also after a restart.
 
 A version that fails (it does not load, does not answer, is corrupt in the store, cannot run on the
 node) is *refused*: whatever was moved is rolled back, the server keeps serving the last good versions,
