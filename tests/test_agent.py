@@ -495,3 +495,49 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
         assert agent.stop() == 0
     finally:
         fleet.stop()
+
+
+def _json_values():
+    from hypothesis import strategies as st  # noqa: PLC0415
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
+
+
+def test_the_agent_record_and_lease_objects_are_read_totally(tmp_path):
+    """Whatever the record file or a lease object holds (any JSON, NaN and Infinity included, or no JSON
+    at all, or a folder where the file should be), reading it never raises: a bad record is a note and
+    a fresh record, a bad lease entry counts as no holder."""
+    import json  # noqa: PLC0415
+
+    from hypothesis import given, settings  # noqa: PLC0415
+    from hypothesis import strategies as st  # noqa: PLC0415
+
+    from repo_manager.agent.lease import parse_holders  # noqa: PLC0415
+    from repo_manager.agent.record import SCHEMA, AgentRecord, read_record, write_record  # noqa: PLC0415
+
+    path = tmp_path / "record.json"
+    good = AgentRecord("0123abcd", {"m": 3}, frozenset({"m", "pre"}))
+    write_record(path, good, "production")
+    assert read_record(path) == (good, None)
+    path.unlink()
+    assert read_record(path)[1] is None  # no record yet: a fresh one, no note
+    path.mkdir()
+    record, note = read_record(path)
+    assert note and str(path) in note and record.agent_id != good.agent_id
+    path.rmdir()
+
+    @settings(max_examples=150, deadline=None)
+    @given(_json_values(), st.binary(max_size=40))
+    def check(value, junk):
+        for payload in (json.dumps(value).encode(), junk,
+                        json.dumps({"schema": SCHEMA, "agent_id": "0123abcd", "good": value, "loaded": value}).encode(),
+                        json.dumps({"holders": value}).encode(), json.dumps({"holders": {"k": value}}).encode()):
+            path.write_bytes(payload)
+            record, note = read_record(path)
+            assert isinstance(record.agent_id, str) and (note is None) == (record == read_record(path)[0])
+            for holder in parse_holders(payload, 1.7e9).values():
+                assert holder.expires == holder.expires and holder.expires < 1.7e9 + 1000  # finite, bounded
+
+    check()

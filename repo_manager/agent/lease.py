@@ -105,12 +105,17 @@ class DrainLease:
         self.ttl_s = min(max(ttl_s, 0.0), MAX_TTL_S)
         self._seen: dict[str, tuple[float, float]] = {}
         """holder key -> (its expires when first seen so, monotonic time first seen so)."""
+        self._seen_lock = threading.Lock()  # the heartbeat thread reads too
         self._since: str | None = None
 
     # ------------------------------------------------------------------------------------ reading
     def _live(self, payload: bytes | None) -> dict[str, Holder]:
         now, mono = time.time(), time.monotonic()
         holders = parse_holders(payload, now)
+        with self._seen_lock:
+            return self._observe(holders, now, mono)
+
+    def _observe(self, holders: dict[str, Holder], now: float, mono: float) -> dict[str, Holder]:
         live = {}
         for key, holder in holders.items():
             seen = self._seen.get(key)
