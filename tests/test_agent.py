@@ -138,7 +138,7 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
     src = tmp_path / "src"
     publish(capsys, src, location, "m", 1, delay=0.002)
     fleet = Fleet(tmp_path / "fleet", location, "production", {"a": 2}, interval=0.3, hostname="web",
-                  extra=("--no-side-by-side", "--max-unavailable", "1", "--lease-ttl", "2"))
+                  extra=("--no-side-by-side", "--max-unavailable", "1", "--lease-ttl", "3"))
     try:
         fleet.start()
         fleet.wait_serving({"m": 1})
@@ -146,7 +146,7 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         copies = [LoadedCopies(server.url, "m") for server in fleet.servers.values()]
         with balancer, copies[0], copies[1]:
             time.sleep(1.0)
-            assert slow_loading(src, "m", 2, 5.0, delay=0.002) == 2  # loads for 2.5 TTLs
+            assert slow_loading(src, "m", 2, 7.5, delay=0.002) == 2  # loads for 2.5 TTLs
             pushed = run_cli(capsys, "push", location, "--repo", src, "--model", "m:2", "--json")
             assert pushed.code == 0, pushed.err
             open_store(location).update_env("production", {"m": 2})
