@@ -445,8 +445,6 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
 
     from agent_helpers import Fleet  # noqa: PLC0415
 
-    from repo_manager.agent.record import RECORD_NAME  # noqa: PLC0415
-
     location, src = str(tmp_path / "store"), tmp_path / "src"
     for model in ("a", "b", "c"):
         publish(capsys, src, location, model, 1, env=None)
@@ -468,16 +466,18 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
         fleet.start()
         agent = fleet.agents["n-pod1"]
         agent.wait_serving({"a": 1, "b": 1, "c": 1})
-        record = fleet.repo("n-pod1") / RECORD_NAME
-        written = json.loads(record.read_text())
-        assert written["good"] == {"a": 1, "b": 1, "c": 1} and set(written["loaded"]) == {"a", "b", "c"}
-        with TritonClient(fleet.servers["n-pod1"].url) as client:  # Triton does not take it for a model
-            assert RECORD_NAME not in {e["name"] for e in client.repository_index()}
-        first_id = agent.status()["agent"]
         # nothing else moves: b is dropped
         set_env(store, {"a": 1, "c": 1})
         wait_loaded({"a", "c"})
         agent.wait_serving({"a": 1, "c": 1})
+        from repo_manager.agent.record import RECORD_NAME  # noqa: PLC0415
+
+        record = fleet.repo("n-pod1") / RECORD_NAME
+        written = json.loads(record.read_text())
+        assert written["good"] == {"a": 1, "c": 1} and set(written["loaded"]) == {"a", "c"}
+        with TritonClient(fleet.servers["n-pod1"].url) as client:  # Triton does not take it for a model
+            assert RECORD_NAME not in {e["name"] for e in client.repository_index()}
+        first_id = agent.status()["agent"]
         # c is dropped while the agent is away
         agent.kill()
         set_env(store, {"a": 1})
