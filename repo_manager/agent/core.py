@@ -145,6 +145,7 @@ class Agent:
         self._cleaned = False
         self._pruned_for: str | None = None
         self._reported: str | None = None
+        self._kept_for: str | None = None
         self.record_path = options.repository / RECORD_NAME
         self.record, note = read_record(self.record_path)
         if note:
@@ -428,8 +429,13 @@ class Agent:
         else are left alone."""
         if not self.record.loaded - set(wanted):
             return
+        # members of the environment's ensembles stay loaded: judged once per change, not every tick
+        seen = json.dumps([sorted(self.record.loaded), wanted, self.record.good, self.served], sort_keys=True)
+        if seen == self._kept_for:
+            return
         dropped = self.record.loaded - state.keep_loaded(self.repo, wanted, self.record.good, self.served)
         if not dropped:
+            self._kept_for = seen
             return
         loaded = {m: v for m, v in served_versions(client, sorted(dropped)).items() if v}
         inner = state.members(self.repo, {m: max(v) for m, v in loaded.items()})
