@@ -541,3 +541,29 @@ def test_the_agent_record_and_lease_objects_are_read_totally(tmp_path):
                 assert holder.expires == holder.expires and holder.expires < 1.7e9 + 1000  # finite, bounded
 
     check()
+
+
+def test_readiness_comes_from_the_last_good_set_and_ensembles_keep_their_members(tmp_path):
+    """The agent's decisions on a real node repository (no server): a model the environment adds is not
+    required for readiness, a model it dropped is not either, a fresh pod is ready only once it has a good
+    set; an ensemble's members stay loaded while the environment names the ensemble (also when its new
+    version is refused and the old one still serves); a member named at another version than pinned is a
+    reason to refuse."""
+    from repo_manager.agent import state  # noqa: PLC0415
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+    assert rm.ensemble(tmp_path, 1) == 1 and rm.ensemble(tmp_path, 2) == 2 and rm.tagged(tmp_path, "m", 1) == 1
+    repo = LocalRepository(tmp_path)
+    served, verified = {"m": 1, "pipe": 1}, {"m": 1, "pipe": 1}
+    assert state.is_ready({"m": 1, "pipe": 1, "new": 1}, {"m": 1, "pipe": 1}, served, verified)
+    assert not state.is_ready({"m": 1, "pipe": 1}, {}, served, verified)  # a fresh pod: not yet
+    assert not state.is_ready({"m": 1}, {"m": 1}, {"m": None}, {})  # a good model gone: out of rotation
+    assert state.is_ready({"pipe": 1}, {"m": 1, "pipe": 1}, served, verified)  # m dropped: not required
+    assert state.good_now({"m": 2, "pipe": 1, "new": 1}, {"m": 1, "pipe": 1, "new": None},
+                          {"m": 1, "pipe": 1}) == {"m": 1, "pipe": 1}
+    assert state.keep_loaded(repo, {"pipe": 2}, {"pipe": 1}, {"pipe": 1}) == {"pipe", "pre", "post"}
+    assert state.keep_loaded(repo, {"m": 1}, {"pipe": 1}, {"m": 1}) == {"m"}
+    assert state.keep_loaded(repo, {"pipe": 9}, {}, {"pipe": None}) == {"pipe"}  # not installed: no members
+    assert state.pin_conflict(repo, {"pipe": 2, "pre": 2, "post": 2}) is None
+    assert state.pin_conflict(repo, {"pipe": 2, "pre": 1}) == ("the environment names pre version 1, but pipe "
+                                                               "version 2 pins pre version 2")
