@@ -159,8 +159,9 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         statuses = [agent.status() for agent in fleet.agents.values()]
         assert {s["pod"] for s in statuses} == {"web"} and len({s["agent"] for s in statuses}) == 2
         assert sorted(open_store(location).get_reports("production")) == sorted(s["agent"] for s in statuses)
-        for status in statuses:
-            assert [m["strategy"] for m in status["last_rollout"]["models"]] == ["drain"]
+        for agent in fleet.agents.values():
+            rollout = agent.status()["last_rollout"]
+            assert [m["strategy"] for m in rollout["models"]] == ["drain"], (rollout, agent.log_tail(40))
         agent, server = fleet.agents["a-pod1"], fleet.servers["a-pod1"]
         scraped = agent.metrics()
         assert scraped['trm_serving_version{model="m"}'] == 2
@@ -469,7 +470,7 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
         # nothing else moves: b is dropped
         set_env(store, {"a": 1, "c": 1})
         wait_loaded({"a", "c"})
-        agent.wait_serving({"a": 1, "c": 1})
+        agent.wait(lambda s: s["last_good"] == {"a": 1, "c": 1} and s["ready"], what="b dropped")
         from repo_manager.agent.record import RECORD_NAME  # noqa: PLC0415
 
         record = fleet.repo("n-pod1") / RECORD_NAME

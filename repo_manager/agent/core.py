@@ -315,17 +315,18 @@ class Agent:
 
     def _remember(self, *, good: dict[str, int] | None = None, add: set[str] = frozenset(),
                   drop: set[str] = frozenset()) -> None:
-        """Update the on-disk record (record.py) when it changes."""
-        with self._lock:
-            record = AgentRecord(self.record.agent_id, dict(self.record.good if good is None else good),
-                                 (self.record.loaded | add) - drop)
-            if record == self.record:
-                return
-            self.record = record
+        """Update the record (record.py) when it changes: on disk first, so that what /status shows was
+        written (only this thread changes it)."""
+        record = AgentRecord(self.record.agent_id, dict(self.record.good if good is None else good),
+                             (self.record.loaded | add) - drop)
+        if record == self.record:
+            return
         try:
             write_record(self.record_path, record, self.options.env)
         except OSError as exc:
             self.log("could not write the agent record", path=str(self.record_path), error=str(exc))
+        with self._lock:
+            self.record = record
 
     def _clean_leftovers(self, client: TritonClient) -> None:
         """Unload pre-check models an agent killed mid-rollout left loaded under temporary names, and
