@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import boto3
 import pytest
@@ -600,3 +601,96 @@ def test_killed_sync_resumes_each_part_from_its_length_and_still_verifies_the_wh
     assert summary["bytes_downloaded"] == expected
     assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
     assert not list((cache / "partial").iterdir())
+
+
+# ------------------------------------------------------------------ the node cache is a trust boundary
+def _poison(path, data: bytes) -> None:
+    """What a process with write access to the node cache can do: rewrite a read-only blob in place."""
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    os.chmod(path, 0o444)
+
+
+@pytest.mark.parametrize("mount", ["same-filesystem", "other-filesystem"])
+def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsys, s3_location, tmp_path, mount):
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    good = b"def execute(requests):\n    return []\n"
+    evil = b"import os; os.system('id')  # pwned\n".ljust(len(good), b" ")
+    manifest = make_version(src, "m", {"model.py": good, "w.bin": pseudo_random(3 * MB, 7)})
+    _push(capsys, src, s3_location)
+    assert _sync(capsys, s3_location, tmp_path / "pod-a", cache).code == 0
+    digest = next(f.sha256 for f in manifest.files if f.path == "model.py")
+    blob = cache / "blobs" / "sha256" / digest
+    os.unlink(tmp_path / "pod-a" / "m" / "1" / "model.py")  # pod A's copy out of the way (hard links: one inode)
+    _poison(blob, evil)
+    # a second pod on the node; "other-filesystem": its repository on another mount (the Kubernetes layout)
+    other = "/dev/shm" if mount == "other-filesystem" else tmp_path
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(dir=other) as pod_b:
+        result = _sync(capsys, s3_location, pod_b, cache)
+        assert result.code == 0, result.err
+        summary = result.json()
+        assert summary["installed"] == ["m/1"]
+        assert summary["bytes_downloaded"] == len(good)  # the corrupt entry was fetched again from the store
+        assert (Path(pod_b) / "m" / "1" / "model.py").read_bytes() == good
+        assert LocalRepository(pod_b).validate() == []
+    assert blob.read_bytes() == good  # the cache holds the store's bytes again
+
+
+def test_a_blob_that_keeps_changing_in_the_cache_fails_the_sync_naming_it(capsys, s3_location, tmp_path,
+                                                                         monkeypatch):
+    from repo_manager.sync import cache as cache_module
+
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    good = b"print('good')\n"
+    manifest = make_version(src, "m", {"model.py": good})
+    _push(capsys, src, s3_location)
+    digest = manifest.files[0].sha256
+    fetch = cache_module.BlobCache.fetch
+
+    def fetch_then_poisoned(self, store, blob, size, **kwargs):
+        # SIMULATED: a process on the node that rewrites the blob right after each download (a race that
+        # cannot be timed for real); the fetch itself is real, from SeaweedFS
+        got = fetch(self, store, blob, size, **kwargs)
+        _poison(self.path(blob), b"print('evil')\n")
+        return got
+    monkeypatch.setattr(cache_module.BlobCache, "fetch", fetch_then_poisoned)
+    result = _sync(capsys, s3_location, tmp_path / "dst", cache)
+    assert result.code == 7, result.err
+    assert f"blob {digest} in the node cache" in result.err and "changed again" in result.err
+    assert not (tmp_path / "dst" / "m" / "1").exists()
+    assert not list((tmp_path / "dst" / "m").glob(".trm-tmp-*")) if (tmp_path / "dst" / "m").exists() else True
+
+
+def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_location, tmp_path):
+    from repo_manager.manifest import MANIFEST_NAME, Manifest
+    from repo_manager.sync.noop import store_id
+
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    make_version(src, "m", {"model.py": b"# m"})
+    _push(capsys, src, s3_location)
+    assert _sync(capsys, s3_location, tmp_path / "pod-a", cache).code == 0
+    stored = open_store(s3_location).get_manifest("m", 1)
+    forged = json.loads(stored.to_json())
+    forged["verification"] = {"passed": True, "reference": "onnxruntime 1.20", "samples": 64}
+    forged["config"] = stored.config + "max_batch_size: 64\n"
+    forged_bytes = json.dumps(forged).encode()
+    # where trm used to keep manifests it had read (and believed them): planted for every pod of the node
+    planted = cache / "manifests" / store_id(open_store(s3_location)) / "m" / "1.json"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(forged_bytes)
+    result = _sync(capsys, s3_location, tmp_path / "pod-b", cache)
+    assert result.code == 0, result.err
+    installed = Manifest.from_json((tmp_path / "pod-b" / "m" / "1" / MANIFEST_NAME).read_bytes(), "installed")
+    assert installed == stored
+    assert "max_batch_size" not in (tmp_path / "pod-b" / "m" / "config.pbtxt").read_text()
+    listed = run_cli(capsys, "list", "--repo", tmp_path / "pod-b", "--json")
+    assert listed.code == 0 and listed.json()["models"][0]["verification"]["verified"] is False
+    # a repository that already holds a forged manifest (same files and config) gets the store's back
+    (tmp_path / "pod-a" / "m" / "1" / MANIFEST_NAME).write_bytes(
+        json.dumps({**json.loads(stored.to_json()), "verification": forged["verification"]}).encode())
+    repaired = _sync(capsys, s3_location, tmp_path / "pod-a", cache)
+    assert repaired.code == 0 and repaired.json()["installed"] == ["m/1"], repaired.err
+    assert Manifest.from_json((tmp_path / "pod-a" / "m" / "1" / MANIFEST_NAME).read_bytes(), "a") == stored

@@ -7,7 +7,7 @@ Layout::
     <cache>/partial/<hex>.<token>.small   a small download in progress where the filesystem has no O_TMPFILE
                                           (elsewhere an anonymous file: a killed sync leaves nothing)
     <cache>/locks/<hex>                   advisory lock: only avoids two downloads of one blob at once
-    <cache>/manifests/<store-id>/<model>/<N>.json   manifests already verified (they are immutable)
+    <cache>/state/<store-id>/<key>.json   what a repository was last synced to (noop.py)
 
 Correctness never depends on the locks (flock fails silently on some network filesystems): a blob
 enters ``blobs/`` only through ``os.link`` of a file that was fully hashed against the manifest, every
@@ -33,6 +33,7 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -45,7 +46,7 @@ from typing import Any
 
 from repo_manager import paths
 from repo_manager.errors import InputError, IntegrityError, NotFoundError
-from repo_manager.manifest import CHUNK, Manifest
+from repo_manager.manifest import CHUNK
 from repo_manager.storage import Store
 from repo_manager.storage.base import check_digest
 
@@ -116,23 +117,6 @@ class BlobCache:
             return self.path(digest).stat().st_size == size
         except FileNotFoundError:
             return False
-
-    # ---------------------------------------------------------------------------- manifest cache
-    def _manifest_path(self, store_id: str, model: str, version: int) -> Path:
-        return self.root / "manifests" / store_id / model / f"{version}.json"
-
-    def cached_manifest(self, store_id: str, model: str, version: int) -> bytes | None:
-        """The verified manifest saved by an earlier sync, or None (then it is read from the store)."""
-        try:
-            return self._manifest_path(store_id, model, version).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def save_manifest(self, store_id: str, manifest: Manifest) -> None:
-        from repo_manager.config import atomic_write_bytes  # noqa: PLC0415
-
-        target = self._manifest_path(store_id, manifest.model, manifest.version)
-        atomic_write_bytes(paths.check_within(self.root, target), manifest.to_json())
 
     # ---------------------------------------------------------------------------------- fetching
     @contextmanager
@@ -389,18 +373,65 @@ class BlobCache:
         shutil.rmtree(folder, ignore_errors=True)
 
     # ------------------------------------------------------------------------------- placing files
-    def place(self, digest: str, target: Path) -> None:
-        """Hard-link blob ``digest`` at ``target`` (a copy across filesystems). NotFoundError if gone."""
+    def place(self, digest: str, size: int, target: Path) -> None:
+        """Hard-link blob ``digest`` at ``target`` (a copy across filesystems), checked against its sha256.
+
+        The cache is shared by every sync of the node, so a blob in it is only as trustworthy as whoever
+        can write there: its bytes are hashed whenever they enter a version (the linked inode itself, or
+        the bytes as they are copied), and a blob that no longer matches is refused with
+        ``CorruptBlobError`` (``target`` removed), never installed. NotFoundError if it left the cache."""
         source = self.path(digest)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(source, target)
+            os.link(source, target, follow_symlinks=False)  # a link planted at the blob's name is linked as one
         except FileNotFoundError as exc:
             raise NotFoundError(f"blob {digest} left the cache") from exc
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                 raise
-            shutil.copyfile(source, target)
+            self._copy_checked(source, digest, size, target)
+            return
+        try:
+            _check_file(target, digest, size, source)  # the inode the version now holds
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+
+    def _copy_checked(self, source: Path, digest: str, size: int, target: Path) -> None:
+        """Copy ``source`` to ``target``, hashing the bytes as they are written (one read)."""
+        fd = _open_blob(source, digest, size)
+        try:
+            hasher = hashlib.sha256()
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            try:
+                with open(fd, "rb", buffering=0, closefd=False) as reader, \
+                        open(out, "wb", buffering=0, closefd=False) as writer:
+                    buffer = bytearray(CHECK_BUFFER)
+                    view = memoryview(buffer)
+                    total = 0
+                    while n := reader.readinto(buffer):
+                        hasher.update(view[:n])
+                        writer.write(view[:n])
+                        total += n
+                if total != size or hasher.hexdigest() != digest:
+                    raise CorruptBlobError(source, digest, os.fstat(fd).st_ino)
+            except BaseException:
+                target.unlink(missing_ok=True)
+                raise
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+
+    def evict(self, error: CorruptBlobError) -> None:
+        """Remove the blob ``error`` found corrupt from the cache (only that inode: a good copy another sync
+        fetched meanwhile stays). Versions that link it keep their link; the cache no longer offers it."""
+        path = self.path(error.digest)
+        try:
+            if os.lstat(path).st_ino == error.inode:
+                path.unlink()
+        except FileNotFoundError:
+            pass
 
     # ---------------------------------------------------------------------------------------- gc
     def collect(self, keep: set[str]) -> tuple[int, int]:
@@ -445,6 +476,57 @@ def _open_nofollow(path: Path, flags: int) -> int:
                                         hint="remove it; the cache holds only trm's own files",
                                         path=str(path)) from exc
         raise
+
+
+CHECK_BUFFER = 1024 * 1024
+
+
+class CorruptBlobError(IntegrityError):
+    """A blob in the node cache whose bytes no longer match its name (written by something on this node
+    after it was verified): never installed; the caller evicts it and fetches it again."""
+
+    def __init__(self, path: Path, digest: str, inode: int) -> None:
+        super().__init__(f"blob {digest} in the node cache ({path}) does not match its sha256",
+                         hint="something on this node changed the cache; the blob was removed: sync again",
+                         path=str(path))
+        self.digest, self.inode = digest, inode
+
+
+def _open_blob(path: Path, digest: str, size: int) -> int:
+    """A read fd on the regular file at ``path`` of ``size`` bytes (never through a link, never a FIFO),
+    else CorruptBlobError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"blob {digest} left the cache") from exc
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise CorruptBlobError(path, digest, os.lstat(path).st_ino) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+        os.close(fd)
+        raise CorruptBlobError(path, digest, info.st_ino)
+    return fd
+
+
+def _check_file(path: Path, digest: str, size: int, origin: Path) -> None:
+    """CorruptBlobError (naming ``origin``, the cache's name for it) unless ``path`` holds exactly blob
+    ``digest``. hashlib releases the GIL on large buffers, so files are checked in parallel threads."""
+    fd = _open_blob(path, digest, size)
+    try:
+        hasher = hashlib.sha256()
+        buffer = bytearray(CHECK_BUFFER)
+        view = memoryview(buffer)
+        total = 0
+        with open(fd, "rb", buffering=0, closefd=False) as reader:
+            while n := reader.readinto(buffer):
+                hasher.update(view[:n])
+                total += n
+        if total != size or hasher.hexdigest() != digest:
+            raise CorruptBlobError(origin, digest, os.fstat(fd).st_ino)
+    finally:
+        os.close(fd)
 
 
 def _holds_links(folder: Path) -> bool:
