@@ -694,3 +694,70 @@ def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_locat
     repaired = _sync(capsys, s3_location, tmp_path / "pod-a", cache)
     assert repaired.code == 0 and repaired.json()["installed"] == ["m/1"], repaired.err
     assert Manifest.from_json((tmp_path / "pod-a" / "m" / "1" / MANIFEST_NAME).read_bytes(), "a") == stored
+
+
+# ------------------------------------------------------------------------ resume keeps what was received
+def _received(pid: int) -> int:
+    """Bytes the process has read from its open TCP connections, measured outside trm (``ss``: the kernel's
+    count of bytes received on each socket, less those still queued in it, unread)."""
+    import subprocess  # noqa: PLC0415
+
+    lines = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    total = 0
+    for line, info in zip(lines, lines[1:]):
+        if f"pid={pid}," in line and "bytes_received:" in info:
+            queued = int(line.split()[1])  # Recv-Q
+            total += int(info.split("bytes_received:")[1].split()[0]) - queued
+    return total
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def test_a_sync_killed_after_most_of_a_large_model_arrived_fetches_again_only_what_was_in_flight(
+        capsys, s3_location, tmp_path):
+    import shutil  # noqa: PLC0415
+
+    from repo_manager.sync.cache import PART_WORKERS, QUEUED_UNITS, UNIT  # noqa: PLC0415
+
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    size = 160 * MB  # 10 ranged parts of 16 MiB, 8 at a time
+    manifest = make_version(src, "m", {"weights.bin": os.urandom(size)})
+    _push(capsys, src, s3_location)
+    shutil.rmtree(src)
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "40")
+    try:
+        deadline = time.monotonic() + 120
+        while not (cache / "partial").is_dir() or not any((cache / "partial").glob("*/done")):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.005)
+        while _received(process.pid) < 0.7 * size:
+            assert process.poll() is None and time.monotonic() < deadline, "sync ended before it could be killed"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGSTOP)  # freeze it, count what it received, then kill it
+        while not _stopped(process.pid):
+            time.sleep(0.001)
+        received = _received(process.pid)
+    finally:
+        process.kill()
+        process.communicate()
+    assert not (dst / "m" / "1").exists()
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json"))
+    assert code == 0, err
+    # in flight at the kill: per part the unit being received and one waiting for the rate limit, plus the
+    # units queued for the writer (2 MiB of slack: the pointer, the manifest, HTTP headers)
+    bound = PART_WORKERS * 2 * UNIT + QUEUED_UNITS * UNIT + 2 * MB
+    fetched_again = summary["bytes_downloaded"] - (size - received)
+    print(f"received {received / MB:.1f} MiB before the kill, fetched again {fetched_again / MB:.1f} MiB")
+    assert fetched_again <= bound and summary["bytes_downloaded"], (fetched_again / MB, received / MB, summary)
+    assert summary["bytes_resumed"] + summary["bytes_downloaded"] == size
+    with open(dst / "m" / "1" / "weights.bin", "rb") as handle:
+        assert hashlib.file_digest(handle, "sha256").hexdigest() == manifest.files[0].sha256
+    assert list((cache / "partial").iterdir()) == []  # nothing left behind
+    assert not list((dst / "m").glob(".trm-tmp-*"))
+    shutil.rmtree(cache)
+    shutil.rmtree(dst)
