@@ -15,14 +15,23 @@ writer works in its own uniquely named partial folder, and an existing blob is o
 nothing (``link`` refuses to overwrite). The lock makes a second sync wait for the first one's
 download of the same blob and then reuse it, instead of downloading it again.
 
-Large blobs are fetched as ranged parts in parallel, hashed as the bytes arrive (no second read of the
-file). Each part records its progress (``done/<part>``: one byte per MiB written), so a sync killed with
-SIGKILL resumes every part from where it stopped (byte-level, to within 1 MiB); the kept bytes are read
-back once for the hash. Resuming adopts an abandoned partial folder by renaming it (atomic: one adopter
-wins), and only while holding the blob's lock, i.e. when its previous owner is gone. Ranged reads carry
-no checksum, so every byte is checked here: length per part, then size and sha256 of the whole file
-(resumed bytes included: a corrupted partial is caught) before it is installed. A mismatch is fetched
-once more from scratch, then reported; a bad blob is never installed.
+The cache is shared by every pod of the node, so what is in it is only as trustworthy as whoever can
+write there: a blob is hashed against its sha256 every time it enters a version (``place``: the linked
+inode, or the bytes as they are copied), and one that no longer matches is evicted and fetched again,
+never installed. Manifests are not kept here at all (the planner reads them from the store).
+
+Large blobs are fetched as ranged parts in parallel. Every received unit (1 MiB) is written at its
+offset as soon as it arrives, whatever its part, and then recorded (``done/<part>``: one byte per unit,
+appended after the write returned), so a sync killed with SIGKILL keeps everything it received except
+what was in flight (the unit each part was receiving, and at most ``QUEUED_UNITS`` waiting for the
+writer); the hash runs in file order beside it, and kept bytes are read back once for it. The records
+are true for as long as the machine runs (the page cache is the file, whoever dies); a partial folder
+from another boot is fetched again, since a crash can lose written data and keep the record of it.
+Resuming adopts an abandoned partial folder by renaming it (atomic: one adopter wins), and only while
+holding the blob's lock, i.e. when its previous owner is gone. Ranged reads carry no checksum, so every
+byte is checked here: length per part, then size and sha256 of the whole file (resumed bytes included:
+a corrupted partial is caught) before it is installed. A mismatch is fetched once more from scratch,
+then reported; a bad blob is never installed.
 """
 
 from __future__ import annotations
