@@ -612,8 +612,10 @@ def _poison(path, data: bytes) -> None:
     os.chmod(path, 0o444)
 
 
-@pytest.mark.parametrize("mount", ["same-filesystem", "other-filesystem"])
-def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsys, s3_location, tmp_path, mount):
+@pytest.mark.parametrize("mount, damage", [("same-filesystem", "rewritten"), ("other-filesystem", "rewritten"),
+                                           ("same-filesystem", "symlink"), ("other-filesystem", "directory")])
+def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsys, s3_location, tmp_path, mount,
+                                                                          damage):
     src, cache = tmp_path / "src", tmp_path / "cache"
     good = b"def execute(requests):\n    return []\n"
     evil = b"import os; os.system('id')  # pwned\n".ljust(len(good), b" ")
@@ -623,7 +625,15 @@ def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsy
     digest = next(f.sha256 for f in manifest.files if f.path == "model.py")
     blob = cache / "blobs" / "sha256" / digest
     os.unlink(tmp_path / "pod-a" / "m" / "1" / "model.py")  # pod A's copy out of the way (hard links: one inode)
-    _poison(blob, evil)
+    if damage == "rewritten":
+        _poison(blob, evil)
+    else:  # the blob's name taken by a link to a file of the same size, or by a folder
+        blob.unlink()
+        if damage == "symlink":
+            (tmp_path / "evil.py").write_bytes(evil)
+            blob.symlink_to(tmp_path / "evil.py")
+        else:
+            (blob / "model.py").mkdir(parents=True)
     # a second pod on the node; "other-filesystem": its repository on another mount (the Kubernetes layout)
     other = "/dev/shm" if mount == "other-filesystem" else tmp_path
     import tempfile  # noqa: PLC0415

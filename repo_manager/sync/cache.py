@@ -122,10 +122,13 @@ class BlobCache:
         return self.blobs / check_digest(digest)
 
     def has(self, digest: str, size: int) -> bool:
+        """A regular file of ``size`` bytes at the blob's name (never a link planted there). Its content is
+        checked when it enters a version (``place``)."""
         try:
-            return self.path(digest).stat().st_size == size
+            info = os.lstat(self.path(digest))
         except FileNotFoundError:
             return False
+        return stat.S_ISREG(info.st_mode) and info.st_size == size
 
     # ---------------------------------------------------------------------------------- fetching
     @contextmanager
@@ -229,6 +232,8 @@ class BlobCache:
         except FileExistsError:
             if self.has(digest, size):
                 return
+            if stat.S_ISDIR(os.lstat(self.path(digest)).st_mode):  # a folder planted at the name
+                shutil.rmtree(self.path(digest), ignore_errors=True)
             aside = self.partial / f".replace-{uuid.uuid4().hex}"
             link(aside)
             os.replace(aside, self.path(digest))
@@ -444,7 +449,12 @@ class BlobCache:
         fetched meanwhile stays). Versions that link it keep their link; the cache no longer offers it."""
         path = self.path(error.digest)
         try:
-            if os.lstat(path).st_ino == error.inode:
+            info = os.lstat(path)
+            if info.st_ino != error.inode:
+                return
+            if stat.S_ISDIR(info.st_mode):  # a folder planted at the name (rmtree never follows links)
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 path.unlink()
         except FileNotFoundError:
             pass
