@@ -55,7 +55,7 @@ CONFIG_NAME = "config.pbtxt"
 
 
 def store_id(store: Store) -> str:
-    """Names a store in the node cache (manifests and records of different stores never mix)."""
+    """Names a store in the node cache (records of different stores never mix)."""
     return _store_id(store.location, getattr(store, "endpoint_url", None))
 
 

@@ -78,7 +78,7 @@ class SyncPlan:
     prune: tuple[PruneAction, ...]
     gc: bool
     remote_reads: int
-    """Objects read from the store to build this plan (the pointer and uncached manifests)."""
+    """Objects read from the store to build this plan (the pointer and the manifests)."""
     pointer_etag: str | None = None
     """The store's tag of the environment pointer this plan was built from (the no-op path's key)."""
     selection: tuple[str, ...] = ()
