@@ -709,13 +709,21 @@ def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_locat
 # ------------------------------------------------------------------------ resume keeps what was received
 def _received(pid: int) -> int:
     """Bytes the process has read from its open TCP connections, measured outside trm (``ss``: the kernel's
-    count of bytes received on each socket, less those still queued in it, unread)."""
+    count of bytes received on each of its sockets, less those still queued in it, unread)."""
     import subprocess  # noqa: PLC0415
 
-    lines = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[8:-1])
+    lines = subprocess.run(["ss", "-tieH"], capture_output=True, text=True, check=True).stdout.splitlines()
     total = 0
     for line, info in zip(lines, lines[1:]):
-        if f"pid={pid}," in line and "bytes_received:" in info:
+        if " ino:" in line and line.split(" ino:")[1].split()[0] in sockets and "bytes_received:" in info:
             queued = int(line.split()[1])  # Recv-Q
             total += int(info.split("bytes_received:")[1].split()[0]) - queued
     return total
@@ -771,3 +779,4 @@ def test_a_sync_killed_after_most_of_a_large_model_arrived_fetches_again_only_wh
     assert not list((dst / "m").glob(".trm-tmp-*"))
     shutil.rmtree(cache)
     shutil.rmtree(dst)
+    _raw_client().delete_object(Bucket=BUCKET, Key=_raw_key(s3_location, blob_key(manifest.files[0].sha256)))
