@@ -164,7 +164,13 @@ def materialize(store: Store, cache: BlobCache, repo: LocalRepository, action: M
             place_checked(store, cache, entry.sha256, entry.size, staging / entry.path, limit, refetched, progress)
         if len(manifest.files) > 1 and CHECK_WORKERS > 1:
             with ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="trm-place") as pool:
-                settle([pool.submit(one, entry) for entry in manifest.files])
+                futures = [pool.submit(one, entry) for entry in manifest.files]
+                try:
+                    settle(futures)
+                except BaseException:  # SIGTERM/SIGINT too: what has not started never starts
+                    for future in futures:
+                        future.cancel()
+                    raise
         else:
             for entry in manifest.files:
                 one(entry)
