@@ -674,6 +674,42 @@ def test_a_blob_that_keeps_changing_in_the_cache_fails_the_sync_naming_it(capsys
     assert not list((tmp_path / "dst" / "m").glob(".trm-tmp-*")) if (tmp_path / "dst" / "m").exists() else True
 
 
+def test_a_partial_download_changed_on_disk_while_it_downloads_is_never_installed(s3_location, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """The download's sha256 is of the bytes received; a process on the node that writes into the partial
+    file meanwhile (a real write, timed from the progress callback) is caught as the blob enters the
+    version: the cache entry is evicted and fetched again."""
+    from repo_manager.settings import Settings
+    from repo_manager.sync import cache as cache_module
+    from repo_manager.sync import sync
+    from repo_manager.sync.result import SyncProgress
+
+    monkeypatch.setattr(cache_module, "PART_SIZE", 64 * 1024)  # 16 ranged parts in a partial folder
+    monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 128 * 1024)
+    good = pseudo_random(MB, 9)
+    make_version(tmp_path / "src", "m", {"w.bin": good})
+    _push(capsys, tmp_path / "src", s3_location)
+    cache = tmp_path / "cache"
+
+    class Tamper(SyncProgress):
+        done = False
+
+        def advance(self, nbytes: int) -> None:
+            if self.done:
+                return
+            marks = list(cache.glob("partial/*/done/0"))
+            if marks and marks[0].stat().st_size:  # part 0 is written: overwrite its first bytes on disk
+                with open(marks[0].parent.parent / "data", "r+b") as handle:
+                    handle.write(b"import os  # not what the store holds")
+                self.done = True
+    settings = Settings(repository=tmp_path / "dst", cache_dir=cache)
+    tamper = Tamper()
+    result = sync(settings, open_store(s3_location, settings), env="prod", progress=tamper)
+    assert tamper.done and result.installed == ("m/1",)
+    assert (tmp_path / "dst" / "m" / "1" / "w.bin").read_bytes() == good
+    assert result.bytes_downloaded == 2 * len(good)  # the tampered entry was fetched again
+
+
 def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_location, tmp_path):
     from repo_manager.manifest import MANIFEST_NAME, Manifest
     from repo_manager.sync.noop import store_id
