@@ -649,6 +649,41 @@ def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsy
     assert blob.read_bytes() == good  # the cache holds the store's bytes again
 
 
+@pytest.mark.parametrize("mount", ["same-filesystem", "other-filesystem"])
+def test_a_new_version_takes_shared_files_from_the_pods_own_copies_or_checks_them(capsys, s3_location, tmp_path,
+                                                                                  mount):
+    """Two mounts (the Kubernetes layout): a file the pod's repository already holds (a copy it checked) is
+    hard-linked from there, so a poisoned cache entry is never even read. One filesystem: the repository's
+    files are the cache's inodes, so the blob is checked and fetched again."""
+    import tempfile  # noqa: PLC0415
+
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    big = pseudo_random(2 * MB, 11)
+    make_version(src, "m", {"w.bin": big, "model.py": b"# v1"})
+    manifest = make_version(src, "m", {"w.bin": big, "model.py": b"# v2"})
+    _push(capsys, src, s3_location, "--model", "m:1")
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if mount == "other-filesystem" else tmp_path) as pod:
+        assert _sync(capsys, s3_location, pod, cache).code == 0
+        digest = next(f.sha256 for f in manifest.files if f.path == "w.bin")
+        if mount == "same-filesystem":  # pod's v1 file is the cache's inode: keep it out of the poisoning
+            os.unlink(Path(pod) / "m" / "1" / "w.bin")
+            os.link(cache / "blobs" / "sha256" / digest, Path(pod) / "m" / "1" / "w.bin")
+            os.unlink(cache / "blobs" / "sha256" / digest)
+            (cache / "blobs" / "sha256" / digest).write_bytes(big)
+        _poison(cache / "blobs" / "sha256" / digest, b"X" * 64)
+        _push(capsys, src, s3_location, "--model", "m:2")
+        result = _sync(capsys, s3_location, pod, cache)
+        assert result.code == 0 and result.json()["installed"] == ["m/2"], result.err
+        assert (Path(pod) / "m" / "2" / "w.bin").read_bytes() == big
+        fetched = result.json()["bytes_downloaded"]
+        if mount == "other-filesystem":
+            assert fetched == len(b"# v2")  # w.bin: linked from the pod's own checked copy of version 1
+            assert (Path(pod) / "m" / "2" / "w.bin").stat().st_ino == (Path(pod) / "m" / "1" / "w.bin").stat().st_ino
+        else:
+            assert fetched == len(b"# v2") + len(big)  # the poisoned entry was fetched again
+        assert LocalRepository(pod).validate() == []
+
+
 def test_a_blob_that_keeps_changing_in_the_cache_fails_the_sync_naming_it(capsys, s3_location, tmp_path,
                                                                          monkeypatch):
     from repo_manager.sync import cache as cache_module

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -20,7 +21,8 @@ from pathlib import Path
 
 from repo_manager import config as cfg
 from repo_manager import paths
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError
+from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, TrmError
+from repo_manager.manifest import Manifest
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
 from repo_manager.sync.cache import PART_WORKERS, BlobCache, Cancelled, CorruptBlobError, RateLimit, settle
@@ -152,16 +154,61 @@ def place_checked(store: Store, cache: BlobCache, digest: str, size: int, target
                              path=exc.facts["path"]) from exc
 
 
+def own_copies(repo: LocalRepository, cache: BlobCache, manifest: Manifest) -> dict[str, tuple[Path, int]]:
+    """sha256 -> (file, size) of the installed versions of ``manifest``'s model, when the repository is on
+    another filesystem than the cache (the Kubernetes layout: two mounts). Each is then this repository's
+    own copy, checked when it was copied in and out of reach of the other pods, so a new version that
+    shares it is hard-linked to it: no second copy, no second hash. On one filesystem the repository's
+    files may be the cache's inodes, and nothing is taken from them."""
+    try:
+        if os.stat(repo.root).st_dev == os.stat(cache.root).st_dev:
+            return {}
+        versions = repo.versions(manifest.model)
+    except OSError:
+        return {}
+    found: dict[str, tuple[Path, int]] = {}
+    for version in versions:
+        if version == manifest.version:
+            continue
+        try:
+            local = repo.manifest(manifest.model, version)
+        except TrmError:
+            continue  # a version trm cannot read is not a source
+        folder = repo.version_dir(manifest.model, version)
+        for entry in local.files:
+            found.setdefault(entry.sha256, (folder / entry.path, entry.size))
+    return found
+
+
+def link_own_copy(source: tuple[Path, int] | None, size: int, target: Path) -> bool:
+    """Hard-link ``source`` (see ``own_copies``) at ``target`` if it is a regular file of the size; False
+    when it cannot be used (then the blob comes from the cache, checked)."""
+    if source is None or source[1] != size:
+        return False
+    try:
+        info = os.lstat(source[0])
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(source[0], target, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 def materialize(store: Store, cache: BlobCache, repo: LocalRepository, action: ModelAction,
                 limit: RateLimit, refetched: Refetched | None = None, progress: SyncProgress | None = None) -> bool:
     """Put one version folder in place from the cache. True if this call installed it."""
     manifest = action.manifest
     refetched = refetched or Refetched()
     progress = progress or SyncProgress()
+    sources = own_copies(repo, cache, manifest)
     staging = repo.stage(manifest.model)
     try:
         def one(entry) -> None:
-            place_checked(store, cache, entry.sha256, entry.size, staging / entry.path, limit, refetched, progress)
+            if not link_own_copy(sources.get(entry.sha256), entry.size, staging / entry.path):
+                place_checked(store, cache, entry.sha256, entry.size, staging / entry.path, limit, refetched,
+                              progress)
         if len(manifest.files) > 1 and CHECK_WORKERS > 1:
             with ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="trm-place") as pool:
                 futures = [pool.submit(one, entry) for entry in manifest.files]
