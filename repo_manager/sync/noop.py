@@ -142,7 +142,9 @@ def _serves(repo: str | Path, models: dict[str, Any]) -> bool:
                     return False
             prefix = folder + os.sep
             for relative, size in entry["files"]:
-                info = os.lstat(prefix + relative)  # (relative paths were checked when the manifest was read)
+                if relative.startswith("/") or "/../" in f"/{relative}/":  # a record is believed about nothing
+                    return False  # outside the repository (it is in the shared cache: see the docstring)
+                info = os.lstat(prefix + relative)
                 if not stat.S_ISREG(info.st_mode) or info.st_size != size:
                     return False
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
