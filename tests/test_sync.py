@@ -103,7 +103,8 @@ def test_a_bad_object_in_the_store_is_fetched_again_then_reported_never_installe
 def _wait_for_parts(cache, count: int, process, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = list((cache / "partial").glob("*/done/*")) if (cache / "partial").exists() else []
+        done = [p for p in (cache / "partial").glob("*/done/*") if not p.name.endswith(".synced")] \
+            if (cache / "partial").exists() else []
         if len(done) >= count:
             return
         assert process.poll() is None, f"sync ended before it could be interrupted: {process.stderr.read()}"
@@ -778,6 +779,37 @@ def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_locat
 
 
 # ------------------------------------------------------------------------ resume keeps what was received
+def test_after_a_crash_of_the_machine_only_parts_made_durable_are_kept(capsys, s3_location, tmp_path):
+    """SIMULATED reboot: a test cannot crash the machine, so the partial folder's boot id is changed after a
+    real SIGKILL; the next sync must then keep only the parts that were fdatasynced before their
+    ``.synced`` marker was made (the per-unit records are only true while the machine runs)."""
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    weights = pseudo_random(24 * MB, 21)
+    make_version(src, "m", {"weights.bin": weights})
+    _push(capsys, src, s3_location)
+    part = 2 * MB  # 12 parts of 2 units each, 8 at a time
+    env = {"TRM_SYNC_PART_SIZE": str(part)}
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "6", env=env)
+    deadline = time.monotonic() + 60
+    while len(list(cache.glob("partial/*/done/*.synced"))) < 3:
+        assert process.poll() is None and time.monotonic() < deadline, "sync ended before it could be killed"
+        time.sleep(0.01)
+    process.kill()
+    process.communicate()
+    (folder,) = (cache / "partial").iterdir()
+    synced = len(list(folder.glob("done/*.synced")))
+    recorded = sum((folder / "done" / str(i)).stat().st_size for i in range(12) if (folder / "done" / str(i)).exists())
+    assert recorded > synced * 2  # units of parts in progress were recorded too: what a crash may have lost
+    (folder / "boot").write_text("another-boot")
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json", env=env))
+    assert code == 0, err
+    assert summary["bytes_resumed"] == synced * part and summary["bytes_downloaded"] == len(weights) - synced * part
+    assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
+    assert list((cache / "partial").iterdir()) == []
+
+
 def _received(pid: int) -> int:
     """Bytes the process has read from its open TCP connections, measured outside trm (``ss``: the kernel's
     count of bytes received on each of its sockets, less those still queued in it, unread)."""

@@ -25,8 +25,10 @@ offset as soon as it arrives, whatever its part, and then recorded (``done/<part
 appended after the write returned), so a sync killed with SIGKILL keeps everything it received except
 what was in flight (the unit each part was receiving, and at most ``QUEUED_UNITS`` waiting for the
 writer); the hash runs in file order beside it, and kept bytes are read back once for it. The records
-are true for as long as the machine runs (the page cache is the file, whoever dies); a partial folder
-from another boot is fetched again, since a crash can lose written data and keep the record of it.
+are true for as long as the machine runs (the page cache is the file, whoever dies), not after a crash,
+which can lose written data and keep the record of it: so each completed part is also made durable
+(``fdatasync``, then ``done/<part>.synced``, in that order, on a thread of its own), and a partial
+folder from another boot keeps only those parts.
 Resuming adopts an abandoned partial folder by renaming it (atomic: one adopter wins), and only while
 holding the blob's lock, i.e. when its previous owner is gone. Ranged reads carry no checksum, so every
 byte is checked here: length per part, then size and sha256 of the whole file (resumed bytes included:
@@ -255,7 +257,8 @@ class BlobCache:
         token = uuid.uuid4().hex
         fresh = self.partial / f".new-{token}"
         (fresh / "done").mkdir(parents=True)
-        (fresh / "boot").write_text(_boot_id())
+        for name, text in (("boot", _boot_id()), ("part_size", str(PART_SIZE))):
+            _write_durably(fresh / name, text)  # what the progress records mean must survive a crash
         folder = self.partial / f"{digest}.{token}"
         os.rename(fresh, folder)
         return folder
@@ -265,10 +268,7 @@ class BlobCache:
         candidates = [e.path for e in os.scandir(self.partial) if e.name.startswith(digest)
                       and e.is_dir(follow_symlinks=False) and not _holds_links(Path(e.path))]
         for candidate in sorted(candidates):
-            if not _same_boot(Path(candidate)):
-                # progress records are appended after each write returned: true while the machine runs (the
-                # page cache is the file, whoever died), not after a crash, which can lose written data but
-                # keep the record of it. Such a partial is fetched again rather than trusted.
+            if not _same_boot(Path(candidate)) and not _after_a_crash(Path(candidate)):
                 shutil.rmtree(candidate, ignore_errors=True)
                 continue
             mine = self.partial / f"{digest}.{uuid.uuid4().hex}"
@@ -297,9 +297,12 @@ class BlobCache:
             count = (size + part_size - 1) // part_size
             done = folder / "done"
             lengths = [min(part_size, size - i * part_size) for i in range(count)]
-            have = [min(_units(done / str(i)) * UNIT, lengths[i]) for i in range(count)]
+            have = [lengths[i] if (done / f"{i}{SYNCED}").exists() else min(_units(done / str(i)) * UNIT, lengths[i])
+                    for i in range(count)]
             missing = [i for i in range(count) if have[i] < lengths[i]]
-            hasher = _StreamHasher(fd, part_size, lengths, have, done, recycle=store.recycle)
+            checkpoints = _Checkpoints(fd, done)
+            hasher = _StreamHasher(fd, part_size, lengths, have, done, recycle=store.recycle,
+                                   on_part=checkpoints.add)
 
             def part(index: int) -> int:
                 try:
@@ -328,7 +331,8 @@ class BlobCache:
                     raise
                 return got, size - got, hasher.finish()
             finally:
-                hasher.close()  # the writing thread uses the fd: it ends before the fd is closed
+                hasher.close()  # the writing threads use the fd: they end before the fd is closed
+                checkpoints.close()
         finally:
             os.close(fd)
 
@@ -563,6 +567,80 @@ def _check_file(path: Path, digest: str, size: int, origin: Path) -> None:
         os.close(fd)
 
 
+SYNCED = ".synced"
+"""``done/<part>.synced``: the part was on disk (``fdatasync``) before this marker was created, so it
+survives a crash of the machine; the per-unit records ``done/<part>`` are true only while it runs."""
+
+
+class _Checkpoints:
+    """Makes completed parts of a download survive a crash of the machine, beside the writer: a thread
+    ``fdatasync``s the file (one call covers every part completed meanwhile), then creates
+    ``done/<part>.synced``. The order is the point: a marker that exists after a crash was created after
+    its bytes were durable. The data must reach the disk before the blob is installed anyway (it is
+    fsynced then), so this mostly moves that writeback earlier; best effort (a failure only means those
+    parts are fetched again after a crash)."""
+
+    def __init__(self, fd: int, done: Path) -> None:
+        self.fd, self.done = fd, done
+        self.queue: list[int] = []
+        self.closed = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="trm-sync-parts", daemon=True)
+        self.thread.start()
+
+    def add(self, index: int) -> None:
+        with self.cond:
+            self.queue.append(index)
+            self.cond.notify()
+
+    def close(self) -> None:
+        """Stop (parts not yet synced stay unmarked: a finished file is fsynced when it is installed)."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.queue or self.closed)
+                if self.closed:
+                    return
+                batch, self.queue = self.queue, []
+            try:
+                os.fdatasync(self.fd)
+                for index in batch:
+                    os.close(os.open(self.done / f"{index}{SYNCED}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+            except OSError:
+                return
+
+
+def _write_durably(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _after_a_crash(folder: Path) -> bool:
+    """Make a partial download left by an earlier boot of the machine resumable: the per-unit records
+    are appended after each write returned, true while the machine runs (the page cache is the file,
+    whichever process dies) but not after a crash, which can lose written data and keep the record of
+    it. Only parts marked synced are kept; the others are forgotten. False: nothing can be trusted."""
+    try:
+        int((folder / "part_size").read_text())
+        done = folder / "done"
+        for entry in os.scandir(done):
+            if not entry.name.endswith(SYNCED) and not (done / f"{entry.name}{SYNCED}").exists():
+                os.unlink(entry.path)
+        _write_durably(folder / "boot", _boot_id())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
 @functools.cache
 def _boot_id() -> str:
     """This boot of the machine (Linux), "" where it cannot be told."""
@@ -698,8 +776,10 @@ class _StreamHasher:
     """
 
     def __init__(self, fd: int, part_size: int, lengths: list[int], have: list[int], done: Path,
-                 recycle: Callable[[bytes], None] = lambda unit: None) -> None:
+                 recycle: Callable[[bytes], None] = lambda unit: None,
+                 on_part: Callable[[int], None] = lambda index: None) -> None:
         self.fd, self.part_size, self.lengths, self.have, self.done = fd, part_size, lengths, have, done
+        self.on_part = on_part  # a part is complete in the file (``_Checkpoints`` makes it survive a crash)
         self.recycle = recycle  # a unit written and hashed goes back to the store's receive buffers
         self.hash = hashlib.sha256()
         self.position = 0  # the part being hashed
@@ -770,6 +850,7 @@ class _StreamHasher:
                 if self.written[index] >= self.lengths[index]:  # the part is complete
                     marks.pop(index).close()
                     _start_writeback(self.fd, index * self.part_size, self.lengths[index])
+                    self.on_part(index)
             self._hash_ready()
 
     def _can_hash(self) -> bool:
