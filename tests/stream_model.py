@@ -10,7 +10,8 @@ docs/additional_outputs.md), the last response flagged final with ``finish_reaso
 streams overlap as in an engine. Without ``stream`` it sends one response with every token.
 
 Failure modes for the load generator's tests, chosen by the prompt: a prompt containing ``FAIL_AT_<k>``
-sends ``k`` tokens and then an error response (the final one): a stream broken mid-way.
+sends ``k`` tokens and then an error response (the final one): a stream broken mid-way; ``EXIT_AT_<k>``
+sends ``k`` tokens and then the model's process exits (the stream is cut; the model is unusable after).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 MODEL_PY = '''
 import json
+import os
 import re
 import threading
 import time
@@ -56,6 +58,8 @@ class TritonPythonModel:
         reason = flag("return_finish_reason")
         fail = re.search(r"FAIL_AT_(\\d+)", prompt)
         fail_at = int(fail.group(1)) if fail else None
+        crash = re.search(r"EXIT_AT_(\\d+)", prompt)
+        crash_at = int(crash.group(1)) if crash else None
 
         def response(tokens, last):
             out = [pb.Tensor("text_output", np.array(["".join(tokens).encode()], dtype=np.object_))]
@@ -74,6 +78,8 @@ class TritonPythonModel:
                 sender.send(pb.InferenceResponse(error=pb.TritonError(f"engine failed after {i} tokens")),
                             flags=FINAL)
                 return
+            if crash_at is not None and i == crash_at:
+                os._exit(1)
             token = f" t{i}"
             last = i == max_tokens - 1
             if stream:

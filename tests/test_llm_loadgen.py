@@ -1,8 +1,9 @@
 """The LLM load generator against a real tritonserver streaming from a model with a known token pace.
 
 The model (tests/stream_model.py) speaks the official vLLM backend's interface and sleeps ``FIRST_MS``
-before its first token and ``NEXT_MS`` before each next one, so TTFT >= FIRST_MS and ITL >= NEXT_MS
-hold by construction; the upper bounds are generous (a shared 2-core machine), never tight timing.
+before its first token and ``NEXT_MS`` before each next one, so TTFT >= FIRST_MS and latency >=
+FIRST_MS + (tokens - 1) * NEXT_MS hold by construction; ITL is checked in a band and upper bounds are
+generous (a shared 2-core machine), never tight timing.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from repo_manager.triton.server import TritonServer
 
 MODEL = "llm"
 FIRST_MS, NEXT_MS, TOKENS = 40.0, 10.0, 8
+CRASHING = {"grpc": "llm_crash_grpc", "http": "llm_crash_http"}
+"""One copy of the model per protocol whose process a test kills mid-stream (it stays dead)."""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = stream_repository(tmp_path_factory.mktemp("llm-repo"), MODEL, first_ms=FIRST_MS, next_ms=NEXT_MS)
-    with TritonServer(root, models=[MODEL]) as triton:
+    root = tmp_path_factory.mktemp("llm-repo")
+    for name in (MODEL, *CRASHING.values()):
+        stream_repository(root, name, first_ms=FIRST_MS, next_ms=NEXT_MS)
+    with TritonServer(root, models=[MODEL, *CRASHING.values()]) as triton:
         yield triton
 
 
@@ -43,7 +48,9 @@ def test_closed_loop_streams_report_ttft_itl_and_the_servers_token_counts(server
     assert result.output_tokens.min == result.output_tokens.max == TOKENS
     assert result.input_tokens.min == result.input_tokens.max == 5
     assert result.ttft_ms.min >= FIRST_MS and result.ttft_ms.p50 < FIRST_MS + 500
-    assert result.itl_ms.min >= NEXT_MS * 0.95 and result.itl_ms.p50 < NEXT_MS + 100
+    assert result.latency_ms.min >= FIRST_MS + (TOKENS - 1) * NEXT_MS
+    # a first token read late by a busy client shortens that stream's ITL: a band, not a bound
+    assert NEXT_MS * 0.5 <= result.itl_ms.p50 < NEXT_MS + 100
     assert result.ttft_ms.p50 <= result.ttft_ms.p90 <= result.ttft_ms.p99 <= result.ttft_ms.max
     # a request takes at least FIRST_MS + (TOKENS - 1) * NEXT_MS: 2 streams at a time bound the throughput
     least_s = (FIRST_MS + (TOKENS - 1) * NEXT_MS) / 1000
@@ -71,6 +78,18 @@ def test_open_loop_counts_a_stream_that_errors_mid_way_as_broken(server, protoco
     assert (result.completed, result.broken, result.failed) == (2, 2, 0)
     assert any("engine failed after 2 tokens" in text for text in result.error_samples)
     assert result.output_tokens.count == 2 and result.output_tokens.max == 4  # only complete streams count
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_stream_whose_model_process_dies_mid_way_is_broken(server, protocol):
+    load = LLMLoad(concurrency=1, requests=1, timeout_s=8)
+    result = run_llm(Target(CRASHING[protocol], server.url, protocol=protocol, grpc_url=server.endpoints.grpc),
+                     load, requests=[LLMRequest("prompt EXIT_AT_2", 6)])
+    assert result.outcomes == ("broken",) and result.completed == 0
+    # Triton's python backend either reports its dead stub or never answers again: the stream is then
+    # still open at the client's deadline, with two tokens and no final response: broken all the same
+    assert result.output_token_counts[0] == 2
+    assert any(text in result.error_samples[0] for text in ("not healthy", "DEADLINE_EXCEEDED", "Timeout"))
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -256,11 +256,7 @@ class _HttpSender:
         record.sent = time.perf_counter()
         async with self._session.post(self._url, json=body) as response:
             if response.status != 200:
-                text = await response.text()
-                try:
-                    record.error = json.loads(text).get("error", text)
-                except (ValueError, AttributeError):
-                    record.error = f"HTTP {response.status}: {text[:200]}"
+                record.error = _http_error(response.status, await response.text())
                 return
             async for line in response.content:
                 if not line.startswith(b"data:"):
@@ -277,6 +273,16 @@ class _HttpSender:
 
     async def close(self) -> None:
         await self._session.close()
+
+
+def _http_error(status: int, text: str) -> str:
+    """Triton's error message from a refused generate request (plain JSON, or one server-sent event)."""
+    body = text.strip().removeprefix("data:").strip()
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = " ".join(body.split())[:200]
+    return f"HTTP {status}: {message}"
 
 
 def _first(value: Any) -> Any:
@@ -350,7 +356,8 @@ class LLMResult:
     itl: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
     latency: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
     output_token_counts: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
-    """Per measured request (send order, ms / tokens, NaN where undefined; not in ``to_dict``)."""
+    """Per measured request in send order (not in ``to_dict``): times in ms, NaN unless complete; output
+    tokens received whatever the outcome (how far a broken stream got)."""
 
     def to_dict(self) -> dict[str, Any]:
         skip = {"outcomes", "ttft", "itl", "latency", "output_token_counts"}
@@ -465,4 +472,4 @@ def summarize(target: Target, load: LLMLoad, interface: LLMInterface, records: l
         itl_slo_ms=load.itl_slo_ms, ttft_ms=Distribution.of(ttft), itl_ms=Distribution.of(itl),
         latency_ms=Distribution.of(latency), input_tokens=Distribution.of(np.where(complete, in_tokens, nan)),
         output_tokens=Distribution.of(np.where(complete, tokens, nan)), versions=dict(sorted(versions.items())),
-        outcomes=outcomes, ttft=ttft, itl=itl, latency=latency, output_token_counts=np.where(complete, tokens, nan))
+        outcomes=outcomes, ttft=ttft, itl=itl, latency=latency, output_token_counts=tokens)
