@@ -122,6 +122,9 @@ class LLMInterface:
     """How one generation request maps onto a model's inputs, and its outputs back (here: vLLM's)."""
 
     name = "vllm"
+    shape: tuple[int, ...] = (1,)
+    """Every input's shape over gRPC (vLLM: ``max_batch_size: 0``, dims ``[1]``); the generate endpoint
+    takes plain JSON values and Triton shapes them."""
 
     def tensors(self, request: LLMRequest, load: LLMLoad) -> list[tuple[str, str, Any]]:
         """``(input name, Triton datatype, value)`` for each input of one streaming request."""
@@ -149,6 +152,7 @@ class _Stream:
     sent: float = math.nan
     first: float = math.nan
     done: float = math.nan
+    """When the stream ended: its final response, or the error that ended it."""
     responses: int = 0
     """Responses that carried output (an empty final response is not one)."""
     output_tokens: int = 0
@@ -179,6 +183,11 @@ class _Stream:
         return BROKEN if self.responses else FAILED
 
 
+CONTENTS = {"BYTES": "bytes_contents", "BOOL": "bool_contents", "INT32": "int_contents",
+            "UINT32": "uint_contents", "INT64": "int64_contents", "FP32": "fp32_contents"}
+"""Where a value of each datatype goes in a gRPC request's ``InferTensorContents``."""
+
+
 def _scalar(result: InferResult, name: str) -> Any:
     array = result.as_numpy(name)
     return None if array is None or not array.size else array.reshape(-1)[0]
@@ -196,11 +205,9 @@ class _GrpcSender:
         message = service_pb2.ModelInferRequest(model_name=self._target.model,
                                                 model_version=str(self._target.version or ""))
         for name, datatype, value in self._interface.tensors(request, self._load):
-            tensor = message.inputs.add(name=name, datatype=datatype, shape=[1])
-            if datatype == "BYTES":
-                tensor.contents.bytes_contents.append(value.encode())
-            else:
-                tensor.contents.bool_contents.append(value)
+            tensor = message.inputs.add(name=name, datatype=datatype, shape=list(self._interface.shape))
+            contents = getattr(tensor.contents, CONTENTS[datatype])
+            contents.append(value.encode() if datatype == "BYTES" else value)
         # a final response with no outputs still arrives, flagged: how a complete stream is told apart
         message.parameters["triton_enable_empty_final_response"].bool_param = True
         return message
@@ -228,7 +235,7 @@ class _GrpcSender:
                         None if out is None else int(out), None if in_tokens is None else int(in_tokens),
                         infer.model_version)
             if infer.parameters["triton_final_response"].bool_param:
-                record.final = True
+                record.final, record.done = True, now
                 break
         call.cancel()
 
@@ -258,6 +265,7 @@ class _HttpSender:
             if response.status != 200:
                 record.error = _http_error(response.status, await response.text())
                 return
+            now = time.perf_counter()
             async for line in response.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -269,7 +277,7 @@ class _HttpSender:
                 out, in_tokens = event.get(names.num_output_tokens), event.get(names.num_input_tokens)
                 record.take(now, event.get(names.text_output), None if out is None else int(_first(out)),
                             None if in_tokens is None else int(_first(in_tokens)), event.get("model_version"))
-            record.final = True
+            record.final, record.done = True, now  # the last event's time: the final response's
 
     async def close(self) -> None:
         await self._session.close()
@@ -391,7 +399,7 @@ def run_llm(target: Target, load: LLMLoad, *, interface: LLMInterface = VLLM,
 
 async def _run(target: Target, load: LLMLoad, interface: LLMInterface, requests: list[LLMRequest]) -> LLMResult:
     records = [_Stream() for _ in requests]
-    connections = (load.concurrency or int(load.rate * 60) + 64)
+    connections = load.concurrency or 0  # open loop: no client-side cap on streams in flight (0: none)
     sender: Any = (_GrpcSender(target, interface, load) if target.protocol == "grpc"
                    else _HttpSender(target, interface, load, connections))
 
@@ -404,7 +412,8 @@ async def _run(target: Target, load: LLMLoad, interface: LLMInterface, requests:
         except Exception as exc:  # noqa: BLE001 - every outcome is recorded, none stops the run
             record.error = error_text(exc)
         finally:
-            record.done = time.perf_counter()
+            if math.isnan(record.done):
+                record.done = time.perf_counter()
 
     try:
         if load.rate is not None:
