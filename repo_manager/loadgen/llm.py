@@ -150,6 +150,8 @@ class _Stream:
     """What one stream did; times from ``time.perf_counter``."""
 
     sent: float = math.nan
+    due: float = math.nan
+    """Open loop: when the schedule wanted it sent."""
     first: float = math.nan
     done: float = math.nan
     """When the stream ended: its final response, or the error that ended it."""
@@ -358,6 +360,9 @@ class LLMResult:
     output_tokens: Distribution | None
     versions: dict[int, int]
     """Model version that answered -> completed requests."""
+    send_lag_p95_ms: float = 0.0
+    """Open loop: how late the client sent (95th percentile); tens of ms mean the client, not the server,
+    limited the run."""
     outcomes: tuple[str, ...] = field(repr=False, compare=False, default=())
     """Per measured request in send order: ``complete``, ``broken`` or ``failed`` (not in ``to_dict``)."""
     ttft: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
@@ -420,6 +425,7 @@ async def _run(target: Target, load: LLMLoad, interface: LLMInterface, requests:
             schedule = arrival_offsets(load.rate, len(requests), load.arrivals, load.seed)
             start, tasks = time.perf_counter() + 0.01, []
             for index, offset in enumerate(schedule):
+                records[index].due = start + offset
                 await asyncio.sleep(max(start + offset - time.perf_counter(), 0.0))
                 tasks.append(asyncio.ensure_future(one(index)))
             await asyncio.gather(*tasks)
@@ -468,6 +474,7 @@ def summarize(target: Target, load: LLMLoad, interface: LLMInterface, records: l
     asked = np.array([r.max_tokens for r in requests], dtype=float)
     short = int((complete & (tokens < asked)).sum()) if load.sampling.get("ignore_eos") else 0
     errors = Counter(r.error for r in records if r.error)
+    lags = np.array([(r.sent - r.due) * 1000.0 for r in records if not math.isnan(r.due)])
     versions = Counter(r.version for r, ok in zip(records, complete) if ok and r.version is not None)
     return LLMResult(
         mode=load.mode, protocol=target.protocol, interface=interface.name, offered_rps=load.rate,
@@ -481,4 +488,5 @@ def summarize(target: Target, load: LLMLoad, interface: LLMInterface, records: l
         itl_slo_ms=load.itl_slo_ms, ttft_ms=Distribution.of(ttft), itl_ms=Distribution.of(itl),
         latency_ms=Distribution.of(latency), input_tokens=Distribution.of(np.where(complete, in_tokens, nan)),
         output_tokens=Distribution.of(np.where(complete, tokens, nan)), versions=dict(sorted(versions.items())),
+        send_lag_p95_ms=round(float(np.percentile(lags, 95)), 3) if len(lags) else 0.0,
         outcomes=outcomes, ttft=ttft, itl=itl, latency=latency, output_token_counts=tokens)
