@@ -129,3 +129,5 @@ def test_a_load_needs_a_rate_or_a_concurrency():
         LLMLoad(rate=1, concurrency=2)
     with pytest.raises(UsageError):
         Lengths(0)
+    with pytest.raises(UsageError, match="protocol"):
+        run_llm(Target(MODEL, "http://127.0.0.1:1", protocol="websocket"), LLMLoad(concurrency=1))

@@ -34,7 +34,7 @@ from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 
 from repo_manager.errors import UsageError
 from repo_manager.loadgen.measure import ARRIVALS, Target, arrival_offsets
-from repo_manager.loadgen.transport import error_text
+from repo_manager.loadgen.transport import PROTOCOLS, error_text
 from repo_manager.triton.client import normalize_url
 
 COMPLETE, BROKEN, FAILED = "complete", "broken", "failed"
@@ -223,23 +223,26 @@ class _GrpcSender:
         names = self._interface
         record.sent = time.perf_counter()
         call = self._stub.ModelStreamInfer(requests(), timeout=self._load.timeout_s)
-        async for response in call:
-            now = time.perf_counter()
-            if response.error_message:
-                record.error = response.error_message
-                break
-            infer = response.infer_response
-            result = InferResult(infer)
-            out = _scalar(result, names.num_output_tokens)
-            text = _scalar(result, names.text_output)
-            in_tokens = _scalar(result, names.num_input_tokens)
-            record.take(now, text.decode(errors="replace") if isinstance(text, bytes) else text,
-                        None if out is None else int(out), None if in_tokens is None else int(in_tokens),
-                        infer.model_version)
-            if infer.parameters["triton_final_response"].bool_param:
-                record.final, record.done = True, now
-                break
-        call.cancel()
+        try:
+            async for response in call:
+                now = time.perf_counter()
+                if response.error_message:
+                    record.error = response.error_message
+                    return
+                infer = response.infer_response
+                result = InferResult(infer)
+                out = _scalar(result, names.num_output_tokens)
+                text = _scalar(result, names.text_output)
+                in_tokens = _scalar(result, names.num_input_tokens)
+                record.take(now, text.decode(errors="replace") if isinstance(text, bytes) else text,
+                            None if out is None else int(out), None if in_tokens is None else int(in_tokens),
+                            infer.model_version)
+                if infer.parameters["triton_final_response"].bool_param:
+                    record.final, record.done = True, now
+                    return
+            record.error = "the stream ended without a final response"
+        finally:
+            call.cancel()  # nothing more is read from it (a no-op once the server has closed it)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -397,6 +400,8 @@ def run_llm(target: Target, load: LLMLoad, *, interface: LLMInterface = VLLM,
             requests: list[LLMRequest] | None = None) -> LLMResult:
     """Send ``load`` to ``target`` (blocks; runs its own event loop). ``requests`` replace the generated
     prompts (cycled), e.g. a sample of real ones."""
+    if target.protocol not in PROTOCOLS:
+        raise UsageError(f"protocol {target.protocol!r} is not one of {', '.join(PROTOCOLS)}")
     total = load.warmup_requests + load.requests
     prepared = requests or make_requests(load, total)
     return asyncio.run(_run(target, load, interface, [prepared[i % len(prepared)] for i in range(total)]))
