@@ -98,6 +98,14 @@ class OverloadPoint:
     """The capacity the overload was relative to (``rate`` = factor x this)."""
     misses_under_overload: bool = False
     """Driven as offered, and the accepted p99 under overload missed the SLO: a shorter timeout may help."""
+    drive_problem: str = ""
+    """Why the overload was not driven as offered ("" when it was)."""
+
+    @property
+    def client_limited(self) -> bool:
+        """The client could not send the rate at all (not only late): no other policy would change that."""
+        o = self.overload
+        return bool(o.unsent) or (o.requests > 0 and o.send_rps < 0.9 * self.rate)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,9 +156,9 @@ class OverloadOutcome:
         if self.outcome == HELD:
             return f"queue policy {self.chosen.label if self.chosen else ''} kept the SLO at {asked}"
         if self.outcome == NOT_MEASURABLE:
-            sent = max((p.overload.send_rps for p in self.points), default=0.0)
-            return (f"the overload could not be driven here: the client sent at most {sent:.0f}/s of {asked} "
-                    "(not measurable on this machine; the batching choice does not depend on it)")
+            why = "; ".join(dict.fromkeys(p.drive_problem for p in self.points if p.drive_problem))
+            return (f"the overload of {asked} could not be driven from this client ({why}): not measurable on "
+                    "this machine (the batching choice does not depend on it)")
         return f"no queue policy kept the SLO for accepted requests at {asked}" + \
             ("; the time budget ended the search" if self.cut_short else "")
 
@@ -286,7 +294,7 @@ class PolicySearch:
         slots = self.batching.max_batch_size * self.batching.instances
         saturated = self.prober.measure(LoadSpec(concurrency=3 * slots, requests=max(300, 30 * slots),
                                                  warmup_s=self.prober.warmup_s, min_duration_s=1.0))
-        if saturated.valid and not saturated.errors and saturated.achieved_rps > self.capacity:
+        if saturated.valid and not saturated.errors and saturated.achieved_rps > 1.05 * self.capacity:
             self.notes.append(f"capacity {self.capacity:.0f}/s from the SLO ladder was a lower bound "
                               f"({self.capacity_note}); closed loop with {3 * slots} clients the batching "
                               f"sustains {saturated.achieved_rps:.0f}/s: the overload is relative to that")
@@ -311,24 +319,26 @@ class PolicySearch:
         if self.lower_bound:  # the first try is always made, and it needs a true capacity to mean anything
             self._measure_capacity()
         chosen: Candidate | None = None
-        for structure in self.structures():
+        structures = self.structures()
+        fitting = [c for c in structures if self._range_fits(c)]
+        for structure in structures:
+            if structure not in fitting:
+                full = self.profile.exec_at(structure.max_batch_size)
+                self.notes.append(f"{structure.label}: not tried: a full batch ({full:.1f} ms) leaves no timeout "
+                                  "that both covers the batch in flight and keeps an accepted request within the SLO")
+        for structure in fitting or [self.batching]:  # none fits: the chosen batching, measured all the same
             if not self._affords_another():
                 break
-            low, high = self.timeout_range_ms(structure)
-            if low > high and structure is not self.batching:
-                continue
-            if low > high:
-                full = self.profile.exec_at(structure.max_batch_size)
-                self.notes.append(f"{structure.label}: a full batch ({full:.1f} ms) leaves no timeout that both "
-                                  "covers the batch in flight and keeps an accepted request within the SLO; tried "
-                                  f"from {low:.1f} ms")
             chosen = self._search_timeout(structure)
-            if chosen is not None or self._not_drivable():
+            if chosen is not None or any(p.client_limited for p in self.points):
                 break
         if self._not_drivable():
-            sent = max((p.overload.send_rps for p in self.points), default=0.0)
-            self.notes.append(f"the client sent at most {sent:.0f}/s of the {self.rate:.0f}/s asked for: the overload "
-                              "cannot be driven from this machine (try --overload-factor lower, or a faster client)")
+            self.notes.append(f"the overload of {self.rate:.0f}/s was not driven as offered from this client: not "
+                              "measurable here (a lower --overload-factor, or a faster client machine)")
+        if chosen is not None and chosen.without_queue_policy().key != self.batching.key:
+            self.notes.append(f"the queue policy held on a simpler structure than the batching choice: {chosen.label} "
+                              f"(its normal traffic measured at peak x headroom {self.headroom_rps:.0f}/s); that "
+                              "structure is the one chosen")
         if chosen is not None and self._affords_another():
             chosen = self._try_max_queue(chosen)
         closest = None
@@ -361,7 +371,7 @@ class PolicySearch:
             if point.meets:
                 return candidate
             if not point.overload.valid:
-                return None  # a longer or shorter timeout cannot fix a client that cannot offer the rate
+                return None  # a longer or shorter timeout cannot fix a client that did not offer the rate
             if point.sheds_normal_traffic:
                 shed_below = timeout
                 following = (timeout + miss_above) / 2 if miss_above > timeout else timeout
@@ -433,12 +443,11 @@ class PolicySearch:
             over, rec = trace.phase_stats(1, self.slo_ms), trace.phase_stats(2, self.slo_ms)
         recover = trace.recovery(2, self.slo_ms)
         problems = []
+        drive = ""
         if not over.valid:
             gave_up = f", gave up {over.unsent} requests behind" if over.unsent else ""
-            problems.append(
-                f"client could not drive {self.rate:.0f}/s (sent {over.send_rps:.0f}/s, p95 send lag "
-                f"{over.lag_p95_ms:.0f} ms{gave_up})"
-            )
+            drive = f"sent {over.send_rps:.0f}/s, p95 send lag {over.lag_p95_ms:.0f} ms{gave_up}"
+            problems.append(f"client could not drive {self.rate:.0f}/s ({drive})")
         if over.errors or rec.errors:
             problems.append(f"{over.errors + rec.errors} errors besides rejections ({'; '.join(trace.error_samples)})")
         missed = over.valid and over.accepted_p99_ms > self.slo_ms
@@ -454,7 +463,7 @@ class PolicySearch:
             problems += normal
         point = OverloadPoint(candidate, self.rate, over, rec, recover, not problems, "; ".join(problems), trace,
                               sheds_normal_traffic=bool(normal), capacity_rps=self.capacity,
-                              misses_under_overload=missed)
+                              misses_under_overload=missed, drive_problem=drive)
         self.points.append(point)
         verdict = "keeps" if point.meets else "misses"
         self.prober.say(
