@@ -207,8 +207,13 @@ def test_a_required_queue_policy_that_cannot_be_measured_exits_9_names_what_was_
 
 def _tune_written(capsys, root: Path, model: str, *args: str):
     """`trm tune-batching --write --report` on an embedded server; the result, its JSON and the record."""
-    result = run_cli(capsys, "-q", "tune-batching", model, "--repo", str(root), "--write", "--report",
-                     str(root.parent / "report"), "--json", *args)
+    for _ in range(2):
+        result = run_cli(capsys, "-q", "tune-batching", model, "--repo", str(root), "--write", "--report",
+                         str(root.parent / "report"), "--json", *args)
+        # a busy shared machine can make every candidate miss the SLO in one run (exit 9, nothing written,
+        # not the behaviour under test): one more run decides
+        if "no candidate met" not in result.err:
+            break
     assert result.code == 0, result.err
     data = result.json()
     return result, data, LocalRepository(root).manifest(model, data["written_version"])

@@ -138,7 +138,10 @@ def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str
                     f" ms (p99), goodput {point['goodput_rps']:.0f}/s, recovered {point['time_to_recover_s']:.2f} s "
                     "after the load dropped."]
     elif overload.get("closest"):
-        out += ["", "**No queue policy kept the SLO under overload.** Tried: "
+        verdict = ("**The overload could not be driven from this client**, so no policy was judged."
+                   if overload.get("outcome") == "not-measurable" else
+                   "**No queue policy kept the SLO under overload.**")
+        out += ["", f"{verdict} Tried: "
                     + "; ".join(f"`{k}`" for k in dict.fromkeys(p["candidate"] for p in overload["points"]))
                     + f". Closest: `{overload['closest']['key']}`."]
     out += [f"- {n}" for n in overload.get("notes", [])]
