@@ -30,6 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from cost_model import cost_config, cost_repository  # noqa: E402
 
 from repo_manager.loadgen import LoadSpec, Target, Workload, measure  # noqa: E402
+from repo_manager.triton.client import TritonClient  # noqa: E402
 from repo_manager.triton.server import TritonServer  # noqa: E402
 
 
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> dict:
                          max_batch_size=args.max_batch, dynamic_batching=True)
     workload = Workload.from_config(config)
     rows = []
-    with TritonServer(root) as server:
+    with TritonServer(root) as server, TritonClient(server.url) as client:
+        client.load("cost", config)
         http = Target("cost", server.url)
         saturated = measure(http, LoadSpec(concurrency=3 * args.max_batch, requests=1500, warmup_s=1.0,
                                            min_duration_s=3.0), workload)
