@@ -110,6 +110,10 @@ def test_report_folder_has_table_json_and_plot(tuned):
     assert "**Chosen:**" in text and "| candidate | level | offered/s" in text and result.chosen.key in text
     assert Path(folder["p99_vs_throughput.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## Overload" in text and "**Overload point**" in text
+    assert "Outcome: **policy-held**" in text and "No candidate met the SLO" not in text
+    # every try's row carries the capacity it was relative to and the rate it offered
+    rows = [line for line in text.splitlines() if line.startswith("| b") and "-q" in line.split("|")[1]]
+    assert rows and all(line.split("|")[3].strip() == f"{result.overload.rate:.0f}" for line in rows)
     assert Path(folder["overload.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
