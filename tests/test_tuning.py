@@ -43,15 +43,20 @@ def publish_seed_model(settings: Settings, tmp_path, name: str = "ranker") -> No
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, triton):
-    """One tuning run with --write and a report, shared by the tests that inspect its results."""
-    tmp = tmp_path_factory.mktemp("tuned")
-    settings = Settings(repository=tmp / "repo", triton_url=triton.url)
-    publish_seed_model(settings, tmp)
-    embedded = Settings(repository=tmp / "repo")  # tuning on an embedded server on the repository
-    request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=45, write=True, requests=150, warmup_s=0.5,
-                          max_batch_limit=16,
-                          report_dir=tmp / "report")
-    return embedded, tune_batching(embedded, request)
+    """One tuning run with --write and a report, shared by the tests that inspect its results. On a busy
+    shared machine the client may fail to drive 2 x capacity (the overload step's outcome is then
+    "not-measurable", a statement about this machine, not about the queue policy): one more run decides."""
+    for _ in range(2):
+        tmp = tmp_path_factory.mktemp("tuned")
+        settings = Settings(repository=tmp / "repo", triton_url=triton.url)
+        publish_seed_model(settings, tmp)
+        embedded = Settings(repository=tmp / "repo")  # tuning on an embedded server on the repository
+        request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=45, write=True, requests=150, warmup_s=0.5,
+                              max_batch_limit=16, report_dir=tmp / "report")
+        result = tune_batching(embedded, request)
+        if result.overload is None or result.overload.outcome != "not-measurable":
+            break
+    return embedded, result
 
 
 def test_chosen_config_met_the_slo_at_every_level_in_the_tuners_own_measurements(tuned):
