@@ -272,23 +272,30 @@ def read_inside(root: Path, relative: str, limit: int) -> bytes:
     return data
 
 
-def walk_inside(root: Path, *, skip_folders: frozenset[str] = frozenset()) -> dict[str, int]:
+def walk_inside(root: Path, *, skip_folders: frozenset[str] = frozenset(),
+                links_into: tuple[Path, ...] = ()) -> dict[str, int]:
     """Every regular file below ``root``: relative POSIX path -> size, in path order (depth first, names
     sorted). Total or refused: a folder that cannot be listed or a file that cannot be opened is a
     SourceReadError naming it (``os.walk`` and ``Path.rglob`` pass over both in silence), and so is a
     symbolic link, a FIFO, socket or device, and a name a manifest cannot record (``check_store_path``).
     Folders are walked through their descriptors, never through a link. Folders named in
-    ``skip_folders`` (at any depth) are left out unread."""
+    ``skip_folders`` (at any depth) are left out unread.
+
+    ``links_into`` names the folders a symbolic link *to a file* may lead into (a Hugging Face cache's
+    snapshot files are links into the repository's ``blobs/``): such a link is listed, with its target's
+    size, when it resolves to a readable regular file inside one of them; any other link is refused."""
     found: dict[str, int] = {}
     top = _open_root(root)
+    allowed = tuple(Path(os.path.realpath(folder)) for folder in links_into)
     try:
-        _walk(top, root, "", found, skip_folders)
+        _walk(top, root, "", found, skip_folders, allowed)
     finally:
         os.close(top)
     return found
 
 
-def _walk(folder: int, root: Path, prefix: str, found: dict[str, int], skip: frozenset[str]) -> None:
+def _walk(folder: int, root: Path, prefix: str, found: dict[str, int], skip: frozenset[str],
+          allowed: tuple[Path, ...]) -> None:
     here = root / prefix if prefix else root
     try:
         names = sorted(os.listdir(folder))
@@ -312,7 +319,10 @@ def _walk(folder: int, root: Path, prefix: str, found: dict[str, int], skip: fro
                                   f"backslash, at most {MAX_NAME_BYTES} bytes a name)", path=path, reason="name",
                                   hint="rename it") from exc
         if stat.S_ISLNK(info.st_mode):
-            raise _link(folder, name, path, root)
+            if not allowed:
+                raise _link(folder, name, path, root)
+            found[relative] = _allowed_link(folder, name, path, root, allowed)
+            continue
         if stat.S_ISDIR(info.st_mode):
             try:
                 child = os.open(name, _DIR_FLAGS, dir_fd=folder)
@@ -321,7 +331,7 @@ def _walk(folder: int, root: Path, prefix: str, found: dict[str, int], skip: fro
             try:
                 if not os.path.samestat(info, os.fstat(child)):
                     raise SourceReadError(f"{path} changed while it was being read", path=path, reason="missing")
-                _walk(child, root, f"{relative}/", found, skip)
+                _walk(child, root, f"{relative}/", found, skip, allowed)
             finally:
                 os.close(child)
         elif stat.S_ISREG(info.st_mode):
@@ -333,6 +343,39 @@ def _walk(folder: int, root: Path, prefix: str, found: dict[str, int], skip: fro
         else:
             raise SourceReadError(f"{path} is not a regular file (a FIFO, socket or device); a version holds "
                                   "regular files", path=path, reason="special")
+
+
+def _allowed_link(folder: int, name: str, path: Path, root: Path, allowed: tuple[Path, ...]) -> int:
+    """The size of the readable regular file the link ``name`` (in the open ``folder``) leads to, when that
+    file is inside one of the ``allowed`` folders; SourceReadError naming the link otherwise."""
+    target = Path(os.path.realpath(path))
+    if not any(target.is_relative_to(place) for place in allowed):
+        try:
+            to = os.readlink(name, dir_fd=folder)
+        except OSError:
+            to = str(target)
+        inside = " or ".join(map(str, allowed))
+        raise SourceReadError(f"{path} is a symbolic link (to {to}) that leads outside {inside}: trm follows a "
+                              "link only to a file inside them", path=path, reason="link",
+                              hint="replace the link with the file itself")
+    try:
+        fd = os.open(target, _FILE_FLAGS)
+    except FileNotFoundError as exc:
+        raise SourceReadError(f"{path} is a symbolic link to {target}, which does not exist", path=path,
+                              reason="missing") from exc
+    except OSError as exc:
+        why = "permission denied" if exc.errno in (errno.EACCES, errno.EPERM) else (exc.strerror or str(exc))
+        raise SourceReadError(f"{path} cannot be read ({why}; it is a link to {target})", path=path,
+                              reason="unreadable", hint="give the user running trm read access to every file "
+                                                        "and folder of the source") from exc
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise SourceReadError(f"{path} is a symbolic link to {target}, which is not a regular file", path=path,
+                              reason="special", hint="replace the link with the folder or file itself")
+    return info.st_size
 
 
 def _open_root(root: Path) -> int:

@@ -1,6 +1,7 @@
 """Publish failures after staging began leave nothing behind; ONNX sources onnxruntime cannot run are
 bad input (exit 3) naming the operator; external-data ONNX models publish from any working directory; a
-source folder with a file or folder that cannot be read is refused naming it, never published without it."""
+source folder with a file or folder that cannot be read is refused naming it, never published without it; external
+data is read inside the model's folder (a link on the way refused, an unreadable file named)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,53 @@ def test_an_unreadable_file_or_folder_in_a_source_fails_the_publish_naming_it(tm
     assert code == 3, err
     assert err.splitlines()[0] == f"error: {source / hidden} cannot be read (permission denied)", err
     assert LocalRepository(repo).versions("m") == [] and leftovers(repo) == []
+
+
+def _external_data_in(folder, location: str):
+    """An external-data model in ``folder`` whose data file lives at ``folder/location``."""
+    source = om.external_data(folder / "model.onnx", location=location)
+    if location != "weights.bin":
+        (folder / location).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "weights.bin").rename(folder / location)
+    return source
+
+
+@pytest.mark.parametrize("case", ["folder_link_inside", "folder_link_outside", "file_link_inside"])
+def test_external_data_reached_through_a_link_is_refused_naming_the_link(tmp_path, case):
+    """A symbolic link anywhere on the way to an external-data file is refused (exit 3, one line naming the
+    link), never followed: the folder link that stays inside the model's folder was published (exit 0)."""
+    source = _external_data_in(tmp_path / "src", "data/weights.bin")
+    data = tmp_path / "src" / "data"
+    if case == "folder_link_inside":
+        data.rename(tmp_path / "src" / "real")
+        data.symlink_to("real")
+        link = data
+    elif case == "folder_link_outside":
+        data.rename(tmp_path / "elsewhere")
+        data.symlink_to(tmp_path / "elsewhere")
+        link = data
+    else:
+        (data / "weights.bin").rename(tmp_path / "src" / "kept.bin")
+        (data / "weights.bin").symlink_to("../kept.bin")
+        link = data / "weights.bin"
+    repo = tmp_path / "repo"
+    code, _, err = trm_unprivileged("publish", "model", source, "--name", "ext", "--repo", repo, "--no-verify")
+    assert code == 3, err
+    first = err.splitlines()[0]
+    assert first.startswith("error: ") and f"{link} is a symbolic link" in first, err
+    assert len(err.strip().splitlines()) <= 2  # one error line and a hint, no traceback
+    assert LocalRepository(repo).versions("ext") == [] and leftovers(repo) == []
+
+
+@pytest.mark.parametrize("hidden", ["data", "data/weights.bin"])
+def test_unreadable_external_data_is_an_error_naming_it(tmp_path, hidden):
+    """No mock (tests/unreadable.py): an external-data file or its folder that cannot be read is exit 3
+    naming it; it was `onnxruntime cannot load …: 13` (file) and an internal error, exit 1 (folder)."""
+    source = _external_data_in(tmp_path / "src", "data/weights.bin")
+    hide(tmp_path / "src" / hidden)
+    repo = tmp_path / "repo"
+    code, _, err = trm_unprivileged("publish", "model", source, "--name", "ext", "--repo", repo, "--no-verify")
+    (tmp_path / "src" / hidden).chmod(0o755)
+    assert code == 3, err
+    assert err.splitlines()[0].endswith(f"{tmp_path / 'src' / hidden} cannot be read (permission denied)"), err
+    assert LocalRepository(repo).versions("ext") == [] and leftovers(repo) == []

@@ -13,6 +13,7 @@ import importlib
 import json
 import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,13 +229,34 @@ def complete_envs(ctx: click.Context, _param: click.Parameter, incomplete: str) 
     names = set(settings.environments)
     location = ctx.params.get("store") or settings.store
     if location:
+        names.update(_store_envs(location, settings))
+    return sorted(name for name in names if name.startswith(incomplete))
+
+
+COMPLETION_STORE_TIMEOUT_S = 1.0
+"""How long env-name completion waits for the store (each connect and read, and the look-up as a whole);
+a store that does not answer in time completes the names of the settings only."""
+
+
+def _store_envs(location: str, settings: Settings) -> list[str]:
+    """The store's environment names, or none when it fails or does not answer within
+    COMPLETION_STORE_TIMEOUT_S. The short client timeouts bound the network; the thread also bounds what they
+    cannot (name resolution, the credential chain, a folder store on a hung mount): it is left behind, a
+    daemon, when the shell's answer is printed and the process exits."""
+    found: list[str] = []
+
+    def look_up() -> None:
         try:
             from repo_manager.storage import open_store  # noqa: PLC0415
 
-            names.update(open_store(location, settings).list_envs())
+            found.extend(open_store(location, settings, timeout_s=COMPLETION_STORE_TIMEOUT_S).list_envs())
         except Exception:  # noqa: BLE001 - an unreachable store still completes the configured names
             pass
-    return sorted(name for name in names if name.startswith(incomplete))
+
+    worker = threading.Thread(target=look_up, name="trm-complete-envs", daemon=True)
+    worker.start()
+    worker.join(COMPLETION_STORE_TIMEOUT_S + 0.5)
+    return list(found) if not worker.is_alive() else []
 
 
 # click >= 8.2 raises this for a group called without a command; older releases print the help themselves

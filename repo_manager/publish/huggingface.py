@@ -39,6 +39,7 @@ import numpy as np
 from repo_manager import config as cfg
 from repo_manager.errors import InputError, VerificationError
 from repo_manager.manifest import check_model_name, sha256_file
+from repo_manager.paths import walk_inside
 from repo_manager.publish.hf_pipeline import TASKS, Pipeline, model_folder, read_json, read_pipeline
 from repo_manager.publish.hf_reference import LibraryReference, quiet_transformers
 
@@ -169,9 +170,21 @@ def inspect_checkpoint(folder: Path, max_length: int | None = None, *, task: str
     length = max_length or _checkpoint_max_length(model_path, pipeline, positions)
     if length < 1 or length > positions:
         raise InputError(f"max length {length} is outside 1..{positions} (the model's position embeddings)")
-    files = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".md", ".pyc")]
-    return Checkpoint(folder, model_path, model_type, architecture, hidden, length, pipeline, tuple(files))
+    return Checkpoint(folder, model_path, model_type, architecture, hidden, length, pipeline,
+                      _checkpoint_files(folder))
+
+
+def _checkpoint_files(folder: Path) -> tuple[str, ...]:
+    """The checkpoint's files, read inside it (``paths.walk_inside``): an unreadable file or folder is an
+    error naming it. A Hugging Face cache snapshot (``models--org--name/snapshots/REV``) is made of links
+    into the cache repository's ``blobs/``, so a link is followed when it leads to a regular file inside
+    that cache repository folder (which holds the snapshot), or inside the checkpoint folder when it is not
+    a cache snapshot; any other link is refused naming it."""
+    real = folder.resolve()
+    cache = real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--")
+    files = walk_inside(folder, skip_folders=frozenset({"__pycache__"}),
+                        links_into=(real.parent.parent if cache else folder,))
+    return tuple(rel for rel in files if not rel.endswith((".md", ".pyc")))
 
 
 def _checkpoint_max_length(folder: Path, pipeline: Pipeline, positions: int) -> int:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from repo_manager import config as cfg
 from repo_manager.errors import InputError
+from repo_manager.paths import SourceReadError, open_inside
 
 _ONNX_TO_TRITON = {
     onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.FLOAT16: "FP16", onnx.TensorProto.DOUBLE: "FP64",
@@ -60,6 +61,7 @@ def load_onnx(path: Path) -> onnx.ModelProto:
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
     if not model.graph.output:
         raise InputError(f"{path} is not an ONNX model: its graph has no outputs (corrupt or truncated?)")
+    external_data_files(path, _locations(model))  # before the checker and onnxruntime read them
     try:
         # by path, so that external data is looked up beside the model (not in the working directory)
         onnx.checker.check_model(str(path))
@@ -89,11 +91,14 @@ def signature(model: onnx.ModelProto) -> OnnxSignature:
     initializers = {init.name for init in model.graph.initializer}
     inputs = tuple(_tensor(v, "input") for v in model.graph.input if v.name not in initializers)
     outputs = tuple(_tensor(v, "output") for v in model.graph.output)
-    external = sorted({entry.value for init in model.graph.initializer for entry in init.external_data
-                       if entry.key == "location"})
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     return OnnxSignature(inputs, outputs, opset, f"{model.producer_name} {model.producer_version}".strip(),
-                         tuple(external))
+                         _locations(model))
+
+
+def _locations(model: onnx.ModelProto) -> tuple[str, ...]:
+    return tuple(sorted({entry.value for init in model.graph.initializer for entry in init.external_data
+                         if entry.key == "location"}))
 
 
 def onnx_config(name: str, sig: OnnxSignature, options: cfg.ConfigOptions) -> cfg.ModelConfig:
@@ -109,10 +114,12 @@ def onnx_config(name: str, sig: OnnxSignature, options: cfg.ConfigOptions) -> cf
 
 def build_onnx(source: Path, options: cfg.ConfigOptions):
     """A ``build`` function for ``run_publish``: stage model.onnx (+ external data) with its config."""
-    from repo_manager.publish.core import Staged, copy_into, source_record  # noqa: PLC0415
+    from repo_manager.publish.core import Staged, copy_inside, copy_into, source_record  # noqa: PLC0415
 
     if source.is_dir():
-        source = next(source.glob("*.onnx"))
+        found = next(source.glob("*.onnx"))
+        open_inside(source, found.name).close()  # a file trm found in the folder, not one the user named
+        source = found
     source = source.absolute()  # external data and the reference resolve beside the model, whatever the cwd
     model = load_onnx(source)
     sig = signature(model)
@@ -127,28 +134,35 @@ def build_onnx(source: Path, options: cfg.ConfigOptions):
                                       converter="copy"),
                         reference=reference)
         copy_into(staging, source, "model.onnx")
-        for rel, data in data_files.items():
-            copy_into(staging, data, rel)
+        for rel in data_files:
+            copy_inside(staging, source.parent, rel)
         return [staged]
 
     return build
 
 
-def external_data_files(source: Path, locations: tuple[str, ...]) -> dict[str, Path]:
-    """Each external-data file the graph names, resolved beside the model file; a location that leaves
-    the model's folder, or a file that is missing, is bad input."""
-    folder = source.parent.resolve()
-    files: dict[str, Path] = {}
-    for rel in locations:
-        data = (folder / rel).resolve()
-        if Path(rel).is_absolute() or ".." in Path(rel).parts or not data.is_relative_to(folder):
-            raise InputError(f"{source} names external data {rel!r}, outside its folder",
+def external_data_files(source: Path, locations: tuple[str, ...]) -> tuple[str, ...]:
+    """Each external-data file the graph names, as a path relative to the model's folder, each opened
+    there as ``paths.open_inside`` opens it. A location that leaves the folder, a symbolic link anywhere
+    on the way, a missing or unreadable file is bad input naming it (exit 3)."""
+    folder = source.parent
+    files: list[str] = []
+    for location in locations:
+        rel = PurePosixPath(location)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise InputError(f"{source} names external data {location!r}, outside its folder",
                              hint="keep external-data files in the model's folder (onnx.save_model(..., "
                                   "location='weights.bin'))")
-        if not data.is_file():
-            raise InputError(f"{source} needs external data {rel!r}, which is missing from {folder}")
-        files[rel] = data
-    return files
+        try:
+            open_inside(folder, rel.as_posix()).close()
+        except SourceReadError as exc:
+            if exc.reason == "missing":
+                raise InputError(f"{source} needs external data {location!r}, which is missing from {folder}",
+                                 path=str(exc.path)) from exc
+            raise SourceReadError(f"{source} needs external data {location!r}: {exc.message}", path=exc.path,
+                                  reason=exc.reason, hint=exc.hint) from exc
+        files.append(rel.as_posix())
+    return tuple(files)
 
 
 _UNKNOWN_OP = re.compile(r"(?P<domain>[\w.]*):(?P<op>\w+)\(-?\d+\) is not a registered function/op")

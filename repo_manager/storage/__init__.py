@@ -29,8 +29,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def open_store(location: str | None, settings: Settings | None = None) -> Store:
-    """The store at ``location`` (default: ``settings.store``)."""
+def open_store(location: str | None, settings: Settings | None = None, *, timeout_s: float | None = None) -> Store:
+    """The store at ``location`` (default: ``settings.store``). ``timeout_s`` bounds each network connect
+    and read of an S3 store, with no retry (a look-up that must answer quickly)."""
     from repo_manager.errors import UsageError  # noqa: PLC0415
     from repo_manager.redact import check_no_userinfo  # noqa: PLC0415
 
@@ -41,7 +42,7 @@ def open_store(location: str | None, settings: Settings | None = None) -> Store:
     if location.startswith("s3://"):
         from repo_manager.storage.s3 import S3Store  # noqa: PLC0415 - boto3 only when needed
 
-        return S3Store(location, endpoint_url=settings.s3_endpoint_url if settings else None)
+        return S3Store(location, endpoint_url=settings.s3_endpoint_url if settings else None, timeout_s=timeout_s)
     if "://" in location:
         raise UsageError(f"store location {location!r} is not supported",
                          hint="use s3://bucket/prefix or a folder path")

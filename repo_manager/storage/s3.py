@@ -86,13 +86,18 @@ def check_endpoint_url(url: str | None, origin: str = "--endpoint-url") -> str |
     return url
 
 
-def make_client(endpoint_url: str | None = None, max_connections: int = 32) -> Any:
+def make_client(endpoint_url: str | None = None, max_connections: int = 32, *,
+                timeout_s: float | None = None) -> Any:
+    """A boto3 S3 client. ``timeout_s`` bounds each connect and each read and makes one attempt only (for
+    look-ups that must answer quickly, such as shell completion); by default 5 s to connect, 60 s to read,
+    three attempts."""
     import boto3  # noqa: PLC0415 - boto3 is slow to import; only S3 users pay for it
     from botocore.config import Config  # noqa: PLC0415
 
     session = boto3.session.Session()
-    config = Config(max_pool_connections=max_connections, connect_timeout=5, read_timeout=60,
-                    retries={"max_attempts": 3, "mode": "standard"},
+    config = Config(max_pool_connections=max_connections, connect_timeout=timeout_s or 5,
+                    read_timeout=timeout_s or 60,
+                    retries={"max_attempts": 1 if timeout_s else 3, "mode": "standard"},
                     # only send/verify checksums where trm asks for them (ranged reads cannot be validated)
                     request_checksum_calculation="when_required", response_checksum_validation="when_required")
     region = session.region_name or "us-east-1"
@@ -100,8 +105,11 @@ def make_client(endpoint_url: str | None = None, max_connections: int = 32) -> A
 
 
 class S3Store(Store):
-    def __init__(self, location: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
+    def __init__(self, location: str, *, endpoint_url: str | None = None, client: Any = None,
+                 timeout_s: float | None = None) -> None:
         self.bucket, self.prefix = parse_s3_url(location)
+        self.timeout_s = timeout_s
+        """Bound on each connect and read of the boto3 client, one attempt (see ``make_client``)."""
         self.location = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.endpoint_url = check_endpoint_url(endpoint_url)
         for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):  # boto3 and SignedReader read these
@@ -112,7 +120,7 @@ class S3Store(Store):
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = make_client(self.endpoint_url)
+            self._client = make_client(self.endpoint_url, timeout_s=self.timeout_s)
         return self._client
 
     @property
