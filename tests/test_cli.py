@@ -229,3 +229,52 @@ def test_a_non_numeric_latency_gate_setting_is_a_config_error():
 
     with pytest.raises(ConfigError, match="must be numbers"):
         gate_settings(Settings(gates={"latency": {"rate": "fast"}}))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _table_codes(text: str, heading: str) -> dict[int, list[str]]:
+    """The rows of the markdown table under ``heading``: code -> its other cells (a row of codes such as
+    ``130, 143, 129`` gives each)."""
+    section = text.split(heading, 1)[1]
+    rows: dict[int, list[str]] = {}
+    for line in section.splitlines()[1:]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for code in cells[0].split(","):
+            if code.strip().isdigit():
+                rows[int(code)] = cells[1:]
+    return rows
+
+
+def test_every_copy_of_the_exit_code_table_agrees_with_errors_py():
+    """errors.EXIT_CODES is the source; the README's table, docs/promotion.md's, docs/rollout.md's classes and
+    ci/pipeline.sh's words are checked against it (the pipeline once read 10 and 11 as internal errors)."""
+    from repo_manager import errors
+
+    codes = set(errors.EXIT_CODES)
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.TrmError)]
+    assert {c.exit_code for c in classes} - {1} <= codes
+    for code, (name, _) in errors.EXIT_CODES.items():
+        if code > 1:
+            assert getattr(errors, name).exit_code == code
+    readme = _table_codes((ROOT / "README.md").read_text(), "## Exit codes")
+    assert set(readme) == codes | set(errors.SIGNAL_EXIT_CODES)
+    promotion = _table_codes((ROOT / "docs/promotion.md").read_text(), "## Exit codes")
+    assert set(promotion) == codes
+    rollout = _table_codes((ROOT / "docs/rollout.md").read_text(), "## Rollback and exit codes")
+    for code, cells in rollout.items():
+        assert cells[0] in ("-", errors.EXIT_CODES[code][0]), (code, cells)
+    script = (ROOT / "ci/pipeline.sh").read_text()
+    function = script[script.index("meaning() {"):script.index("\n}\n", script.index("meaning() {")) + 3]
+    for code in [*codes, *errors.SIGNAL_EXIT_CODES, 12]:
+        said = subprocess.run(["bash", "-c", function + f'meaning {code}'], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        if code in codes:
+            assert said.startswith(errors.EXIT_CODES[code][1]), (code, said)
+        elif code in errors.SIGNAL_EXIT_CODES:
+            assert said == "interrupted by a signal"
+        else:
+            assert "internal" not in said
