@@ -278,3 +278,11 @@ def test_every_copy_of_the_exit_code_table_agrees_with_errors_py():
             assert said == "interrupted by a signal"
         else:
             assert "internal" not in said
+
+
+def test_sync_help_does_not_promise_an_embedded_server(capsys):
+    """sync starts no server: its --url is the node's own Triton, used by --prune only."""
+    result = run_cli(capsys, "sync", "--help")
+    assert result.code == 0
+    text = " ".join(result.out.split())
+    assert "embedded" not in text and "No default: sync starts no server" in text
