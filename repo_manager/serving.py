@@ -89,11 +89,7 @@ def embedded_server(settings: Settings, models: list[str] | None = None, *, http
     wanted = list(models) if models else top_level_models(repo)
     chosen = {model: (versions or {}).get(model) for model in wanted}
     for model, version in chosen.items():
-        if version is None:
-            repo.latest(model)  # raises a clear error for an unknown model before the server starts
-        elif version not in repo.versions(model):
-            raise NotFoundError(f"model {model!r} has no version {version} in {repo.root}", model=model,
-                                version=version, hint=f"its versions: {_version_list(repo.versions(model))}")
+        check_version_exists(repo, model, version)  # a clear error before the server starts
     server = TritonServer(repo.root, binary=settings.tritonserver, address=settings.bind_address,
                           http_port=settings.http_port if http_port is None else http_port,
                           grpc_port=settings.grpc_port if grpc_port is None else grpc_port,
@@ -109,8 +105,16 @@ def embedded_server(settings: Settings, models: list[str] | None = None, *, http
             raise
 
 
-def _version_list(versions: list[int]) -> str:
-    return ", ".join(map(str, versions)) if versions else "none (publish one first)"
+def check_version_exists(repo: LocalRepository, model: str, version: int | None) -> int:
+    """``version`` (default: the latest complete one) of ``model``; NotFoundError naming the versions there are."""
+    if version is None:
+        return repo.latest(model)
+    versions = repo.versions(model)
+    if version not in versions:
+        raise NotFoundError(f"model {model!r} has no version {version} in {repo.root}", model=model,
+                            version=version, hint="its versions: " + (", ".join(map(str, versions)) or
+                                                                      "none (publish one first)"))
+    return version
 
 
 def _without_address(exc: TrmError, url: str) -> None:

@@ -1,17 +1,16 @@
 """`trm infer`: send one request and print the answer.
 
-Three steps, each its own function so another kind of request (a streamed LLM answer, say) adds a builder
-and a renderer without touching the others: ``_serving`` gives a client and the served config (an embedded
-server on the repository at the chosen version, or ``--url``); ``_request`` builds the inputs, which
-``check_request`` holds against the config before anything is sent; ``_render`` turns the answer into JSON
-and text.
+Three steps, each its own piece so another kind of request (a streamed LLM answer, say) adds a builder
+and a renderer without touching the others: ``_Serving`` gives the served config and a client (``--url``, or
+an embedded server on the repository at the chosen version, started only once the request passed its
+checks); ``_request`` builds the inputs, which ``check_request`` holds against the config before anything
+is sent; ``_render`` turns the answer into JSON and text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from typing import Any
 
 import click
@@ -41,29 +40,55 @@ def infer_command(ctx: Context, name: str, texts: tuple[str, ...], query: str | 
     if bool(texts) == bool(input_files):
         raise UsageError("give either --text or --input")
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
-    with _serving(ctx, settings, name, version) as (client, config):
+    with _Serving(ctx, settings, name, version) as serving:
+        config = serving.config()
         inputs = _request(config, name, texts, query, input_files)
-        check_request(config, inputs)
-        outputs = client.infer(name, inputs, version=version, classes=_classified(config))
+        check_request(config, inputs)  # before an embedded server is even started
+        outputs = serving.client().infer(name, inputs, version=version, classes=_classified(config))
     ctx.emit(*_render(name, config, outputs, texts, query))
 
 
-@contextmanager
-def _serving(ctx: Context, settings, name: str, version: int | None) -> Iterator[tuple[Any, Any]]:
-    """(client, the config the server serves ``name`` with) on --url or on an embedded server."""
-    from repo_manager.serving import embedded_server  # noqa: PLC0415
-    from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+class _Serving:
+    """Where the request goes: the server at --url, or an embedded server on the repository with ``name`` at
+    ``version``, started only when the request has passed its checks. ``config()`` is what the model is
+    served with: the server's, or the one the repository's version was validated with (the one it loads)."""
 
-    if settings.triton_url:
-        with TritonClient(settings.triton_url) as client:
-            client.require_ready()
-            yield client, client.model_config(name, version)
-        return
-    ctx.progress("starting an embedded tritonserver" + (f" with {name} version {version}" if version else ""))
-    with embedded_server(settings, [name], http_port=0, grpc_port=0, metrics_port=0,
-                         versions={name: version} if version else None) as info, \
-            TritonClient(info.endpoints.http) as client:
-        yield client, client.model_config(name, version)
+    def __init__(self, ctx: Context, settings, name: str, version: int | None) -> None:
+        self.ctx, self.settings, self.name, self.version = ctx, settings, name, version
+        self._stack = ExitStack()
+        self._client = None
+
+    def __enter__(self) -> _Serving:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return self._stack.__exit__(*exc)  # an error inside reaches the server's context (it drops its address)
+
+    def config(self):
+        if self.settings.triton_url:
+            return self.client().model_config(self.name, self.version)
+        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.serving import check_version_exists, version_config  # noqa: PLC0415
+
+        repo = LocalRepository(self.settings.repository)
+        return version_config(repo, self.name, check_version_exists(repo, self.name, self.version))
+
+    def client(self):
+        from repo_manager.serving import embedded_server  # noqa: PLC0415
+        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
+        if self._client is None:
+            if self.settings.triton_url:
+                self._client = self._stack.enter_context(TritonClient(self.settings.triton_url))
+                self._client.require_ready()
+            else:
+                self.ctx.progress("starting an embedded tritonserver"
+                                  + (f" with {self.name} version {self.version}" if self.version else ""))
+                info = self._stack.enter_context(embedded_server(
+                    self.settings, [self.name], http_port=0, grpc_port=0, metrics_port=0,
+                    versions={self.name: self.version} if self.version else None))
+                self._client = self._stack.enter_context(TritonClient(info.endpoints.http))
+        return self._client
 
 
 def _request(config, name: str, texts: tuple[str, ...], query: str | None, input_files: tuple[str, ...]):
