@@ -6,7 +6,11 @@ its tag and its history exactly as they were.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -399,3 +403,61 @@ def test_production_is_refused_ahead_of_its_canary_when_configured(staged, tmp_p
         "production": {"requires": {"env": "production-canary", "soak_s": 3600}}}}))
     soaking = run_cli(capsys, *args, "--to", "production")
     assert soaking.code == 9 and "3600 s" in soaking.err, soaking.err
+
+
+# the latency gate's own thresholds (25 % p99, 15 % capacity): what a team keeps on; short points, lag allowed
+# (the CPU hog below makes the client late too)
+BUSY_LATENCY = {"rate": 20, "requests": 60, "rounds": 3, "max_rounds": 6, "concurrency": 2, "arrivals": "constant",
+                "max_lag_ms": 100}
+
+
+@contextlib.contextmanager
+def cpu_hog(seconds: float = 240.0):
+    """A busy loop in another process for at most ``seconds``, stopped on leaving: a busy CI runner."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    hog = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_the_latency_gate_never_blocks_identical_versions_beside_a_cpu_hog_and_blocks_a_2x_slower_one(
+        folder_settings, tmp_path):
+    """Identical versions measured beside a busy loop pass (or are called inconclusive, not blocked); a version
+    doing twice the work per request is blocked, beyond the noise its own rounds show. The record keeps every
+    round and the spread."""
+    settings = dataclasses.replace(folder_settings, gates={"latency": BUSY_LATENCY})
+    base = heavy(tmp_path / "base.onnx", width=512, layers=100)
+    v1 = publish(settings, base)
+    point(settings, "production", v1)
+    twin = publish(settings, base)  # the same model, another version
+    slower = publish(settings, heavy(tmp_path / "slower.onnx", width=512, layers=200))
+    gates = ("checksums", "latency")
+    with cpu_hog():
+        point(settings, "staging", twin)
+        same = promote(settings, PromotionRequest("lin", "production", from_env="staging", gates=gates))
+        [_, latency] = same.gates
+        print("identical beside a CPU hog:", latency.summary)
+        assert same.moved and latency.passed and latency.details["verdict"] in ("pass", "inconclusive")
+        assert len(latency.details["per_round"]) == latency.details["rounds"] >= 3
+        assert {"spread_pct", "ratios", "interval"} <= set(latency.details["judged"]["capacity"])
+        point(settings, "staging", slower)
+        before = snapshot(settings)
+        with pytest.raises(GateError) as refused:
+            promote(settings, PromotionRequest("lin", "production", from_env="staging", gates=gates))
+        print("2x slower beside a CPU hog:", refused.value.message)
+        assert snapshot(settings) == before
+
+
+def test_the_latency_verdict_calls_a_difference_within_the_rounds_spread_inconclusive():
+    """The decision on measured rounds: below the threshold passes; a clear, steady miss blocks once three
+    rounds show it; a miss smaller than the rounds vary is within noise, and two rounds never block."""
+    from repo_manager.promote.gates import judge
+
+    assert judge("capacity", [0.86, 0.83, 0.88]).outcome == "meets"
+    assert judge("capacity", [1.7, 1.65, 1.8]).outcome == "misses"
+    assert judge("capacity", [1.7, 1.8]).outcome == "within_noise"
+    noisy = judge("capacity", [0.7, 1.5, 1.1])
+    assert noisy.outcome == "within_noise" and noisy.low < 1 < noisy.high and noisy.spread_pct > 20

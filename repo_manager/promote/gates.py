@@ -10,8 +10,10 @@ results: they propagate with their own exit codes.
   verified fetch `trm sync` uses). It is always run first: the others load the files it fetched.
 * ``load`` — the version loads on a real Triton (embedded, or ``--url``) through the load API under a
   temporary name and answers requests generated from its config (``publish.verify``).
-* ``latency`` — the version and the one it replaces, loaded side by side, measured in alternating
-  rounds with the load generator: p99 at the spec's rate (open loop) and capacity (closed loop).
+* ``latency`` — the version and the one it replaces, loaded side by side, measured in interleaved
+  rounds with the load generator: p99 at the spec's rate (open loop) and capacity (closed loop), judged
+  round by round against the spread the rounds show (``judge``): a difference within that noise is measured
+  again, up to ``max_rounds``, and then called inconclusive rather than a failure.
 * ``agreement`` — both answer the sample file (or generated inputs) with the same outputs, within the
   dtype's tolerance (``publish.verify.compare``): for config-only changes.
 * ``eval`` — a user command scores the loaded version; the score must reach the threshold.
@@ -20,6 +22,7 @@ results: they propagate with their own exit codes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -137,54 +140,164 @@ def _workload(config: cfg.ModelConfig, sample: Path | None) -> Workload:
     return Workload.from_file(sample, config) if sample else Workload.from_config(config)
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Student's t, 97.5 % one-sided, by degrees of freedom (beyond 10: 2.2, a little wide of the true value)."""
+MIN_ROUNDS_TO_BLOCK = 3
+"""A difference is called beyond the noise only from at least this many rounds: two cannot show a spread."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One metric of the latency gate, judged from paired rounds: in round k, ``ratios[k]`` is how far the new
+    version is from its threshold (its p99 over the p99 limit, or the capacity floor over its capacity; above 1
+    misses it). ``estimate`` is their geometric mean, ``low``..``high`` its 95 % interval from the spread
+    between rounds (the machine's own noise, measured)."""
+
+    metric: str
+    ratios: tuple[float, ...]
+    estimate: float
+    low: float
+    high: float
+
+    @property
+    def outcome(self) -> str:
+        """``meets`` the threshold; ``misses`` it beyond the noise; ``within_noise``: misses it, by less than
+        the rounds vary."""
+        if self.estimate <= 1.0:
+            return "meets"
+        if self.low > 1.0 and len(self.ratios) >= MIN_ROUNDS_TO_BLOCK:
+            return "misses"
+        return "within_noise"
+
+    @property
+    def spread_pct(self) -> float:
+        """The half-width of the interval, in percent of the estimate: what this machine's noise allows."""
+        return (self.high / self.estimate - 1.0) * 100 if self.estimate > 0 and math.isfinite(self.high) else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "outcome": self.outcome, "ratios": [round(r, 4) for r in self.ratios],
+                "estimate": round(self.estimate, 4), "interval": [round(self.low, 4), _finite(self.high)],
+                "spread_pct": _finite(self.spread_pct)}
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
+
+
+def judge(metric: str, ratios: list[float]) -> Verdict:
+    """A verdict on paired per-round ratios (above 1: the new version misses its threshold in that round)."""
+    logs = [math.log(r) for r in ratios if r > 0 and math.isfinite(r)]
+    if not logs:
+        return Verdict(metric, tuple(ratios), math.inf, 0.0, math.inf)
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return Verdict(metric, tuple(ratios), math.exp(mean), 0.0, math.inf)
+    half = T_975.get(len(logs) - 1, 2.2) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Verdict(metric, tuple(ratios), math.exp(mean), math.exp(mean - half), math.exp(mean + half))
+
+
 def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, params: dict[str, Any],
                  sample: Path | None, progress: Progress) -> GateResult:
-    """Side by side, in alternating rounds (A B, B A, …) so a busy moment of a shared machine hits both."""
+    """Side by side, in interleaved rounds (new old, old new, …) so a busy moment of a shared machine hits both;
+    each round pairs the two versions' p99 and capacity. Blocks only on a difference beyond the spread the
+    rounds themselves show; within it, measures more rounds, up to ``max_rounds``, and then says it could not
+    tell (inconclusive: not blocked unless ``block_inconclusive``)."""
     started = time.monotonic()
     rate, requests = float(params["rate"]), int(params["requests"])
     rounds, concurrency = max(1, int(params["rounds"])), max(1, int(params["concurrency"]))
-    points: dict[str, dict[str, list[float]]] = {s: {"p99_ms": [], "capacity_rps": []} for s in ("new", "old")}
+    max_rounds = max(rounds, int(params.get("max_rounds", rounds)))
+    per_round: list[dict[str, dict[str, float | None]]] = []
     invalid: list[str] = []
     with loaded(client, new, old) as (new_name, old_name):
         names = {"new": new_name, "old": old_name}
         workloads = {"new": _workload(new.config, sample), "old": _workload(old.config, sample)}
-        for index in range(rounds):
+        while True:
+            index = len(per_round)
+            measured: dict[str, dict[str, float | None]] = {"new": {}, "old": {}}
             for side in (("new", "old") if index % 2 == 0 else ("old", "new")):
-                progress(f"latency round {index + 1}/{rounds}: {side} version at {rate:g} req/s")
+                progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version at {rate:g} req/s")
                 target = Target(names[side], client.url)
                 open_point = _measure_valid(target, LoadSpec(
                     rate=rate, requests=requests, warmup_s=0.5, seed=index, max_lag_ms=float(params["max_lag_ms"]),
-                    arrivals=str(params["arrivals"])), workloads[side], invalid, f"{side} p99")
+                    arrivals=str(params["arrivals"])), workloads[side], invalid, f"round {index + 1} {side} p99")
                 # no warm-up of its own: the open-loop point just warmed the model, and the closed loop's
                 # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
                 closed = _measure_valid(target, LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
-                                        workloads[side], invalid, f"{side} capacity")
-                if open_point is not None:
-                    points[side]["p99_ms"].append(open_point.p99_ms)
-                if closed is not None:
-                    points[side]["capacity_rps"].append(closed.achieved_rps)
-    seconds = time.monotonic() - started
-    if any(not values for side in points.values() for values in side.values()):
-        return GateResult("latency", False, "no valid measurement: " + "; ".join(invalid[:3]),
-                          {"invalid": invalid, "points": points}, seconds)
-    med = {side: {k: statistics.median(v) for k, v in data.items()} for side, data in points.items()}
-    p99_limit = max(med["old"]["p99_ms"] * (1 + params["max_p99_increase_pct"] / 100),
-                    med["old"]["p99_ms"] + params["min_p99_delta_ms"])
-    capacity_floor = med["old"]["capacity_rps"] * (1 - params["max_capacity_drop_pct"] / 100)
-    details = {"rate_rps": rate, "requests": requests, "rounds": rounds, "concurrency": concurrency,
-               "new": med["new"], "old": med["old"], "p99_limit_ms": round(p99_limit, 3),
-               "capacity_floor_rps": round(capacity_floor, 1), "thresholds": dict(params), "invalid": invalid}
-    problems = []
-    if med["new"]["p99_ms"] > p99_limit:
-        problems.append(f"p99 {med['new']['p99_ms']:.2f} ms > limit {p99_limit:.2f} ms "
-                        f"(replaced version: {med['old']['p99_ms']:.2f} ms)")
-    if med["new"]["capacity_rps"] < capacity_floor:
-        problems.append(f"capacity {med['new']['capacity_rps']:.0f} req/s < floor {capacity_floor:.0f} req/s "
-                        f"(replaced version: {med['old']['capacity_rps']:.0f} req/s)")
-    summary = "; ".join(problems) if problems else (
-        f"p99 {med['new']['p99_ms']:.2f} ms vs {med['old']['p99_ms']:.2f} ms, capacity "
-        f"{med['new']['capacity_rps']:.0f} vs {med['old']['capacity_rps']:.0f} req/s at {rate:g} req/s")
-    return GateResult("latency", not problems, summary, details, seconds)
+                                        workloads[side], invalid, f"round {index + 1} {side} capacity")
+                measured[side]["p99_ms"] = open_point.p99_ms if open_point is not None else None
+                measured[side]["capacity_rps"] = closed.achieved_rps if closed is not None else None
+            per_round.append(measured)
+            verdicts = _verdicts(per_round, params)
+            outcomes = {v.outcome for v in verdicts.values()}
+            done = len(per_round) >= max_rounds or "misses" in outcomes or (
+                len(per_round) >= rounds and len(verdicts) == 2 and outcomes == {"meets"})
+            if done:
+                break
+    return _latency_result(per_round, verdicts, params, invalid, time.monotonic() - started)
+
+
+def _limits(old_p99: float, old_capacity: float, params: dict[str, Any]) -> tuple[float, float]:
+    p99_limit = max(old_p99 * (1 + params["max_p99_increase_pct"] / 100), old_p99 + params["min_p99_delta_ms"])
+    return p99_limit, old_capacity * (1 - params["max_capacity_drop_pct"] / 100)
+
+
+def _verdicts(per_round: list[dict[str, dict[str, float | None]]], params: dict[str, Any]) -> dict[str, Verdict]:
+    """A verdict per metric from the rounds where both versions gave a valid point (none yet: no verdict)."""
+    ratios: dict[str, list[float]] = {"p99": [], "capacity": []}
+    for measured in per_round:
+        new, old = measured["new"], measured["old"]
+        if new["p99_ms"] is not None and old["p99_ms"] is not None:
+            ratios["p99"].append(new["p99_ms"] / _limits(old["p99_ms"], 0.0, params)[0])
+        if new["capacity_rps"] and old["capacity_rps"]:
+            ratios["capacity"].append(_limits(0.0, old["capacity_rps"], params)[1] / new["capacity_rps"])
+    return {metric: judge(metric, values) for metric, values in ratios.items() if values}
+
+
+def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdicts: dict[str, Verdict],
+                    params: dict[str, Any], invalid: list[str], seconds: float) -> GateResult:
+    def values(side: str, key: str) -> list[float]:
+        return [float(m[side][key]) for m in per_round if m[side][key] is not None]
+
+    med = {side: {key: statistics.median(values(side, key)) if values(side, key) else None
+                  for key in ("p99_ms", "capacity_rps")} for side in ("new", "old")}
+    outcomes = {metric: verdict.outcome for metric, verdict in verdicts.items()}
+    missing = [metric for metric in ("p99", "capacity") if metric not in verdicts]
+    verdict = ("fail" if "misses" in outcomes.values() else
+               "inconclusive" if missing or "within_noise" in outcomes.values() else "pass")
+    block = verdict == "fail" or (verdict == "inconclusive" and bool(params.get("block_inconclusive", 0)))
+    details: dict[str, Any] = {
+        "verdict": verdict, "rate_rps": float(params["rate"]), "requests": int(params["requests"]),
+        "rounds": len(per_round), "concurrency": int(params["concurrency"]), "new": med["new"], "old": med["old"],
+        "per_round": per_round, "judged": {metric: v.to_dict() for metric, v in verdicts.items()},
+        "thresholds": dict(params), "invalid": invalid}
+    if med["old"]["p99_ms"] is not None and med["old"]["capacity_rps"] is not None:
+        p99_limit, floor = _limits(med["old"]["p99_ms"], med["old"]["capacity_rps"], params)
+        details.update(p99_limit_ms=round(p99_limit, 3), capacity_floor_rps=round(floor, 1))
+    parts = [_describe(metric, med, verdicts[metric], details) for metric in ("p99", "capacity") if metric in verdicts]
+    parts += [f"{metric}: no round gave a valid point of both versions ({'; '.join(invalid[:2])})"
+              for metric in missing]
+    rounds = f"{len(per_round)} round(s) at {float(params['rate']):g} req/s"
+    if verdict == "fail":
+        summary = f"{'; '.join(p for p in parts if 'beyond' in p)} ({rounds})"
+    elif verdict == "inconclusive":
+        summary = (f"inconclusive after {rounds}: {'; '.join(parts)}; the difference is within what this machine's "
+                   f"noise allows, so it " + ("blocks (block_inconclusive is set)" if block else "does not block"))
+    else:
+        summary = f"{'; '.join(parts)} ({rounds})"
+    return GateResult("latency", not block, summary, details, seconds)
+
+
+def _describe(metric: str, med: dict[str, dict[str, float | None]], verdict: Verdict, details: dict[str, Any]) -> str:
+    spread = f"±{verdict.spread_pct:.0f} % between rounds" if math.isfinite(verdict.spread_pct) else "one round"
+    if metric == "p99":
+        new, old, limit = med["new"]["p99_ms"], med["old"]["p99_ms"], details.get("p99_limit_ms")
+        figures = f"p99 {new:.2f} ms vs {old:.2f} ms (limit {limit:.2f} ms)" if limit else f"p99 {new:.2f} ms"
+    else:
+        new, old, limit = med["new"]["capacity_rps"], med["old"]["capacity_rps"], details.get("capacity_floor_rps")
+        figures = f"capacity {new:.0f} vs {old:.0f} req/s (floor {limit:.0f} req/s)" if limit else f"capacity {new:.0f}"
+    if verdict.outcome == "misses":
+        return f"{figures}: beyond the threshold by more than the noise ({spread})"
+    return f"{figures}, {spread}"
 
 
 def _measure_valid(target: Target, spec: LoadSpec, workload: Workload, invalid: list[str], label: str,
