@@ -461,3 +461,6 @@ def test_the_latency_verdict_calls_a_difference_within_the_rounds_spread_inconcl
     assert judge("capacity", [1.7, 1.8]).outcome == "within_noise"
     noisy = judge("capacity", [0.7, 1.5, 1.1])
     assert noisy.outcome == "within_noise" and noisy.low < 1 < noisy.high and noisy.spread_pct > 20
+    # one wild round widens the interval, but six rounds out of six missing is no coin toss
+    assert judge("capacity", [1.6, 1.7, 1.5, 1.8, 1.6, 9.0]).outcome == "misses"
+    assert judge("capacity", [1.6, 1.7, 1.5, 1.8, 0.3]).outcome == "within_noise"  # one round meets it well

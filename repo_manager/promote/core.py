@@ -20,7 +20,10 @@ replaced) and, by default, only the ``checksums`` gate, so it works when the ser
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ from repo_manager.promote.envs import GATES, env_store, gate_settings, model_spe
 from repo_manager.settings import Settings
 from repo_manager.storage import EnvPointer, Store, blob_key, check_env_name, open_store
 from repo_manager.sync.cache import BlobCache
+from repo_manager.triton.client import TritonClient
 from repo_manager.triton.connect import triton_client
 
 SWAP_RETRIES = 5
@@ -280,34 +284,52 @@ def run_gates(settings: Settings, request: PromotionRequest, plan: PromotionPlan
         except (NotFoundError, StoreError) as exc:
             return results + [g.GateResult(n, False, f"the replaced version {plan.replaces} cannot be read: "
                                                      f"{exc.message}") for n in server_gates], fetched
-    with triton_client(settings) as client:
+    with _gate_server(settings, fetched, baseline, progress=progress) as (client, repository):
         for name in server_gates:
             progress(f"{name}: {plan.model}/{plan.version} on {client.url}")
-            results.append(_server_gate(name, client, fetched, baseline, settings, request, spec, sample,
-                                        progress))
+            results.append(_server_gate(name, client, repository, fetched, baseline, settings, request, spec,
+                                        sample, progress))
     return results, fetched
 
 
-def _server_gate(name: str, client, fetched: g.FetchedVersion, baseline: g.FetchedVersion | None,
-                 settings: Settings, request: PromotionRequest, spec, sample: Path | None,
-                 progress: Progress) -> g.GateResult:
+@contextmanager
+def _gate_server(settings: Settings, *versions: g.FetchedVersion | None,
+                 progress: Progress = quiet) -> Iterator[tuple[TritonClient, Path | None]]:
+    """(client, the server's repository folder or None). An ensemble loads its members from the server's own
+    repository folder, which file overrides cannot fill, so versions holding one are gated on an embedded
+    server whose repository is a scratch folder, even when --url is given (as publish verifies them)."""
+    if not any(c.config.HasField("ensemble_scheduling") for v in versions if v for c in v.candidates):
+        with triton_client(settings) as client:
+            yield client, None
+        return
+    if settings.triton_url:
+        progress("an ensemble is gated on an embedded server (Triton loads its members from its own repository "
+                 "folder)")
+    with tempfile.TemporaryDirectory(prefix="trm-gates-") as scratch, \
+            triton_client(dataclasses.replace(settings, triton_url=None), repository=Path(scratch)) as client:
+        yield client, Path(scratch)
+
+
+def _server_gate(name: str, client, repository: Path | None, fetched: g.FetchedVersion,
+                 baseline: g.FetchedVersion | None, settings: Settings, request: PromotionRequest, spec,
+                 sample: Path | None, progress: Progress) -> g.GateResult:
     if name == "load":
-        return g.load_gate(client, fetched)
+        return g.load_gate(client, fetched, repository)
     if name == "eval":
         command = request.eval_command or spec.eval_command
         threshold = request.eval_threshold if request.eval_threshold is not None else spec.eval_threshold
         if not command or threshold is None:
             raise UsageError("the eval gate needs a command and a threshold",
                              hint="pass --eval-cmd and --eval-threshold, or set eval in configs/models/NAME.yaml")
-        return g.eval_gate(client, fetched, baseline, command, threshold)
+        return g.eval_gate(client, fetched, baseline, command, threshold, repository=repository)
     if baseline is None:
         return g.skipped(name, "the target environment serves no earlier version to compare with")
     if name == "latency":
         params = dict(gate_settings(settings)["latency"])
         if spec.slo.get("peak_rps"):
             params["rate"] = spec.slo["peak_rps"]
-        return g.latency_gate(client, fetched, baseline, params, sample, progress)
-    return g.agreement_gate(client, fetched, baseline, sample)
+        return g.latency_gate(client, fetched, baseline, params, sample, progress, repository)
+    return g.agreement_gate(client, fetched, baseline, sample, repository)
 
 
 def copy_version(source: Store, target: Store, fetched: g.FetchedVersion,

@@ -113,11 +113,12 @@ def checksums_gate(store: Store, cache: BlobCache, model: str,
                       {"store": store.location, "files": files, "bytes": size}, time.monotonic() - started), fetched
 
 
-def load_gate(client: TritonClient, version: FetchedVersion) -> GateResult:
+def load_gate(client: TritonClient, version: FetchedVersion, repository: Path | None = None) -> GateResult:
     started = time.monotonic()
     samples = verification_samples(version.config)
     try:
-        report = verify(client, list(version.candidates), version.manifest.model, samples, None)
+        report = verify(client, list(version.candidates), version.manifest.model, samples, None,
+                        repository=repository)
     except VerificationError as exc:
         return GateResult("load", False, f"did not load and answer on {client.url}: {exc.message}",
                           {"server": client.url}, time.monotonic() - started)
@@ -126,12 +127,14 @@ def load_gate(client: TritonClient, version: FetchedVersion) -> GateResult:
 
 
 @contextmanager
-def loaded(client: TritonClient, *versions: FetchedVersion) -> Iterator[list[str]]:
-    """Load each version under its own temporary name; yields the names of the entry models."""
+def loaded(client: TritonClient, *versions: FetchedVersion, repository: Path | None = None) -> Iterator[list[str]]:
+    """Load each version under its own temporary name; yields the names of the entry models. ``repository``:
+    the server's own repository folder, where the versions are written (an ensemble's members must be there:
+    see ``publish.verify.LoadedCandidates``); None: sent as file overrides."""
     with ExitStack() as stack:
         names = []
         for version in versions:
-            handle = stack.enter_context(LoadedCandidates(client, list(version.candidates)))
+            handle = stack.enter_context(LoadedCandidates(client, list(version.candidates), repository))
             names.append(handle.names[version.manifest.model])
         yield names
 
@@ -160,12 +163,19 @@ class Verdict:
     high: float
 
     @property
+    def sign_p(self) -> float:
+        """The chance that this many rounds or more miss the threshold if each were a coin toss (a sign
+        test: one wild round cannot hide a miss every other round shows)."""
+        n, missed = len(self.ratios), sum(r > 1.0 for r in self.ratios)
+        return sum(math.comb(n, k) for k in range(missed, n + 1)) / 2 ** n if n else 1.0
+
+    @property
     def outcome(self) -> str:
-        """``meets`` the threshold; ``misses`` it beyond the noise; ``within_noise``: misses it, by less than
-        the rounds vary."""
+        """``meets`` the threshold; ``misses`` it beyond the noise (the interval is above 1, or the rounds miss
+        it too consistently for chance); ``within_noise``: misses it, by less than the rounds vary."""
         if self.estimate <= 1.0:
             return "meets"
-        if self.low > 1.0 and len(self.ratios) >= MIN_ROUNDS_TO_BLOCK:
+        if len(self.ratios) >= MIN_ROUNDS_TO_BLOCK and (self.low > 1.0 or self.sign_p < 0.025):
             return "misses"
         return "within_noise"
 
@@ -177,7 +187,8 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "outcome": self.outcome, "ratios": [round(r, 4) for r in self.ratios],
                 "estimate": round(self.estimate, 4), "interval": [round(self.low, 4), _finite(self.high)],
-                "spread_pct": _finite(self.spread_pct)}
+                "spread_pct": _finite(self.spread_pct), "rounds_missing": sum(r > 1.0 for r in self.ratios),
+                "sign_p": round(self.sign_p, 4)}
 
 
 def _finite(value: float) -> float | None:
@@ -197,7 +208,7 @@ def judge(metric: str, ratios: list[float]) -> Verdict:
 
 
 def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, params: dict[str, Any],
-                 sample: Path | None, progress: Progress) -> GateResult:
+                 sample: Path | None, progress: Progress, repository: Path | None = None) -> GateResult:
     """Side by side, in interleaved rounds (new old, old new, …) so a busy moment of a shared machine hits both;
     each round pairs the two versions' p99 and capacity. Blocks only on a difference beyond the spread the
     rounds themselves show; within it, measures more rounds, up to ``max_rounds``, and then says it could not
@@ -208,24 +219,30 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
     max_rounds = max(rounds, int(params.get("max_rounds", rounds)))
     per_round: list[dict[str, dict[str, float | None]]] = []
     invalid: list[str] = []
-    with loaded(client, new, old) as (new_name, old_name):
+    with loaded(client, new, old, repository=repository) as (new_name, old_name):
         names = {"new": new_name, "old": old_name}
         workloads = {"new": _workload(new.config, sample), "old": _workload(old.config, sample)}
         while True:
             index = len(per_round)
+            first, second = ("new", "old") if index % 2 == 0 else ("old", "new")
             measured: dict[str, dict[str, float | None]] = {"new": {}, "old": {}}
-            for side in (("new", "old") if index % 2 == 0 else ("old", "new")):
-                progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version at {rate:g} req/s")
-                target = Target(names[side], client.url)
-                open_point = _measure_valid(target, LoadSpec(
+            # A B for p99, then B A for capacity: the two points of a pair run back to back, and a machine
+            # getting busier (or quieter) during the round favours neither version
+            for side in (first, second):
+                progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version, p99 at "
+                         f"{rate:g} req/s")
+                point = _measure_valid(Target(names[side], client.url), LoadSpec(
                     rate=rate, requests=requests, warmup_s=0.5, seed=index, max_lag_ms=float(params["max_lag_ms"]),
                     arrivals=str(params["arrivals"])), workloads[side], invalid, f"round {index + 1} {side} p99")
-                # no warm-up of its own: the open-loop point just warmed the model, and the closed loop's
+                measured[side]["p99_ms"] = point.p99_ms if point is not None else None
+            for side in (second, first):
+                progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version, capacity")
+                # no warm-up of its own: the open-loop points just warmed the model, and the closed loop's
                 # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
-                closed = _measure_valid(target, LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
-                                        workloads[side], invalid, f"round {index + 1} {side} capacity")
-                measured[side]["p99_ms"] = open_point.p99_ms if open_point is not None else None
-                measured[side]["capacity_rps"] = closed.achieved_rps if closed is not None else None
+                point = _measure_valid(Target(names[side], client.url),
+                                       LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
+                                       workloads[side], invalid, f"round {index + 1} {side} capacity")
+                measured[side]["capacity_rps"] = point.achieved_rps if point is not None else None
             per_round.append(measured)
             verdicts = _verdicts(per_round, params)
             outcomes = {v.outcome for v in verdicts.values()}
@@ -318,11 +335,12 @@ def _agreement_samples(config: cfg.ModelConfig, sample: Path | None) -> list[dic
     return [generate_inputs(config, batch_size=1, seed=seed) for seed in range(4)]
 
 
-def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, sample: Path | None) -> GateResult:
+def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, sample: Path | None,
+                   repository: Path | None = None) -> GateResult:
     started = time.monotonic()
     samples = _agreement_samples(old.config, sample)
     worst: dict[str, float] = {}
-    with loaded(client, new, old) as (new_name, old_name):
+    with loaded(client, new, old, repository=repository) as (new_name, old_name):
         for request in samples:
             want = client.infer(old_name, request)
             got = client.infer(new_name, request)
@@ -356,14 +374,14 @@ def parse_score(stdout: str) -> float:
 
 
 def eval_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion | None, command: str,
-              threshold: float, timeout_s: float = 1800.0) -> GateResult:
+              threshold: float, timeout_s: float = 1800.0, repository: Path | None = None) -> GateResult:
     """Run ``command`` (a shell command line from the user's configs or options) with the loaded version's
     name and server in its environment; its score must be at least ``threshold``."""
     started = time.monotonic()
     if not command.strip():
         raise UsageError("the eval gate needs a command", hint="pass --eval-cmd or set eval.command in the spec")
     versions = (new, old) if old else (new,)
-    with loaded(client, *versions) as names:
+    with loaded(client, *versions, repository=repository) as names:
         env = dict(os.environ, TRM_EVAL_URL=client.url, TRM_EVAL_MODEL=names[0],
                    TRM_EVAL_NAME=new.manifest.model, TRM_EVAL_VERSION=str(new.manifest.version))
         if old:
