@@ -285,11 +285,29 @@ def run_gates(settings: Settings, request: PromotionRequest, plan: PromotionPlan
             return results + [g.GateResult(n, False, f"the replaced version {plan.replaces} cannot be read: "
                                                      f"{exc.message}") for n in server_gates], fetched
     with _gate_server(settings, fetched, baseline, progress=progress) as (client, repository):
+        embedded = repository is not None or not settings.triton_url
         for name in server_gates:
             progress(f"{name}: {plan.model}/{plan.version} on {client.url}")
-            results.append(_server_gate(name, client, repository, fetched, baseline, settings, request, spec,
-                                        sample, progress))
+            result = _server_gate(name, client, repository, fetched, baseline, settings, request, spec, sample,
+                                  progress)
+            results.append(_without_address(result, client.url) if embedded else result)
     return results, fetched
+
+
+def _without_address(result: g.GateResult, url: str) -> g.GateResult:
+    """The record names an embedded server as such: its address stops existing with the promotion."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            for before, after in ((f"Triton at {url}", "the embedded Triton"), (f"on {url}", "on the embedded Triton")):
+                value = value.replace(before, after)
+            return value.replace(url, "the embedded Triton")
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return dataclasses.replace(result, summary=clean(result.summary), details=clean(result.details))
 
 
 @contextmanager
