@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -464,3 +465,28 @@ def test_the_latency_verdict_calls_a_difference_within_the_rounds_spread_inconcl
     # one wild round widens the interval, but six rounds out of six missing is no coin toss
     assert judge("capacity", [1.6, 1.7, 1.5, 1.8, 1.6, 9.0]).outcome == "misses"
     assert judge("capacity", [1.6, 1.7, 1.5, 1.8, 0.3]).outcome == "within_noise"  # one round meets it well
+
+
+def test_an_ensemble_is_promoted_through_the_load_gate(folder_settings, tmp_path, capsys):
+    """An ensemble's members load from the server's own repository folder, which file overrides cannot fill:
+    the gates run it on an embedded server with a scratch repository (even with --url), the record names that
+    server as such, and production moves."""
+    import rollout_models as rm
+
+    store = folder_settings.store
+    src = tmp_path / "src"
+    first = rm.ensemble(src, 1)
+    assert run_cli(capsys, "push", store, "--repo", src, "--model", f"pipe:{first}", "--env", "production",
+                   "--create-env").code == 0
+    second = rm.ensemble(src, 2)
+    assert run_cli(capsys, "push", store, "--repo", src, "--model", f"pipe:{second}", "--env", "staging",
+                   "--create-env").code == 0
+    result = run_cli(capsys, "--json", "promote", "pipe", "--from", "staging", "--to", "production", "--store",
+                     store, "--url", folder_settings.triton_url, "--gates", "checksums,load")
+    assert result.code == 0, result.err
+    data = result.json()
+    assert [g["gate"] for g in data["gates"]] == ["checksums", "load"]
+    assert all(g["passed"] for g in data["gates"]), data["gates"]
+    assert "on the embedded Triton" in data["gates"][1]["summary"]
+    assert "127.0.0.1" not in json.dumps(data["gates"])
+    assert open_store(store, folder_settings).get_env("production").models == {"pipe": second}
