@@ -66,7 +66,14 @@ class _Serving:
 
     def config(self):
         if self.settings.triton_url:
-            return self.client().model_config(self.name, self.version)
+            from repo_manager.errors import NotFoundError  # noqa: PLC0415
+
+            try:
+                return self.client().model_config(self.name, self.version)
+            except NotFoundError as exc:
+                version = f" version {self.version}" if self.version else ""
+                raise NotFoundError(exc.message, hint=f"load {self.name}{version} there (trm rollout), or leave "
+                                    "out --url to query the repository's on an embedded server") from exc
         from repo_manager.repository import LocalRepository  # noqa: PLC0415
         from repo_manager.serving import check_version_exists, version_config  # noqa: PLC0415
 
