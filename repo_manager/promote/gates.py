@@ -219,6 +219,7 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
     max_rounds = max(rounds, int(params.get("max_rounds", rounds)))
     per_round: list[dict[str, dict[str, float | None]]] = []
     invalid: list[str] = []
+    failed: dict[str, list[str]] = {"new": [], "old": []}
     with loaded(client, new, old, repository=repository) as (new_name, old_name):
         names = {"new": new_name, "old": old_name}
         workloads = {"new": _workload(new.config, sample), "old": _workload(old.config, sample)}
@@ -233,7 +234,8 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
                          f"{rate:g} req/s")
                 point = _measure_valid(Target(names[side], client.url), LoadSpec(
                     rate=rate, requests=requests, warmup_s=0.5, seed=index, max_lag_ms=float(params["max_lag_ms"]),
-                    arrivals=str(params["arrivals"])), workloads[side], invalid, f"round {index + 1} {side} p99")
+                    arrivals=str(params["arrivals"])), workloads[side], invalid, f"round {index + 1} {side} p99",
+                    failed[side])
                 measured[side]["p99_ms"] = point.p99_ms if point is not None else None
             for side in (second, first):
                 progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version, capacity")
@@ -241,16 +243,17 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
                 # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
                 point = _measure_valid(Target(names[side], client.url),
                                        LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
-                                       workloads[side], invalid, f"round {index + 1} {side} capacity")
+                                       workloads[side], invalid, f"round {index + 1} {side} capacity",
+                                       failed[side])
                 measured[side]["capacity_rps"] = point.achieved_rps if point is not None else None
             per_round.append(measured)
             verdicts = _verdicts(per_round, params)
             outcomes = {v.outcome for v in verdicts.values()}
-            done = len(per_round) >= max_rounds or "misses" in outcomes or (
+            done = len(per_round) >= max_rounds or "misses" in outcomes or bool(failed["new"]) or (
                 len(per_round) >= rounds and len(verdicts) == 2 and outcomes == {"meets"})
             if done:
                 break
-    return _latency_result(per_round, verdicts, params, invalid, time.monotonic() - started)
+    return _latency_result(per_round, verdicts, params, invalid, failed, time.monotonic() - started)
 
 
 def _limits(old_p99: float, old_capacity: float, params: dict[str, Any]) -> tuple[float, float]:
@@ -271,7 +274,8 @@ def _verdicts(per_round: list[dict[str, dict[str, float | None]]], params: dict[
 
 
 def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdicts: dict[str, Verdict],
-                    params: dict[str, Any], invalid: list[str], seconds: float) -> GateResult:
+                    params: dict[str, Any], invalid: list[str], failed: dict[str, list[str]],
+                    seconds: float) -> GateResult:
     def values(side: str, key: str) -> list[float]:
         return [float(m[side][key]) for m in per_round if m[side][key] is not None]
 
@@ -279,14 +283,14 @@ def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdict
                   for key in ("p99_ms", "capacity_rps")} for side in ("new", "old")}
     outcomes = {metric: verdict.outcome for metric, verdict in verdicts.items()}
     missing = [metric for metric in ("p99", "capacity") if metric not in verdicts]
-    verdict = ("fail" if "misses" in outcomes.values() else
+    verdict = ("fail" if "misses" in outcomes.values() or failed["new"] else
                "inconclusive" if missing or "within_noise" in outcomes.values() else "pass")
     block = verdict == "fail" or (verdict == "inconclusive" and bool(params.get("block_inconclusive", 0)))
     details: dict[str, Any] = {
         "verdict": verdict, "rate_rps": float(params["rate"]), "requests": int(params["requests"]),
         "rounds": len(per_round), "concurrency": int(params["concurrency"]), "new": med["new"], "old": med["old"],
         "per_round": per_round, "judged": {metric: v.to_dict() for metric, v in verdicts.items()},
-        "thresholds": dict(params), "invalid": invalid}
+        "thresholds": dict(params), "invalid": invalid, "failed_requests": failed}
     if med["old"]["p99_ms"] is not None and med["old"]["capacity_rps"] is not None:
         p99_limit, floor = _limits(med["old"]["p99_ms"], med["old"]["capacity_rps"], params)
         details.update(p99_limit_ms=round(p99_limit, 3), capacity_floor_rps=round(floor, 1))
@@ -294,7 +298,10 @@ def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdict
     parts += [f"{metric}: no round gave a valid point of both versions ({'; '.join(invalid[:2])})"
               for metric in missing]
     rounds = f"{len(per_round)} round(s) at {float(params['rate']):g} req/s"
-    if verdict == "fail":
+    parts += [f"the replaced version failed requests: {failed['old'][0]}"] if failed["old"] else []
+    if failed["new"]:
+        summary = f"the new version failed requests under load: {failed['new'][0]} ({rounds})"
+    elif verdict == "fail":
         summary = f"{'; '.join(p for p in parts if 'beyond' in p)} ({rounds})"
     elif verdict == "inconclusive":
         summary = (f"inconclusive after {rounds}: {'; '.join(parts)}; the difference is within what this machine's "
@@ -305,7 +312,9 @@ def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdict
 
 
 def _describe(metric: str, med: dict[str, dict[str, float | None]], verdict: Verdict, details: dict[str, Any]) -> str:
-    spread = f"±{verdict.spread_pct:.0f} % between rounds" if math.isfinite(verdict.spread_pct) else "one round"
+    pct = verdict.spread_pct
+    spread = ("one round" if not math.isfinite(pct) else f"±{pct:.0f} % between rounds" if pct <= 100 else
+              f"rounds vary by up to ×{1 + pct / 100:.1f}")
     if metric == "p99":
         new, old, limit = med["new"]["p99_ms"], med["old"]["p99_ms"], details.get("p99_limit_ms")
         figures = f"p99 {new:.2f} ms vs {old:.2f} ms (limit {limit:.2f} ms)" if limit else f"p99 {new:.2f} ms"
@@ -318,14 +327,19 @@ def _describe(metric: str, med: dict[str, dict[str, float | None]], verdict: Ver
 
 
 def _measure_valid(target: Target, spec: LoadSpec, workload: Workload, invalid: list[str], label: str,
-                   attempts: int = 3) -> Measurement | None:
+                   failed: list[str], attempts: int = 3) -> Measurement | None:
     """A valid point, measured again (a bounded number of times) when the client, not the server, limited
-    it (a busy moment on a shared runner); None when no attempt was valid, each reason kept in ``invalid``."""
+    it (a busy moment on a shared runner); None when no attempt was valid, each reason kept in ``invalid``,
+    or when the server failed requests (kept in ``failed``)."""
     for _ in range(attempts):
         point = measure(target, spec, workload)
-        if point.valid and not point.errors:
+        if point.errors:  # the server failed requests: not the machine's noise, so not measured again
+            sample = f" ({point.error_samples[0][:200]})" if point.error_samples else ""
+            failed.append(f"{label}: {point.errors} of {point.requests} requests failed{sample}")
+            return None
+        if point.valid:
             return point
-        invalid.append(f"{label}: {point.invalid_reason or f'{point.errors} failed requests'}")
+        invalid.append(f"{label}: {point.invalid_reason}")
     return None
 
 
