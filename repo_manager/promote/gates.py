@@ -237,15 +237,12 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
                     arrivals=str(params["arrivals"])), workloads[side], invalid, f"round {index + 1} {side} p99",
                     failed[side])
                 measured[side]["p99_ms"] = point.p99_ms if point is not None else None
-            for side in (second, first):
-                progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version, capacity")
-                # no warm-up of its own: the open-loop points just warmed the model, and the closed loop's
-                # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
-                point = _measure_valid(Target(names[side], client.url),
-                                       LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
-                                       workloads[side], invalid, f"round {index + 1} {side} capacity",
-                                       failed[side])
-                measured[side]["capacity_rps"] = point.achieved_rps if point is not None else None
+            progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): capacity, "
+                     f"{CAPACITY_SLICES} slices of each version in turn")
+            capacity = _capacity_pair(client.url, names, workloads, (second, first), concurrency, requests,
+                                      invalid, failed, f"round {index + 1}")
+            for side in ("new", "old"):
+                measured[side]["capacity_rps"] = capacity[side]
             per_round.append(measured)
             verdicts = _verdicts(per_round, params)
             outcomes = {v.outcome for v in verdicts.values()}
@@ -254,6 +251,37 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
             if done:
                 break
     return _latency_result(per_round, verdicts, params, invalid, failed, time.monotonic() - started)
+
+
+CAPACITY_SLICES = 3
+"""A round's capacity points, cut into this many slices taken in turn (B A B A B A): a burst of other work
+on the machine lasting a second or two then lands on both versions instead of one."""
+
+
+def _capacity_pair(url: str, names: dict[str, str], workloads: dict[str, Workload], order: tuple[str, str],
+                   concurrency: int, requests: int, invalid: list[str], failed: dict[str, list[str]],
+                   label: str) -> dict[str, float | None]:
+    """Closed-loop capacity (answers per second) of both versions, measured in alternating slices; None for
+    a side with a slice that stayed invalid or failed requests."""
+    per_slice = max(10, requests // CAPACITY_SLICES)
+    answered = {side: 0.0 for side in order}
+    seconds: dict[str, float | None] = {side: 0.0 for side in order}
+    for part in range(CAPACITY_SLICES):
+        for side in order:
+            if seconds[side] is None:
+                continue
+            # no warm-up of its own: the open-loop points just warmed the model, and the closed loop's
+            # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
+            point = _measure_valid(Target(names[side], url), LoadSpec(concurrency=concurrency, requests=per_slice,
+                                                                      warmup_s=0.0),
+                                   workloads[side], invalid, f"{label} {side} capacity (slice {part + 1})",
+                                   failed[side])
+            if point is None or not point.achieved_rps > 0:
+                seconds[side] = None
+                continue
+            answered[side] += point.requests
+            seconds[side] += point.requests / point.achieved_rps
+    return {side: (answered[side] / took if took else None) for side, took in seconds.items()}
 
 
 def _limits(old_p99: float, old_capacity: float, params: dict[str, Any]) -> tuple[float, float]:
