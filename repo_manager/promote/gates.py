@@ -145,16 +145,18 @@ def _workload(config: cfg.ModelConfig, sample: Path | None) -> Workload:
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 """Student's t, 97.5 % one-sided, by degrees of freedom (beyond 10: 2.2, a little wide of the true value)."""
-MIN_ROUNDS_TO_BLOCK = 3
-"""A difference is called beyond the noise only from at least this many rounds: two cannot show a spread."""
+MIN_SAMPLES_TO_BLOCK = 3
+"""A difference is called beyond the noise only from at least this many paired measurements: two cannot show
+a spread."""
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One metric of the latency gate, judged from paired rounds: in round k, ``ratios[k]`` is how far the new
-    version is from its threshold (its p99 over the p99 limit, or the capacity floor over its capacity; above 1
-    misses it). ``estimate`` is their geometric mean, ``low``..``high`` its 95 % interval from the spread
-    between rounds (the machine's own noise, measured)."""
+    """One metric of the latency gate, judged from paired measurements (p99: one pair a round; capacity: one
+    pair per slice): ``ratios[k]`` is how far the new version is from its threshold in pair k (its p99 over the
+    p99 limit, or the capacity floor over its capacity; above 1 misses it). ``estimate`` is their geometric
+    mean, ``low``..``high`` its 95 % interval from the spread between pairs (the machine's own noise,
+    measured in the same minutes)."""
 
     metric: str
     ratios: tuple[float, ...]
@@ -175,7 +177,7 @@ class Verdict:
         it too consistently for chance); ``within_noise``: misses it, by less than the rounds vary."""
         if self.estimate <= 1.0:
             return "meets"
-        if len(self.ratios) >= MIN_ROUNDS_TO_BLOCK and (self.low > 1.0 or self.sign_p < 0.025):
+        if len(self.ratios) >= MIN_SAMPLES_TO_BLOCK and (self.low > 1.0 or self.sign_p < 0.025):
             return "misses"
         return "within_noise"
 
@@ -217,7 +219,7 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
     rate, requests = float(params["rate"]), int(params["requests"])
     rounds, concurrency = max(1, int(params["rounds"])), max(1, int(params["concurrency"]))
     max_rounds = max(rounds, int(params.get("max_rounds", rounds)))
-    per_round: list[dict[str, dict[str, float | None]]] = []
+    per_round: list[dict[str, dict[str, Any]]] = []
     invalid: list[str] = []
     failed: dict[str, list[str]] = {"new": [], "old": []}
     with loaded(client, new, old, repository=repository) as (new_name, old_name):
@@ -226,7 +228,7 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
         while True:
             index = len(per_round)
             first, second = ("new", "old") if index % 2 == 0 else ("old", "new")
-            measured: dict[str, dict[str, float | None]] = {"new": {}, "old": {}}
+            measured: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
             # A B for p99, then B A for capacity: the two points of a pair run back to back, and a machine
             # getting busier (or quieter) during the round favours neither version
             for side in (first, second):
@@ -239,49 +241,52 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
                 measured[side]["p99_ms"] = point.p99_ms if point is not None else None
             progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): capacity, "
                      f"{CAPACITY_SLICES} slices of each version in turn")
-            capacity = _capacity_pair(client.url, names, workloads, (second, first), concurrency, requests,
-                                      invalid, failed, f"round {index + 1}")
+            slices = _capacity_pair(client.url, names, workloads, (second, first), concurrency, requests,
+                                    invalid, failed, f"round {index + 1}")
             for side in ("new", "old"):
-                measured[side]["capacity_rps"] = capacity[side]
+                measured[side]["capacity_rps"] = _overall(slices[side])
+                measured[side]["capacity_slices_rps"] = slices[side]
             per_round.append(measured)
             verdicts = _verdicts(per_round, params)
             outcomes = {v.outcome for v in verdicts.values()}
-            done = len(per_round) >= max_rounds or "misses" in outcomes or bool(failed["new"]) or (
-                len(per_round) >= rounds and len(verdicts) == 2 and outcomes == {"meets"})
+            # never a verdict from fewer than ``rounds`` rounds: the samples of one round are seconds apart
+            done = bool(failed["new"]) or len(per_round) >= max_rounds or (len(per_round) >= rounds and (
+                "misses" in outcomes or (len(verdicts) == 2 and outcomes == {"meets"})))
             if done:
                 break
     return _latency_result(per_round, verdicts, params, invalid, failed, time.monotonic() - started)
 
 
-CAPACITY_SLICES = 3
-"""A round's capacity points, cut into this many slices taken in turn (B A B A B A): a burst of other work
-on the machine lasting a second or two then lands on both versions instead of one."""
+CAPACITY_SLICES = 4
+"""A round's capacity points, cut into this many slices taken in turn (B A B A …): a burst of other work on
+the machine then lands on both versions, and each adjacent pair of slices is one sample of the ratio."""
 
 
 def _capacity_pair(url: str, names: dict[str, str], workloads: dict[str, Workload], order: tuple[str, str],
                    concurrency: int, requests: int, invalid: list[str], failed: dict[str, list[str]],
-                   label: str) -> dict[str, float | None]:
-    """Closed-loop capacity (answers per second) of both versions, measured in alternating slices; None for
-    a side with a slice that stayed invalid or failed requests."""
+                   label: str) -> dict[str, list[float | None]]:
+    """Closed-loop capacity (answers per second) of both versions, slice by slice in alternation; None for a
+    slice that stayed invalid (or once a version failed requests)."""
     per_slice = max(10, requests // CAPACITY_SLICES)
-    answered = {side: 0.0 for side in order}
-    seconds: dict[str, float | None] = {side: 0.0 for side in order}
+    rates: dict[str, list[float | None]] = {side: [] for side in order}
     for part in range(CAPACITY_SLICES):
         for side in order:
-            if seconds[side] is None:
-                continue
-            # no warm-up of its own: the open-loop points just warmed the model, and the closed loop's
-            # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
-            point = _measure_valid(Target(names[side], url), LoadSpec(concurrency=concurrency, requests=per_slice,
-                                                                      warmup_s=0.0),
-                                   workloads[side], invalid, f"{label} {side} capacity (slice {part + 1})",
-                                   failed[side])
-            if point is None or not point.achieved_rps > 0:
-                seconds[side] = None
-                continue
-            answered[side] += point.requests
-            seconds[side] += point.requests / point.achieved_rps
-    return {side: (answered[side] / took if took else None) for side, took in seconds.items()}
+            point = None
+            if not failed[side]:
+                # no warm-up of its own: the open-loop points just warmed the model, and the closed loop's
+                # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
+                point = _measure_valid(Target(names[side], url), LoadSpec(concurrency=concurrency,
+                                                                          requests=per_slice, warmup_s=0.0),
+                                       workloads[side], invalid, f"{label} {side} capacity (slice {part + 1})",
+                                       failed[side])
+            rates[side].append(point.achieved_rps if point is not None and point.achieved_rps > 0 else None)
+    return rates
+
+
+def _overall(rates: list[float | None]) -> float | None:
+    """Answers per second over the valid slices (equal request counts: the harmonic mean)."""
+    valid = [r for r in rates if r]
+    return len(valid) / sum(1 / r for r in valid) if valid else None
 
 
 def _limits(old_p99: float, old_capacity: float, params: dict[str, Any]) -> tuple[float, float]:
@@ -289,19 +294,20 @@ def _limits(old_p99: float, old_capacity: float, params: dict[str, Any]) -> tupl
     return p99_limit, old_capacity * (1 - params["max_capacity_drop_pct"] / 100)
 
 
-def _verdicts(per_round: list[dict[str, dict[str, float | None]]], params: dict[str, Any]) -> dict[str, Verdict]:
+def _verdicts(per_round: list[dict[str, dict[str, Any]]], params: dict[str, Any]) -> dict[str, Verdict]:
     """A verdict per metric from the rounds where both versions gave a valid point (none yet: no verdict)."""
     ratios: dict[str, list[float]] = {"p99": [], "capacity": []}
     for measured in per_round:
         new, old = measured["new"], measured["old"]
         if new["p99_ms"] is not None and old["p99_ms"] is not None:
             ratios["p99"].append(new["p99_ms"] / _limits(old["p99_ms"], 0.0, params)[0])
-        if new["capacity_rps"] and old["capacity_rps"]:
-            ratios["capacity"].append(_limits(0.0, old["capacity_rps"], params)[1] / new["capacity_rps"])
+        for new_rps, old_rps in zip(new["capacity_slices_rps"], old["capacity_slices_rps"]):
+            if new_rps and old_rps:  # adjacent slices: one sample each
+                ratios["capacity"].append(_limits(0.0, old_rps, params)[1] / new_rps)
     return {metric: judge(metric, values) for metric, values in ratios.items() if values}
 
 
-def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdicts: dict[str, Verdict],
+def _latency_result(per_round: list[dict[str, dict[str, Any]]], verdicts: dict[str, Verdict],
                     params: dict[str, Any], invalid: list[str], failed: dict[str, list[str]],
                     seconds: float) -> GateResult:
     def values(side: str, key: str) -> list[float]:
@@ -341,8 +347,8 @@ def _latency_result(per_round: list[dict[str, dict[str, float | None]]], verdict
 
 def _describe(metric: str, med: dict[str, dict[str, float | None]], verdict: Verdict, details: dict[str, Any]) -> str:
     pct = verdict.spread_pct
-    spread = ("one round" if not math.isfinite(pct) else f"±{pct:.0f} % between rounds" if pct <= 100 else
-              f"rounds vary by up to ×{1 + pct / 100:.1f}")
+    spread = ("one round" if not math.isfinite(pct) else f"±{pct:.0f} % between paired measurements" if pct <= 100
+              else f"paired measurements vary by up to ×{1 + pct / 100:.1f}")
     if metric == "p99":
         new, old, limit = med["new"]["p99_ms"], med["old"]["p99_ms"], details.get("p99_limit_ms")
         figures = f"p99 {new:.2f} ms vs {old:.2f} ms (limit {limit:.2f} ms)" if limit else f"p99 {new:.2f} ms"
