@@ -459,7 +459,7 @@ def test_the_latency_gate_never_blocks_identical_versions_beside_a_cpu_hog_and_b
 def test_the_latency_verdict_calls_a_difference_within_the_rounds_spread_inconclusive():
     """The decision on measured rounds: below the threshold passes; a clear, steady miss blocks once three
     rounds show it; a miss smaller than the rounds vary is within noise, and two rounds never block."""
-    from repo_manager.promote.gates import judge
+    from repo_manager.promote.latency import judge
 
     assert judge("capacity", [0.86, 0.83, 0.88]).outcome == "meets"
     assert judge("capacity", [1.7, 1.65, 1.8]).outcome == "misses"

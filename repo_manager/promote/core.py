@@ -42,6 +42,7 @@ from repo_manager.progress import Progress, quiet
 from repo_manager.promote import gates as g
 from repo_manager.promote import history
 from repo_manager.promote.envs import GATES, env_store, gate_settings, model_spec, parse_gates
+from repo_manager.promote.latency import latency_gate
 from repo_manager.settings import Settings
 from repo_manager.storage import EnvPointer, Store, blob_key, check_env_name, open_store
 from repo_manager.sync.cache import BlobCache
@@ -346,7 +347,7 @@ def _server_gate(name: str, client, repository: Path | None, fetched: g.FetchedV
         params = dict(gate_settings(settings)["latency"])
         if spec.slo.get("peak_rps"):
             params["rate"] = spec.slo["peak_rps"]
-        return g.latency_gate(client, fetched, baseline, params, sample, progress, repository)
+        return latency_gate(client, fetched, baseline, params, sample, progress, repository)
     return g.agreement_gate(client, fetched, baseline, sample, repository)
 
 
