@@ -2,8 +2,8 @@
 noise of the machine they are measured on.
 
 Rounds interleave the versions (new old, old new, …). In a round the two p99 points (open loop at the spec's
-rate) run back to back, then capacity (closed loop) in alternating slices (B A B A …). Every adjacent pair
-is one sample of how far the new version is from its threshold; ``judge`` turns the samples into a verdict
+rate) run back to back, then capacity (closed loop) in alternating slices (B A B A …); both versions are
+loaded afresh every round. Every round is one sample of how far the new version is from its threshold; ``judge`` turns the samples into a verdict
 from their own spread (Student's t over the pairs, and a sign test): ``pass``, ``fail`` beyond the noise,
 or ``inconclusive`` within it, after measuring again up to ``max_rounds``. docs/promotion.md has the table.
 """
@@ -25,16 +25,15 @@ from repo_manager.triton.client import TritonClient
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 """Student's t, 97.5 % one-sided, by degrees of freedom (beyond 10: 2.2, a little wide of the true value)."""
 MIN_SAMPLES_TO_BLOCK = 3
-"""A difference is called beyond the noise only from at least this many paired measurements: two cannot show
-a spread."""
+"""A difference is called beyond the noise only from at least this many rounds: two cannot show a spread."""
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One metric of the latency gate, judged from paired measurements (p99: one pair a round; capacity: one
-    pair per slice): ``ratios[k]`` is how far the new version is from its threshold in pair k (its p99 over the
+    """One metric of the latency gate, judged from paired rounds: ``ratios[k]`` is how far the new version is
+    from its threshold in round k (its p99 over the
     p99 limit, or the capacity floor over its capacity; above 1 misses it). ``estimate`` is their geometric
-    mean, ``low``..``high`` its 95 % interval from the spread between pairs (the machine's own noise,
+    mean, ``low``..``high`` its 95 % interval from the spread between rounds (the machine's own noise,
     measured in the same minutes)."""
 
     metric: str
@@ -101,14 +100,17 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
     per_round: list[dict[str, dict[str, Any]]] = []
     invalid: list[str] = []
     failed: dict[str, list[str]] = {"new": [], "old": []}
-    with loaded(client, new, old, repository=repository) as (new_name, old_name):
-        names = {"new": new_name, "old": old_name}
-        workloads = {"new": workload_for(new.config, sample), "old": workload_for(old.config, sample)}
-        while True:
-            index = len(per_round)
-            first, second = ("new", "old") if index % 2 == 0 else ("old", "new")
-            measured: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
-            # A B for p99, then B A for capacity: the two points of a pair run back to back, and a machine
+    versions = {"new": new, "old": old}
+    workloads = {"new": workload_for(new.config, sample), "old": workload_for(old.config, sample)}
+    while True:
+        index = len(per_round)
+        first, second = ("new", "old") if index % 2 == 0 else ("old", "new")
+        measured: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
+        # loaded afresh every round (in the round's order): Triton's model processes of one round may sit
+        # worse on a busy machine than the other's, and that must not follow one version through every round
+        with loaded(client, versions[first], versions[second], repository=repository) as loaded_names:
+            names = dict(zip((first, second), loaded_names))
+            # A B for p99, then B A B A … for capacity: the points of a pair run back to back, and a machine
             # getting busier (or quieter) during the round favours neither version
             for side in (first, second):
                 progress(f"latency round {index + 1} (of {rounds} to {max_rounds}): {side} version, p99 at "
@@ -122,23 +124,22 @@ def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion,
                      f"{CAPACITY_SLICES} slices of each version in turn")
             slices = _capacity_pair(client.url, names, workloads, (second, first), concurrency, requests,
                                     invalid, failed, f"round {index + 1}")
-            for side in ("new", "old"):
-                measured[side]["capacity_rps"] = _overall(slices[side])
-                measured[side]["capacity_slices_rps"] = slices[side]
-            per_round.append(measured)
-            verdicts = _verdicts(per_round, params)
-            outcomes = {v.outcome for v in verdicts.values()}
-            # never a verdict from fewer than ``rounds`` rounds: the samples of one round are seconds apart
-            done = bool(failed["new"]) or len(per_round) >= max_rounds or (len(per_round) >= rounds and (
-                "misses" in outcomes or (len(verdicts) == 2 and outcomes == {"meets"})))
-            if done:
-                break
+        for side in ("new", "old"):
+            measured[side]["capacity_rps"] = _overall(slices[side])
+            measured[side]["capacity_slices_rps"] = slices[side]
+        per_round.append(measured)
+        verdicts = _verdicts(per_round, params)
+        outcomes = {v.outcome for v in verdicts.values()}
+        done = bool(failed["new"]) or len(per_round) >= max_rounds or (len(per_round) >= rounds and (
+            "misses" in outcomes or (len(verdicts) == 2 and outcomes == {"meets"})))
+        if done:
+            break
     return _latency_result(per_round, verdicts, params, invalid, failed, time.monotonic() - started)
 
 
 CAPACITY_SLICES = 4
 """A round's capacity points, cut into this many slices taken in turn (B A B A …): a burst of other work on
-the machine then lands on both versions, and each adjacent pair of slices is one sample of the ratio."""
+the machine then lands on both versions. The round's capacity of a version is over all its slices."""
 
 
 def _capacity_pair(url: str, names: dict[str, str], workloads: dict[str, Workload], order: tuple[str, str],
@@ -180,9 +181,8 @@ def _verdicts(per_round: list[dict[str, dict[str, Any]]], params: dict[str, Any]
         new, old = measured["new"], measured["old"]
         if new["p99_ms"] is not None and old["p99_ms"] is not None:
             ratios["p99"].append(new["p99_ms"] / _limits(old["p99_ms"], 0.0, params)[0])
-        for new_rps, old_rps in zip(new["capacity_slices_rps"], old["capacity_slices_rps"]):
-            if new_rps and old_rps:  # adjacent slices: one sample each
-                ratios["capacity"].append(_limits(0.0, old_rps, params)[1] / new_rps)
+        if new["capacity_rps"] and old["capacity_rps"]:  # one sample a round: its slices are seconds apart
+            ratios["capacity"].append(_limits(0.0, old["capacity_rps"], params)[1] / new["capacity_rps"])
     return {metric: judge(metric, values) for metric, values in ratios.items() if values}
 
 
@@ -226,8 +226,8 @@ def _latency_result(per_round: list[dict[str, dict[str, Any]]], verdicts: dict[s
 
 def _describe(metric: str, med: dict[str, dict[str, float | None]], verdict: Verdict, details: dict[str, Any]) -> str:
     pct = verdict.spread_pct
-    spread = ("one round" if not math.isfinite(pct) else f"±{pct:.0f} % between paired measurements" if pct <= 100
-              else f"paired measurements vary by up to ×{1 + pct / 100:.1f}")
+    spread = ("one round" if not math.isfinite(pct) else f"±{pct:.0f} % between rounds" if pct <= 100
+              else f"rounds vary by up to ×{1 + pct / 100:.1f}")
     if metric == "p99":
         new, old, limit = med["new"]["p99_ms"], med["old"]["p99_ms"], details.get("p99_limit_ms")
         figures = f"p99 {new:.2f} ms vs {old:.2f} ms (limit {limit:.2f} ms)" if limit else f"p99 {new:.2f} ms"
