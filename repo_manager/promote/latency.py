@@ -3,9 +3,10 @@ noise of the machine they are measured on.
 
 Rounds interleave the versions (new old, old new, …). In a round the two p99 points (open loop at the spec's
 rate) run back to back, then capacity (closed loop) in alternating slices (B A B A …); both versions are
-loaded afresh every round. Every round is one sample of how far the new version is from its threshold; ``judge`` turns the samples into a verdict
-from their own spread (Student's t over the pairs, and a sign test): ``pass``, ``fail`` beyond the noise,
-or ``inconclusive`` within it, after measuring again up to ``max_rounds``. docs/promotion.md has the table.
+loaded afresh every round. Every round is one sample of how far the new version is from its threshold;
+``judge`` turns the samples into a verdict from their own spread (Student's t over the rounds, and a sign
+test): ``pass``, ``fail`` beyond the noise, or ``inconclusive`` within it, after measuring again up to
+``max_rounds``. docs/promotion.md has the table.
 """
 
 from __future__ import annotations
