@@ -228,7 +228,7 @@ def _latency_result(per_round: list[dict[str, dict[str, Any]]], verdicts: dict[s
 def _describe(metric: str, med: dict[str, dict[str, float | None]], verdict: Verdict, details: dict[str, Any]) -> str:
     pct = verdict.spread_pct
     spread = ("one round" if not math.isfinite(pct) else f"±{pct:.0f} % between rounds" if pct <= 100
-              else f"rounds vary by up to ×{1 + pct / 100:.1f}")
+              else f"rounds vary by up to ×{1 + pct / 100:.1f}" if pct <= 900 else "rounds vary by more than ×10")
     if metric == "p99":
         new, old, limit = med["new"]["p99_ms"], med["old"]["p99_ms"], details.get("p99_limit_ms")
         figures = f"p99 {new:.2f} ms vs {old:.2f} ms (limit {limit:.2f} ms)" if limit else f"p99 {new:.2f} ms"
