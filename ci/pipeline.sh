@@ -8,7 +8,7 @@
 #                               through the gates (docs/promotion.md)
 #
 # Every step runs `trm ... --json`, reads its exit code and JSON, and stops the pipeline with that exit
-# code (0 ok, 8 another promotion won, 9 a gate failed; table in docs/promotion.md).
+# code (0 ok, 8 another promotion won, 9 a gate failed; the table: README.md, docs/promotion.md).
 #
 # Environment:
 #   TRM                       how to run trm (default: trm)
@@ -35,11 +35,16 @@ URL_ARGS=()
 log() { echo "[pipeline] $*" >&2; }
 
 meaning() {
+  # the table of repo_manager/errors.py (EXIT_CODES); tests/test_cli.py checks this copy against it
   case "$1" in
-    0) echo "ok" ;; 2) echo "usage error" ;; 3) echo "bad input" ;; 4) echo "not found" ;;
-    5) echo "verification failed" ;; 6) echo "Triton error" ;; 7) echo "store error" ;;
-    8) echo "conflict: another promotion or publish won the race; nothing was changed" ;;
-    9) echo "a gate, SLO or check failed; nothing was changed" ;; *) echo "internal error" ;;
+    0) echo "success" ;; 1) echo "internal error: a bug in trm (rerun with --verbose and report it)" ;;
+    2) echo "bad command-line usage" ;; 3) echo "bad input" ;; 4) echo "not found" ;;
+    5) echo "verification failed" ;; 6) echo "Triton is down, unreachable, or refused an operation" ;;
+    7) echo "remote store error" ;;
+    8) echo "lost a race (version number, environment pointer): retry; nothing was changed" ;;
+    9) echo "a gate or SLO was not met; nothing was changed" ;;
+    10) echo "a rollout failed and was rolled back" ;; 11) echo "an engine cannot run on this node" ;;
+    129|130|143) echo "interrupted by a signal" ;; *) echo "an exit code trm does not use" ;;
   esac
 }
 

@@ -5,24 +5,8 @@ what happened; ``hint`` says what fixes it. The CLI boundary (``repo_manager.cli
 that turns them into text and exit codes. Anything that is not a ``TrmError`` is a bug: exit code 1 and a
 traceback with ``--verbose``.
 
-Exit codes (documented in README.md, relied on by CI pipelines):
-
-====  ===========================  ==========================================================
-code  class                        meaning
-====  ===========================  ==========================================================
-0     -                            success
-1     (any other exception)        internal error: a bug in trm
-2     UsageError                   bad command-line usage (also click's own usage errors)
-3     InputError                   bad input: missing/corrupt source, bad name, malformed config
-4     NotFoundError                a model, version, environment or object does not exist
-5     VerificationError            a published model did not answer as its source does
-6     ServerError                  Triton is down, unreachable, or refused an operation
-7     StoreError                   the remote store (S3 or folder) failed or holds bad data
-8     ConflictError                lost a race (version number, environment pointer): retry
-9     GateError                    an SLO, a promotion gate or a health check was not met
-10    RolledBackError              a rollout failed and was rolled back
-11    CompatibilityError           an engine cannot run on this node (GPU, driver, memory)
-====  ===========================  ==========================================================
+Exit codes: ``EXIT_CODES`` below is the one table. README.md, docs/promotion.md, docs/rollout.md and
+ci/pipeline.sh repeat it for their readers; tests/test_cli.py checks every copy against it.
 """
 
 from __future__ import annotations
@@ -144,3 +128,24 @@ class CompatibilityError(TrmError):
 
     exit_code = 11
     kind = "compatibility"
+
+
+EXIT_CODES: dict[int, tuple[str, str]] = {
+    0: ("-", "success"),
+    1: ("(any other exception)", "internal error: a bug in trm"),
+    UsageError.exit_code: ("UsageError", "bad command-line usage"),
+    InputError.exit_code: ("InputError", "bad input"),
+    NotFoundError.exit_code: ("NotFoundError", "not found"),
+    VerificationError.exit_code: ("VerificationError", "verification failed"),
+    ServerError.exit_code: ("ServerError", "Triton is down, unreachable, or refused an operation"),
+    StoreError.exit_code: ("StoreError", "remote store error"),
+    ConflictError.exit_code: ("ConflictError", "lost a race (version number, environment pointer): retry"),
+    GateError.exit_code: ("GateError", "a gate or SLO was not met"),
+    RolledBackError.exit_code: ("RolledBackError", "a rollout failed and was rolled back"),
+    CompatibilityError.exit_code: ("CompatibilityError", "an engine cannot run on this node"),
+}
+"""code -> (the class that exits with it, its meaning in a few words). Every code trm exits with besides the
+signal codes 128 + N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: ``SIGNAL_EXIT_CODES``)."""
+
+SIGNAL_EXIT_CODES: dict[int, str] = {130: "SIGINT", 143: "SIGTERM", 129: "SIGHUP"}
+"""Interrupted: servers stopped and staging removed before exiting with 128 + the signal's number."""

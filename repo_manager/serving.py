@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from repo_manager import config as cfg
-from repo_manager.errors import InputError, ModelLoadError, NotFoundError
+from repo_manager.errors import InputError, ModelLoadError, NotFoundError, TrmError
 from repo_manager.process import stopping
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
@@ -79,23 +79,56 @@ class ServeInfo:
 
 @contextmanager
 def embedded_server(settings: Settings, models: list[str] | None = None, *, http_port: int | None = None,
-                    grpc_port: int | None = None, metrics_port: int | None = None) -> Iterator[ServeInfo]:
-    """Start tritonserver on the repository and load ``models`` (default: all) at their latest version."""
+                    grpc_port: int | None = None, metrics_port: int | None = None,
+                    versions: Mapping[str, int] | None = None) -> Iterator[ServeInfo]:
+    """Start tritonserver on the repository and load ``models`` (default: all) at their latest version, or
+    at the one ``versions`` names. An error raised inside names "the embedded server", not its address:
+    the server is gone by the time anyone reads it."""
     repo = LocalRepository(settings.repository)
     if not repo.root.is_dir():
         raise NotFoundError(f"repository {repo.root} does not exist", hint="publish a model first")
     wanted = list(models) if models else top_level_models(repo)
-    for model in wanted:
-        repo.latest(model)  # raises a clear error for an unknown model before the server starts
+    chosen = {model: (versions or {}).get(model) for model in wanted}
+    for model, version in chosen.items():
+        check_version_exists(repo, model, version)  # a clear error before the server starts
     server = TritonServer(repo.root, binary=settings.tritonserver, address=settings.bind_address,
                           http_port=settings.http_port if http_port is None else http_port,
                           grpc_port=settings.grpc_port if grpc_port is None else grpc_port,
                           metrics_port=settings.metrics_port if metrics_port is None else metrics_port,
                           start_timeout_s=settings.server_start_timeout_s, api_key=key_from(settings))
     with server:
-        with TritonClient(server.url, api_key=server.api_key) as client:
-            loaded = {model: load_version(client, repo, model) for model in wanted}
-        yield ServeInfo(server.endpoints, loaded, server.pid or 0, str(server.log_path))
+        try:
+            with TritonClient(server.url, api_key=server.api_key) as client:
+                loaded = {model: load_version(client, repo, model, version) for model, version in chosen.items()}
+            yield ServeInfo(server.endpoints, loaded, server.pid or 0, str(server.log_path))
+        except TrmError as exc:
+            _without_address(exc, server.url)
+            raise
+
+
+def check_version_exists(repo: LocalRepository, model: str, version: int | None) -> int:
+    """``version`` (default: the latest complete one) of ``model``; NotFoundError naming the versions there are."""
+    if version is None:
+        return repo.latest(model)
+    versions = repo.versions(model)
+    if version not in versions:
+        raise NotFoundError(f"model {model!r} has no version {version} in {repo.root}", model=model,
+                            version=version, hint="its versions: " + (", ".join(map(str, versions)) or
+                                                                      "none (publish one first)"))
+    return version
+
+
+def _without_address(exc: TrmError, url: str) -> None:
+    """Replace the embedded server's address in ``exc`` by what it was: the address stops existing when the
+    server stops, before the error is printed."""
+    if url and url in exc.message:
+        message = exc.message.replace(f"Triton at {url}", "the embedded Triton")
+        for before in (" at ", " on "):
+            message = message.replace(f"{before}{url}", " on the embedded Triton")
+        exc.message = message.replace(url, "the embedded Triton")
+        exc.args = (exc.message,)
+    if exc.facts.get("url") == url:
+        exc.facts["url"] = "embedded Triton (stopped)"
 
 
 def wait_for_signal(ready: Callable[[], None] | None = None) -> int:

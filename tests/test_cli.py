@@ -16,7 +16,10 @@ import onnx_models as om
 import pytest
 from helpers import run_cli
 
+from repo_manager.repository import LocalRepository
+from repo_manager.serving import load_version
 from repo_manager.triton.client import TritonClient
+from repo_manager.triton.server import TritonServer
 
 
 def test_publish_list_show_validate_json(capsys, tmp_path, triton):
@@ -229,3 +232,137 @@ def test_a_non_numeric_latency_gate_setting_is_a_config_error():
 
     with pytest.raises(ConfigError, match="must be numbers"):
         gate_settings(Settings(gates={"latency": {"rate": "fast"}}))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _table_codes(text: str, heading: str) -> dict[int, list[str]]:
+    """The rows of the markdown table under ``heading``: code -> its other cells (a row of codes such as
+    ``130, 143, 129`` gives each)."""
+    section = text.split(heading, 1)[1]
+    rows: dict[int, list[str]] = {}
+    for line in section.splitlines()[1:]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for code in cells[0].split(","):
+            if code.strip().isdigit():
+                rows[int(code)] = cells[1:]
+    return rows
+
+
+def test_every_copy_of_the_exit_code_table_agrees_with_errors_py():
+    """errors.EXIT_CODES is the source; the README's table, docs/promotion.md's, docs/rollout.md's classes and
+    ci/pipeline.sh's words are checked against it (the pipeline once read 10 and 11 as internal errors)."""
+    from repo_manager import errors
+
+    codes = set(errors.EXIT_CODES)
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.TrmError)]
+    assert {c.exit_code for c in classes} - {1} <= codes
+    for code, (name, _) in errors.EXIT_CODES.items():
+        if code > 1:
+            assert getattr(errors, name).exit_code == code
+    readme = _table_codes((ROOT / "README.md").read_text(), "## Exit codes")
+    assert set(readme) == codes | set(errors.SIGNAL_EXIT_CODES)
+    promotion = _table_codes((ROOT / "docs/promotion.md").read_text(), "## Exit codes")
+    assert set(promotion) == codes
+    rollout = _table_codes((ROOT / "docs/rollout.md").read_text(), "## Rollback and exit codes")
+    for code, cells in rollout.items():
+        assert cells[0] in ("-", errors.EXIT_CODES[code][0]), (code, cells)
+    script = (ROOT / "ci/pipeline.sh").read_text()
+    function = script[script.index("meaning() {"):script.index("\n}\n", script.index("meaning() {")) + 3]
+    for code in [*codes, *errors.SIGNAL_EXIT_CODES, 12]:
+        said = subprocess.run(["bash", "-c", function + f'meaning {code}'], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        if code in codes:
+            assert said.startswith(errors.EXIT_CODES[code][1]), (code, said)
+        elif code in errors.SIGNAL_EXIT_CODES:
+            assert said == "interrupted by a signal"
+        else:
+            assert "internal" not in said
+
+
+def test_sync_help_does_not_promise_an_embedded_server(capsys):
+    """sync starts no server: its --url is the node's own Triton, used by --prune only."""
+    result = run_cli(capsys, "sync", "--help")
+    assert result.code == 0
+    text = " ".join(result.out.split())
+    assert "embedded" not in text and "No default: sync starts no server" in text
+
+
+def _save(tmp_path, name: str, array) -> str:
+    path = tmp_path / f"{name}.npy"
+    np.save(path, array)
+    return str(path)
+
+
+def test_infer_version_loads_that_version_on_the_embedded_server(capsys, tmp_path, triton):
+    """`trm infer NAME --version N` without --url loads version N (not only the latest) and answers with it;
+    a version that does not exist is exit 4 naming the versions there are, before any server starts."""
+    import onnxruntime as ort
+
+    repo = tmp_path / "repo"
+    sources = [om.linear(tmp_path / f"m{seed}.onnx", seed=seed) for seed in (1, 2)]
+    for source in sources:
+        assert run_cli(capsys, "publish", "model", source, "--name", "lin", "--repo", repo, "--url",
+                       triton.url).code == 0
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for version, source in zip((1, 2), sources):
+        result = run_cli(capsys, "--json", "infer", "lin", "--version", version, "--input",
+                         f"X={_save(tmp_path, 'x', x)}", "--repo", repo)
+        assert result.code == 0, result.err
+        want = ort.InferenceSession(str(source)).run(None, {"X": x})[0]
+        np.testing.assert_allclose(np.array(result.json()["outputs"]["Y"]), want, rtol=1e-5, atol=1e-5)
+    missing = run_cli(capsys, "infer", "lin", "--version", 7, "--input", f"X={_save(tmp_path, 'x', x)}",
+                      "--repo", repo)
+    assert missing.code == 4 and "no version 7" in missing.err and "its versions: 1, 2" in missing.err
+
+
+BAD_INPUTS = [
+    ("X", np.ones((2, 4), np.float64), "input X is float64; lin takes FP32", "x.astype(np.float32)"),
+    ("X", np.ones(4, np.float32), "without a batch dimension", "x[np.newaxis]"),
+    ("X", np.ones((2, 5), np.float32), "has shape [2, 5]; lin takes X FP32 [batch, 4]", "reshape it"),
+    ("X", np.ones((9, 4), np.float32), "is a batch of 9; lin takes at most 8", "split it into requests of at most 8"),
+    ("Z", np.ones((2, 4), np.float32), "lin has no input 'Z'", "its inputs: X FP32 [batch, 4]"),
+]
+
+
+@pytest.mark.parametrize(("name", "array", "message", "hint"), BAD_INPUTS, ids=["dtype", "no_batch_dim", "shape",
+                                                                              "batch_too_large", "unknown_name"])
+def test_infer_checks_inputs_against_the_config_before_sending(capsys, tmp_path, triton, name, array, message,
+                                                                hint):
+    """Each bad request is exit 3 with a hint naming the fix, checked before a server is started (so no
+    error can name the address of a temporary server), and the same against a running server."""
+    repo = tmp_path / "repo"
+    assert run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin", "--repo", repo,
+                   "--url", triton.url, "--max-batch-size", 8).code == 0
+    path = _save(tmp_path, name, array)
+    result = run_cli(capsys, "infer", "lin", "--input", f"{name}={path}", "--repo", repo)
+    assert result.code == 3, result.err
+    assert message in result.err and "hint: " in result.err and hint in result.err, result.err
+    assert "127.0.0.1" not in result.err and "starting an embedded" not in result.err
+    with TritonServer(repo) as server, TritonClient(server.url) as client:
+        load_version(client, LocalRepository(repo), "lin")
+        remote = run_cli(capsys, "infer", "lin", "--input", f"{name}={path}", "--url", server.url)
+    assert remote.code == 3 and message in remote.err, remote.err
+
+
+def test_an_error_from_the_embedded_server_does_not_name_its_address(capsys, tmp_path, triton):
+    """What the embedded server refuses reads "the embedded Triton", not an address that is gone by then."""
+    from repo_manager.errors import ServerError
+    from repo_manager.serving import embedded_server
+    from repo_manager.settings import Settings
+
+    repo = tmp_path / "repo"
+    assert run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin", "--repo", repo,
+                   "--url", triton.url).code == 0
+    seen = []
+    with pytest.raises(ServerError) as info, embedded_server(Settings(repository=repo), ["lin"], http_port=0,
+                                                             grpc_port=0, metrics_port=0) as served, \
+            TritonClient(served.endpoints.http) as client:
+        seen.append(served.endpoints.http)
+        client.infer("lin", {"X": np.ones((2, 7), np.float32)})  # past every check: Triton refuses it
+    url = seen[0]
+    assert url not in info.value.message and "the embedded Triton" in info.value.message, info.value.message
+    assert "127.0.0.1" not in json.dumps(info.value.to_dict())

@@ -138,3 +138,23 @@ def test_doctor_cli_judges_recorded_node_facts_and_names_each_mismatch(repo, tmp
 def test_node_facts_round_trip_through_doctor_json():
     node = replace(H200_NODE, framework_cuda={"torch": "12.4"})
     assert NodeFacts.from_dict(json.loads(json.dumps(node.to_dict()))) == node
+
+
+def test_a_cpu_node_without_engines_passes_and_each_failure_is_printed_once(repo, tmp_path, capsys):
+    """No GPU is a legitimate CPU node (ONNX, Python, vLLM's CPU build): doctor passes unless an engine needs a
+    GPU or --require-gpu says the node must have one. A failure is listed once, not again in the error."""
+    cpu = replace(H200_NODE, gpus=(), probe="none (nvidia-smi not found)", driver_version=None,
+                  driver_cuda_version=None)
+    facts = tmp_path / "cpu.json"
+    facts.write_text(json.dumps(cpu.to_dict()))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fine = run_cli(capsys, "doctor", "--repo", empty, "--node-facts", facts)
+    assert fine.code == 0 and "a CPU node" in fine.out and fine.out.rstrip().endswith("ok"), fine.out + fine.err
+    strict = run_cli(capsys, "doctor", "--repo", empty, "--node-facts", facts, "--require-gpu")
+    assert strict.code == 11 and "--require-gpu" in strict.out
+    engines = run_cli(capsys, "doctor", "--repo", repo.root, "--node-facts", facts)
+    assert engines.code == 11
+    both = engines.out + engines.err
+    assert both.count("no GPU visible (nvidia-smi not found); the engine needs") == 2  # one line per engine
+    assert "check(s) failed" in engines.err

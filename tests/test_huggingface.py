@@ -467,3 +467,66 @@ def test_task_is_detected_from_the_checkpoint(tmp_path):
         pipeline(tmp_path / "ce", task="embedding")
     with pytest.raises(InputError, match="has no classification head"):
         pipeline(hf.tiny_bert(tmp_path / "plain"), task="rerank")
+
+
+def _plain_request(url: str, model: str, columns: dict[str, list[str]], output: str, class_count: int = 0):
+    """One request with tritonclient alone, as any Triton user writes it: no trm code, no trm parameters."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    try:
+        inputs = []
+        for name, texts in columns.items():
+            tensor = httpclient.InferInput(name, [len(texts), 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=np.object_))
+            inputs.append(tensor)
+        wanted = [httpclient.InferRequestedOutput(output, class_count=class_count)]
+        return client.infer(model, inputs, outputs=wanted).as_numpy(output)
+    finally:
+        client.close()
+
+
+def test_every_text_service_answers_a_plain_triton_client(settings, tmp_path, capsys):
+    """A classifier answers Triton's classification extension (class_count -> "score:index:label", the labels
+    from the label_filename of its output), and embeddings and reranker scores are plain FP32 tensors: a
+    tritonclient request with no trm-specific parameter reads every answer. `trm infer` reads the labels the
+    same way."""
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from transformers import pipeline
+
+    labels = ["negative", "neutral", "positive"]
+    classifier = hf.tiny_encoder(tmp_path / "clf", head="classify", labels=labels)
+    reranker = hf.cross_encoder(tmp_path / "ce")
+    embedder = hf.st_checkpoint(tmp_path / "emb")
+    for source, name in ((classifier, "clf"), (reranker, "rerank"), (embedder, "emb")):
+        result = run_cli(capsys, "publish", "model", source, "--name", name, "--repo", settings.repository,
+                         "--url", settings.triton_url)
+        assert result.code == 0, result.err
+    repo = LocalRepository(settings.repository)
+    assert (repo.model_dir("clf") / "labels.txt").read_text().splitlines() == labels
+    assert "labels" not in repo.config("clf").parameters  # no trm-only copy: the label file is the one source
+    texts = ["a good day", "the worst film", "it is fine"]
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        for name in ("clf", "rerank", "emb"):
+            load_version(client, repo, name)
+        top = _plain_request(server.url, "clf", {"TEXT": texts}, "SCORES", class_count=3)
+        want = pipeline("text-classification", model=str(classifier), device="cpu", top_k=None)(
+            texts, truncation=True, max_length=24)
+        assert top.shape == (3, 3)
+        for row, answer in zip(top, want):
+            parsed = [(float(s), int(i), label) for s, i, label in (x.decode().split(":", 2) for x in row)]
+            assert [label for _, _, label in parsed] == [a["label"] for a in answer]  # best first, as the library
+            for score, index, label in parsed:
+                assert labels[index] == label
+                assert abs(score - {a["label"]: a["score"] for a in answer}[label]) < 1e-4
+        scores = _plain_request(server.url, "rerank", {"QUERY": ["what is eaten?"] * 2,
+                                                       "TEXT": ["bread", "a dog"]}, "SCORE")
+        np.testing.assert_allclose(scores[:, 0], CrossEncoder(str(reranker), device="cpu").predict(
+            [("what is eaten?", "bread"), ("what is eaten?", "a dog")]), atol=1e-4)
+        vectors = _plain_request(server.url, "emb", {"TEXT": texts}, "EMBEDDING")
+        _assert_same_embeddings(vectors, SentenceTransformer(str(embedder), device="cpu").encode(texts))
+        shown = run_cli(capsys, "--json", "infer", "clf", "--text", texts[0], "--url", server.url)
+        assert shown.code == 0, shown.err
+        [answer] = shown.json()["labels"]
+        assert answer["label"] == want[0][0]["label"] and set(answer["scores"]) == set(labels)
+

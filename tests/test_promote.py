@@ -6,7 +6,12 @@ its tag and its history exactly as they were.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -399,3 +404,93 @@ def test_production_is_refused_ahead_of_its_canary_when_configured(staged, tmp_p
         "production": {"requires": {"env": "production-canary", "soak_s": 3600}}}}))
     soaking = run_cli(capsys, *args, "--to", "production")
     assert soaking.code == 9 and "3600 s" in soaking.err, soaking.err
+
+
+# the latency gate's own thresholds (25 % p99, 15 % capacity): what a team keeps on; short points, lag allowed
+# (the CPU hog below makes the client late too)
+BUSY_LATENCY = {"rate": 20, "requests": 60, "rounds": 3, "max_rounds": 6, "concurrency": 2, "arrivals": "constant",
+                "max_lag_ms": 100}
+
+
+@contextlib.contextmanager
+def cpu_hog(seconds: float = 240.0):
+    """A busy loop in another process for at most ``seconds``, stopped on leaving: a busy CI runner."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    hog = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_the_latency_gate_never_blocks_identical_versions_beside_a_cpu_hog_and_blocks_a_2x_slower_one(
+        folder_settings, tmp_path):
+    """Identical versions measured beside a busy loop pass (or are called inconclusive, not blocked); a version
+    doing twice the work per request is blocked, beyond the noise its own rounds show. The record keeps every
+    round and the spread."""
+    settings = dataclasses.replace(folder_settings, gates={"latency": BUSY_LATENCY})
+    base = heavy(tmp_path / "base.onnx", width=512, layers=150)  # ~10 ms a request: compute, not overhead
+    v1 = publish(settings, base)
+    point(settings, "production", v1)
+    twin = publish(settings, base)  # the same model, another version
+    slower = publish(settings, heavy(tmp_path / "slower.onnx", width=512, layers=300))
+    gates = ("checksums", "latency")
+    with cpu_hog():
+        point(settings, "staging", twin)
+        same = promote(settings, PromotionRequest("lin", "production", from_env="staging", gates=gates))
+        [_, latency] = same.gates
+        print("identical beside a CPU hog:", latency.summary)
+        assert same.moved and latency.passed and latency.details["verdict"] in ("pass", "inconclusive")
+        assert len(latency.details["per_round"]) == latency.details["rounds"] >= 3
+        assert {"spread_pct", "ratios", "interval"} <= set(latency.details["judged"]["capacity"])
+        point(settings, "staging", slower)
+        before = snapshot(settings)
+        try:
+            moved = promote(settings, PromotionRequest("lin", "production", from_env="staging", gates=gates))
+        except GateError as refused:
+            print("2x slower beside a CPU hog:", refused.message)
+        else:
+            pytest.fail(f"a 2x slower version was not blocked: {moved.gates[1].summary}; "
+                        f"{json.dumps(moved.gates[1].details['judged'])}")
+        assert snapshot(settings) == before
+
+
+def test_the_latency_verdict_calls_a_difference_within_the_rounds_spread_inconclusive():
+    """The decision on measured rounds: below the threshold passes; a clear, steady miss blocks once three
+    rounds show it; a miss smaller than the rounds vary is within noise, and two rounds never block."""
+    from repo_manager.promote.latency import judge
+
+    assert judge("capacity", [0.86, 0.83, 0.88]).outcome == "meets"
+    assert judge("capacity", [1.7, 1.65, 1.8]).outcome == "misses"
+    assert judge("capacity", [1.7, 1.8]).outcome == "within_noise"
+    noisy = judge("capacity", [0.7, 1.5, 1.1])
+    assert noisy.outcome == "within_noise" and noisy.low < 1 < noisy.high and noisy.spread_pct > 20
+    # one wild round widens the interval, but six rounds out of six missing is no coin toss
+    assert judge("capacity", [1.6, 1.7, 1.5, 1.8, 1.6, 9.0]).outcome == "misses"
+    assert judge("capacity", [1.6, 1.7, 1.5, 1.8, 0.3]).outcome == "within_noise"  # one round meets it well
+
+
+def test_an_ensemble_is_promoted_through_the_load_gate(folder_settings, tmp_path, capsys):
+    """An ensemble's members load from the server's own repository folder, which file overrides cannot fill:
+    the gates run it on an embedded server with a scratch repository (even with --url), the record names that
+    server as such, and production moves."""
+    import rollout_models as rm
+
+    store = folder_settings.store
+    src = tmp_path / "src"
+    first = rm.ensemble(src, 1)
+    assert run_cli(capsys, "push", store, "--repo", src, "--model", f"pipe:{first}", "--env", "production",
+                   "--create-env").code == 0
+    second = rm.ensemble(src, 2)
+    assert run_cli(capsys, "push", store, "--repo", src, "--model", f"pipe:{second}", "--env", "staging",
+                   "--create-env").code == 0
+    result = run_cli(capsys, "--json", "promote", "pipe", "--from", "staging", "--to", "production", "--store",
+                     store, "--url", folder_settings.triton_url, "--gates", "checksums,load")
+    assert result.code == 0, result.err
+    data = result.json()
+    assert [g["gate"] for g in data["gates"]] == ["checksums", "load"]
+    assert all(g["passed"] for g in data["gates"]), data["gates"]
+    assert "on the embedded Triton" in data["gates"][1]["summary"]
+    assert "127.0.0.1" not in json.dumps(data["gates"])
+    assert open_store(store, folder_settings).get_env("production").models == {"pipe": second}

@@ -301,3 +301,19 @@ def test_a_version_whose_warmup_data_differs_is_a_different_version(capsys, tmp_
     assert run_cli(capsys, "push", tmp_path / "store", "--repo", tmp_path / "a").code == 0
     result = run_cli(capsys, "push", tmp_path / "store", "--repo", tmp_path / "b")
     assert result.code == 8 and "different version 1" in result.err, result.err
+
+
+def test_pushing_to_an_environment_that_already_serves_the_version_writes_no_new_pointer(capsys, tmp_path):
+    """A re-run of `trm push --env E` with nothing changed leaves the pointer's revision as it was (agents
+    watching it are not woken), while a new version still moves it."""
+    location = str(tmp_path / "store")
+    make_version(tmp_path / "src", "m", {"w": b"one"})
+    _cli_ok(capsys, "push", location, "--repo", tmp_path / "src", "--env", "prod", "--create-env")
+    before = open_store(location).get_env("prod")
+    again = _cli_ok(capsys, "push", location, "--repo", tmp_path / "src", "--env", "prod")
+    after = open_store(location).get_env("prod")
+    assert again["env_models"] == {"m": 1}
+    assert (after.etag, after.updated_at) == (before.etag, before.updated_at)
+    make_version(tmp_path / "src", "m", {"w": b"two"})
+    moved = _cli_ok(capsys, "push", location, "--repo", tmp_path / "src", "--env", "prod")
+    assert moved["env_models"] == {"m": 2} and open_store(location).get_env("prod").etag != before.etag

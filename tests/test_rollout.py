@@ -340,7 +340,9 @@ def test_bad_usage_and_unreachable_servers_change_nothing(capsys, repo_root):
     assert missing.code == 4 and "no version 7" in missing.err
     assert read_records(repo_root) == []  # nothing was attempted, nothing recorded
     status = run_cli(capsys, "status", "--url", nowhere, "--repo", repo_root)
-    assert status.code == 0 and "UNREACHABLE" in status.out
+    assert status.code == 6 and "UNREACHABLE" in status.out and "1 of 1 server(s) did not answer" in status.err
+    machine = run_cli(capsys, "--json", "status", "--url", nowhere, "--repo", repo_root)
+    assert machine.code == 6 and machine.json()["servers"][0]["reachable"] is False
 
 
 BAD_SMOKE = [([{"inputs": {"X": "abc"}}], "X is not TYPE_FP32 values"),

@@ -104,7 +104,7 @@ def engine_findings(manifest: Manifest, node: NodeFacts) -> list[Finding]:
     findings: list[Finding] = []
     world = int(source.get("world_size", 1))
     if not node.gpus:
-        return [Finding(subject, "gpu", "fail", f"no GPU visible ({node.probe}); the engine needs {world}")]
+        return [Finding(subject, "gpu", "fail", f"no GPU visible ({_why_no_gpu(node)}); the engine needs {world}")]
     if len(node.gpus) < world:
         findings.append(Finding(subject, "gpu_count", "fail",
                                 f"the engine is built for {world} GPUs (tp × pp), the node has {len(node.gpus)}"))
@@ -184,10 +184,20 @@ class DoctorReport:
         return {"ok": self.ok, "node": self.node.to_dict(), "findings": [f.to_dict() for f in self.findings]}
 
 
-def node_findings(node: NodeFacts) -> list[Finding]:
+def _why_no_gpu(node: NodeFacts) -> str:
+    return node.probe.removeprefix("none ").strip("()")
+
+
+def node_findings(node: NodeFacts, *, require_gpu: bool = False) -> list[Finding]:
+    """A node without a GPU is a CPU node, which is a legitimate serving node (ONNX, Python, vLLM's CPU
+    build): it fails only when ``require_gpu`` says this node must have one; an engine that needs a GPU fails
+    on its own (``engine_findings``)."""
     if not node.gpus:
-        why = node.probe.removeprefix("none ").strip("()")
-        findings = [Finding("node", "gpu", "fail", f"no GPU visible ({why})")]
+        why = _why_no_gpu(node)
+        findings = [Finding("node", "gpu", "fail", f"no GPU visible ({why}) and --require-gpu was given")
+                    if require_gpu else
+                    Finding("node", "gpu", "ok", f"no GPU visible ({why}): a CPU node, which serves CPU backends "
+                                                 "(ONNX, Python, vLLM's CPU build) but no TensorRT-LLM engine")]
     else:
         findings = [Finding("node", "gpu", "ok", ", ".join(
             f"#{g.index} {g.name} ({g.memory_bytes / GIB:.1f} GiB, cc {g.compute_capability})" for g in node.gpus)
@@ -197,9 +207,9 @@ def node_findings(node: NodeFacts) -> list[Finding]:
     return findings
 
 
-def diagnose(node: NodeFacts, repository: Path | None = None) -> DoctorReport:
+def diagnose(node: NodeFacts, repository: Path | None = None, *, require_gpu: bool = False) -> DoctorReport:
     """Node-wide checks, then each model's newest version in ``repository`` (when given)."""
-    findings = node_findings(node)
+    findings = node_findings(node, require_gpu=require_gpu)
     if repository is not None:
         repo = LocalRepository(repository)
         if not repo.root.is_dir():

@@ -1,6 +1,6 @@
 """Promotion between environments: gates on real data, a compare-and-swap move, an append-only history.
 
-See ``core`` for the steps and ``gates`` for what each gate measures.
+See ``core`` for the steps, ``gates`` for what each gate measures and ``latency`` for the latency gate.
 """
 
 from repo_manager.promote.core import (

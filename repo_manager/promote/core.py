@@ -20,7 +20,10 @@ replaced) and, by default, only the ``checksums`` gate, so it works when the ser
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +42,11 @@ from repo_manager.progress import Progress, quiet
 from repo_manager.promote import gates as g
 from repo_manager.promote import history
 from repo_manager.promote.envs import GATES, env_store, gate_settings, model_spec, parse_gates
+from repo_manager.promote.latency import latency_gate
 from repo_manager.settings import Settings
 from repo_manager.storage import EnvPointer, Store, blob_key, check_env_name, open_store
 from repo_manager.sync.cache import BlobCache
+from repo_manager.triton.client import TritonClient
 from repo_manager.triton.connect import triton_client
 
 SWAP_RETRIES = 5
@@ -280,34 +285,70 @@ def run_gates(settings: Settings, request: PromotionRequest, plan: PromotionPlan
         except (NotFoundError, StoreError) as exc:
             return results + [g.GateResult(n, False, f"the replaced version {plan.replaces} cannot be read: "
                                                      f"{exc.message}") for n in server_gates], fetched
-    with triton_client(settings) as client:
+    with _gate_server(settings, fetched, baseline, progress=progress) as (client, repository):
+        embedded = repository is not None or not settings.triton_url
         for name in server_gates:
             progress(f"{name}: {plan.model}/{plan.version} on {client.url}")
-            results.append(_server_gate(name, client, fetched, baseline, settings, request, spec, sample,
-                                        progress))
+            result = _server_gate(name, client, repository, fetched, baseline, settings, request, spec, sample,
+                                  progress)
+            results.append(_without_address(result, client.url) if embedded else result)
     return results, fetched
 
 
-def _server_gate(name: str, client, fetched: g.FetchedVersion, baseline: g.FetchedVersion | None,
-                 settings: Settings, request: PromotionRequest, spec, sample: Path | None,
-                 progress: Progress) -> g.GateResult:
+def _without_address(result: g.GateResult, url: str) -> g.GateResult:
+    """The record names an embedded server as such: its address stops existing with the promotion."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            for before, after in ((f"Triton at {url}", "the embedded Triton"), (f"on {url}", "on the embedded Triton")):
+                value = value.replace(before, after)
+            return value.replace(url, "the embedded Triton")
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return dataclasses.replace(result, summary=clean(result.summary), details=clean(result.details))
+
+
+@contextmanager
+def _gate_server(settings: Settings, *versions: g.FetchedVersion | None,
+                 progress: Progress = quiet) -> Iterator[tuple[TritonClient, Path | None]]:
+    """(client, the server's repository folder or None). An ensemble loads its members from the server's own
+    repository folder, which file overrides cannot fill, so versions holding one are gated on an embedded
+    server whose repository is a scratch folder, even when --url is given (as publish verifies them)."""
+    if not any(c.config.HasField("ensemble_scheduling") for v in versions if v for c in v.candidates):
+        with triton_client(settings) as client:
+            yield client, None
+        return
+    if settings.triton_url:
+        progress("an ensemble is gated on an embedded server (Triton loads its members from its own repository "
+                 "folder)")
+    with tempfile.TemporaryDirectory(prefix="trm-gates-") as scratch, \
+            triton_client(dataclasses.replace(settings, triton_url=None), repository=Path(scratch)) as client:
+        yield client, Path(scratch)
+
+
+def _server_gate(name: str, client, repository: Path | None, fetched: g.FetchedVersion,
+                 baseline: g.FetchedVersion | None, settings: Settings, request: PromotionRequest, spec,
+                 sample: Path | None, progress: Progress) -> g.GateResult:
     if name == "load":
-        return g.load_gate(client, fetched)
+        return g.load_gate(client, fetched, repository)
     if name == "eval":
         command = request.eval_command or spec.eval_command
         threshold = request.eval_threshold if request.eval_threshold is not None else spec.eval_threshold
         if not command or threshold is None:
             raise UsageError("the eval gate needs a command and a threshold",
                              hint="pass --eval-cmd and --eval-threshold, or set eval in configs/models/NAME.yaml")
-        return g.eval_gate(client, fetched, baseline, command, threshold)
+        return g.eval_gate(client, fetched, baseline, command, threshold, repository=repository)
     if baseline is None:
         return g.skipped(name, "the target environment serves no earlier version to compare with")
     if name == "latency":
         params = dict(gate_settings(settings)["latency"])
         if spec.slo.get("peak_rps"):
             params["rate"] = spec.slo["peak_rps"]
-        return g.latency_gate(client, fetched, baseline, params, sample, progress)
-    return g.agreement_gate(client, fetched, baseline, sample)
+        return latency_gate(client, fetched, baseline, params, sample, progress, repository)
+    return g.agreement_gate(client, fetched, baseline, sample, repository)
 
 
 def copy_version(source: Store, target: Store, fetched: g.FetchedVersion,

@@ -42,7 +42,11 @@ LATENCY_DEFAULTS: dict[str, Any] = {
     "rate": 20.0,
     "requests": 200,
     "concurrency": 4,
-    "rounds": 2,
+    # interleaved rounds (each measures both versions); a difference within the spread between rounds is
+    # measured again, up to max_rounds, then inconclusive: not blocking unless block_inconclusive is 1
+    "rounds": 3,
+    "max_rounds": 8,
+    "block_inconclusive": 0,
     "max_lag_ms": 10.0,
     # a point whose sends ran later than this (p95) was limited by the client; it is measured again
     # open-loop arrival process; "constant" suits short points (a Poisson send rate over 100 requests

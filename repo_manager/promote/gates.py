@@ -10,8 +10,8 @@ results: they propagate with their own exit codes.
   verified fetch `trm sync` uses). It is always run first: the others load the files it fetched.
 * ``load`` — the version loads on a real Triton (embedded, or ``--url``) through the load API under a
   temporary name and answers requests generated from its config (``publish.verify``).
-* ``latency`` — the version and the one it replaces, loaded side by side, measured in alternating
-  rounds with the load generator: p99 at the spec's rate (open loop) and capacity (closed loop).
+* ``latency`` — the version and the one it replaces, loaded side by side, measured in interleaved
+  rounds and judged against the noise the rounds show (``repo_manager.promote.latency``).
 * ``agreement`` — both answer the sample file (or generated inputs) with the same outputs, within the
   dtype's tolerance (``publish.verify.compare``): for config-only changes.
 * ``eval`` — a user command scores the loaded version; the score must reach the threshold.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -35,10 +34,9 @@ import numpy as np
 from repo_manager import config as cfg
 from repo_manager.errors import IntegrityError, NotFoundError, UsageError, VerificationError
 from repo_manager.inputs import generate_inputs, verification_samples
-from repo_manager.loadgen import LoadSpec, Measurement, Target, Workload, measure
+from repo_manager.loadgen import Workload
 from repo_manager.manifest import Manifest
 from repo_manager.process import run_command
-from repo_manager.progress import Progress
 from repo_manager.publish.verify import Candidate, LoadedCandidates, compare, verify
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
@@ -110,11 +108,12 @@ def checksums_gate(store: Store, cache: BlobCache, model: str,
                       {"store": store.location, "files": files, "bytes": size}, time.monotonic() - started), fetched
 
 
-def load_gate(client: TritonClient, version: FetchedVersion) -> GateResult:
+def load_gate(client: TritonClient, version: FetchedVersion, repository: Path | None = None) -> GateResult:
     started = time.monotonic()
     samples = verification_samples(version.config)
     try:
-        report = verify(client, list(version.candidates), version.manifest.model, samples, None)
+        report = verify(client, list(version.candidates), version.manifest.model, samples, None,
+                        repository=repository)
     except VerificationError as exc:
         return GateResult("load", False, f"did not load and answer on {client.url}: {exc.message}",
                           {"server": client.url}, time.monotonic() - started)
@@ -123,80 +122,20 @@ def load_gate(client: TritonClient, version: FetchedVersion) -> GateResult:
 
 
 @contextmanager
-def loaded(client: TritonClient, *versions: FetchedVersion) -> Iterator[list[str]]:
-    """Load each version under its own temporary name; yields the names of the entry models."""
+def loaded(client: TritonClient, *versions: FetchedVersion, repository: Path | None = None) -> Iterator[list[str]]:
+    """Load each version under its own temporary name; yields the names of the entry models. ``repository``:
+    the server's own repository folder, where the versions are written (an ensemble's members must be there:
+    see ``publish.verify.LoadedCandidates``); None: sent as file overrides."""
     with ExitStack() as stack:
         names = []
         for version in versions:
-            handle = stack.enter_context(LoadedCandidates(client, list(version.candidates)))
+            handle = stack.enter_context(LoadedCandidates(client, list(version.candidates), repository))
             names.append(handle.names[version.manifest.model])
         yield names
 
 
-def _workload(config: cfg.ModelConfig, sample: Path | None) -> Workload:
+def workload_for(config: cfg.ModelConfig, sample: Path | None) -> Workload:
     return Workload.from_file(sample, config) if sample else Workload.from_config(config)
-
-
-def latency_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, params: dict[str, Any],
-                 sample: Path | None, progress: Progress) -> GateResult:
-    """Side by side, in alternating rounds (A B, B A, …) so a busy moment of a shared machine hits both."""
-    started = time.monotonic()
-    rate, requests = float(params["rate"]), int(params["requests"])
-    rounds, concurrency = max(1, int(params["rounds"])), max(1, int(params["concurrency"]))
-    points: dict[str, dict[str, list[float]]] = {s: {"p99_ms": [], "capacity_rps": []} for s in ("new", "old")}
-    invalid: list[str] = []
-    with loaded(client, new, old) as (new_name, old_name):
-        names = {"new": new_name, "old": old_name}
-        workloads = {"new": _workload(new.config, sample), "old": _workload(old.config, sample)}
-        for index in range(rounds):
-            for side in (("new", "old") if index % 2 == 0 else ("old", "new")):
-                progress(f"latency round {index + 1}/{rounds}: {side} version at {rate:g} req/s")
-                target = Target(names[side], client.url)
-                open_point = _measure_valid(target, LoadSpec(
-                    rate=rate, requests=requests, warmup_s=0.5, seed=index, max_lag_ms=float(params["max_lag_ms"]),
-                    arrivals=str(params["arrivals"])), workloads[side], invalid, f"{side} p99")
-                # no warm-up of its own: the open-loop point just warmed the model, and the closed loop's
-                # request buffer is sized by count, so a time-based warm-up of a fast model can fill it
-                closed = _measure_valid(target, LoadSpec(concurrency=concurrency, requests=requests, warmup_s=0.0),
-                                        workloads[side], invalid, f"{side} capacity")
-                if open_point is not None:
-                    points[side]["p99_ms"].append(open_point.p99_ms)
-                if closed is not None:
-                    points[side]["capacity_rps"].append(closed.achieved_rps)
-    seconds = time.monotonic() - started
-    if any(not values for side in points.values() for values in side.values()):
-        return GateResult("latency", False, "no valid measurement: " + "; ".join(invalid[:3]),
-                          {"invalid": invalid, "points": points}, seconds)
-    med = {side: {k: statistics.median(v) for k, v in data.items()} for side, data in points.items()}
-    p99_limit = max(med["old"]["p99_ms"] * (1 + params["max_p99_increase_pct"] / 100),
-                    med["old"]["p99_ms"] + params["min_p99_delta_ms"])
-    capacity_floor = med["old"]["capacity_rps"] * (1 - params["max_capacity_drop_pct"] / 100)
-    details = {"rate_rps": rate, "requests": requests, "rounds": rounds, "concurrency": concurrency,
-               "new": med["new"], "old": med["old"], "p99_limit_ms": round(p99_limit, 3),
-               "capacity_floor_rps": round(capacity_floor, 1), "thresholds": dict(params), "invalid": invalid}
-    problems = []
-    if med["new"]["p99_ms"] > p99_limit:
-        problems.append(f"p99 {med['new']['p99_ms']:.2f} ms > limit {p99_limit:.2f} ms "
-                        f"(replaced version: {med['old']['p99_ms']:.2f} ms)")
-    if med["new"]["capacity_rps"] < capacity_floor:
-        problems.append(f"capacity {med['new']['capacity_rps']:.0f} req/s < floor {capacity_floor:.0f} req/s "
-                        f"(replaced version: {med['old']['capacity_rps']:.0f} req/s)")
-    summary = "; ".join(problems) if problems else (
-        f"p99 {med['new']['p99_ms']:.2f} ms vs {med['old']['p99_ms']:.2f} ms, capacity "
-        f"{med['new']['capacity_rps']:.0f} vs {med['old']['capacity_rps']:.0f} req/s at {rate:g} req/s")
-    return GateResult("latency", not problems, summary, details, seconds)
-
-
-def _measure_valid(target: Target, spec: LoadSpec, workload: Workload, invalid: list[str], label: str,
-                   attempts: int = 3) -> Measurement | None:
-    """A valid point, measured again (a bounded number of times) when the client, not the server, limited
-    it (a busy moment on a shared runner); None when no attempt was valid, each reason kept in ``invalid``."""
-    for _ in range(attempts):
-        point = measure(target, spec, workload)
-        if point.valid and not point.errors:
-            return point
-        invalid.append(f"{label}: {point.invalid_reason or f'{point.errors} failed requests'}")
-    return None
 
 
 def _agreement_samples(config: cfg.ModelConfig, sample: Path | None) -> list[dict[str, np.ndarray]]:
@@ -205,11 +144,12 @@ def _agreement_samples(config: cfg.ModelConfig, sample: Path | None) -> list[dic
     return [generate_inputs(config, batch_size=1, seed=seed) for seed in range(4)]
 
 
-def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, sample: Path | None) -> GateResult:
+def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, sample: Path | None,
+                   repository: Path | None = None) -> GateResult:
     started = time.monotonic()
     samples = _agreement_samples(old.config, sample)
     worst: dict[str, float] = {}
-    with loaded(client, new, old) as (new_name, old_name):
+    with loaded(client, new, old, repository=repository) as (new_name, old_name):
         for request in samples:
             want = client.infer(old_name, request)
             got = client.infer(new_name, request)
@@ -243,14 +183,14 @@ def parse_score(stdout: str) -> float:
 
 
 def eval_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion | None, command: str,
-              threshold: float, timeout_s: float = 1800.0) -> GateResult:
+              threshold: float, timeout_s: float = 1800.0, repository: Path | None = None) -> GateResult:
     """Run ``command`` (a shell command line from the user's configs or options) with the loaded version's
     name and server in its environment; its score must be at least ``threshold``."""
     started = time.monotonic()
     if not command.strip():
         raise UsageError("the eval gate needs a command", hint="pass --eval-cmd or set eval.command in the spec")
     versions = (new, old) if old else (new,)
-    with loaded(client, *versions) as names:
+    with loaded(client, *versions, repository=repository) as names:
         env = dict(os.environ, TRM_EVAL_URL=client.url, TRM_EVAL_MODEL=names[0],
                    TRM_EVAL_NAME=new.manifest.model, TRM_EVAL_VERSION=str(new.manifest.version))
         if old:

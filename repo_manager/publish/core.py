@@ -14,6 +14,7 @@ A converter for a source format returns a ``Staged`` model (or several, for an e
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import shutil
 import tempfile
@@ -86,6 +87,11 @@ class Staged:
 
     def files(self) -> dict[str, Path]:
         return {e.path: self.folder / e.path for e in scan_files(self.folder)}
+
+    def model_files(self) -> dict[str, bytes]:
+        """What verification installs beside config.pbtxt (label files, warm-up data), as ``Manifest.model_files``."""
+        return {**{path: text.encode() for path, text in self.labels.items()},
+                **{path: base64.b64decode(text) for path, text in self.data.items()}}
 
 
 def copy_into(staging: Path, source: Path, relative: str) -> None:
@@ -160,7 +166,7 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
             progress("verifying on Triton" + (f" at {settings.triton_url}" if settings.triton_url else
                                               " (embedded server)"))
             samples = entry.samples if entry.samples is not None else verification_samples(entry.config)
-            candidates = [Candidate(s.name, s.config, s.files()) for s in staged]
+            candidates = [Candidate(s.name, s.config, s.files(), s.model_files()) for s in staged]
             if any(s.config.HasField("ensemble_scheduling") for s in staged):
                 report = _verify_ensemble(settings, candidates, entry, samples, progress)
             else:

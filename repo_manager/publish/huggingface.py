@@ -56,6 +56,8 @@ OPSET = 17
 TEXT_MAX_BATCH = 32
 TEXT_INPUT = "TEXT"
 QUERY_INPUT = "QUERY"
+LABEL_FILE = "labels.txt"
+"""A classifier's labels, one a line in the order of its scores: the ``label_filename`` of its output."""
 OUTPUTS = {"embedding": "EMBEDDING", "rerank": "SCORE", "classify": "SCORES"}
 """The ensemble's output per task; the encoder's is the same name in lower case."""
 EMBEDDING_OUTPUT = OUTPUTS["embedding"]
@@ -504,8 +506,10 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
                                                      f"with the checkpoint's {pipeline.task} head"},
                              environment_packages=("torch", "transformers"))
 
+            labels = {LABEL_FILE: label_file(pipeline.labels)} if pipeline.task == "classify" else {}
+            encoder.labels = dict(labels)  # the encoder alone is a classifier too, for a client that calls it
             ensemble = Staged(name, stage(name), _ensemble_config(name, names, loaded, options),
-                              {**record, "converter": "ensemble"},
+                              {**record, "converter": "ensemble"}, labels=labels,
                               reference=lambda sample: {output: reference(_items(sample, pipeline.task))},
                               samples=[_sample(items, pipeline.task) for _, items in cases],
                               check=_checker(cases, loaded),
@@ -644,12 +648,24 @@ def _encoder_config(name: str, onnx_path: Path, loaded: _Loaded, options: cfg.Co
         # text at its own length instead of the padded one (see its docstring); Triton's own backend ignores it
         pad = {k: v for k, v in _pad_values(loaded).items() if k in loaded.input_names}
         _parameter(config, "unpad", json.dumps({"mask": "attention_mask", "pad": pad}))
+    if loaded.pipeline.task == "classify":
+        for output in config.output:
+            output.label_filename = LABEL_FILE
     # Triton's random warm-up data would be token ids outside the vocabulary: warm up with zeros instead
     for warm in config.model_warmup:
         for data in warm.inputs.values():
             data.ClearField("random_data")
             data.zero_data = True
     return config
+
+
+def label_file(labels: tuple[str, ...] | list[str]) -> str:
+    """The text of a ``label_filename`` file: one label a line, line i naming score i (Triton's format)."""
+    broken = [label for label in labels if "\n" in label or "\r" in label]
+    if broken:
+        raise InputError(f"the label {broken[0]!r} holds a line break; Triton reads one label a line",
+                         hint="rename it in the checkpoint's config.json (id2label)")
+    return "".join(f"{label}\n" for label in labels)
 
 
 def _ensemble_config(name: str, names: dict[str, str], loaded: _Loaded, options: cfg.ConfigOptions) -> cfg.ModelConfig:
@@ -660,7 +676,9 @@ def _ensemble_config(name: str, names: dict[str, str], loaded: _Loaded, options:
     config.ClearField("instance_group")  # an ensemble runs no instances of its own
     _parameter(config, "task", task)
     if task == "classify":
-        _parameter(config, "labels", json.dumps(list(loaded.pipeline.labels)))
+        # Triton's classification extension: a client asking for SCORES with class_count K gets the top K as
+        # "score:index:label" strings, the labels read from this file beside config.pbtxt
+        config.output[0].label_filename = LABEL_FILE
     tokenize = config.ensemble_scheduling.step.add(model_name=names["tokenizer"], model_version=-1)
     for spec in _text_inputs(task):
         tokenize.input_map[spec.name] = spec.name

@@ -302,12 +302,16 @@ class Store(ABC):
                                 "writer", hint="read it again and retry", env=pointer.name) from exc
 
     def update_env(self, env: str, models: dict[str, int], *, retries: int = 5) -> EnvPointer:
-        """Point ``env`` at ``models`` (others unchanged), retrying lost compare-and-swap races."""
+        """Point ``env`` at ``models`` (others unchanged), retrying lost compare-and-swap races. A pointer that
+        already says so is left as it is: a new revision would wake every agent watching it for nothing."""
         for _ in range(retries):
             try:
                 current = self.get_env(env)
             except NotFoundError:
                 current = EnvPointer(env)
+            else:
+                if all(current.models.get(m) == v for m, v in models.items()):
+                    return current
             updated = current.with_models(models)
             try:
                 tag = self.put_env(updated)

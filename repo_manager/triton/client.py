@@ -173,9 +173,13 @@ class TritonClient:
 
     # ------------------------------------------------------------------------------------ infer
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
-              outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+              outputs: list[str] | None = None, classes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """``classes``: output -> K, answered through Triton's classification extension (the top K as
+        "score:index:label" strings); the other ``outputs`` as tensors. Default: every output, as tensors."""
+        wanted = list(outputs or []) + [o for o in (classes or {}) if o not in (outputs or [])]
+        requested = [httpclient.InferRequestedOutput(o, binary_data=True, class_count=(classes or {}).get(o, 0))
+                     for o in wanted] or None
         request = build_inputs(inputs)
-        requested = [httpclient.InferRequestedOutput(o, binary_data=True) for o in outputs] if outputs else None
         try:
             result = self._client.infer(name, request, model_version=str(version) if version else "",
                                         outputs=requested)

@@ -72,11 +72,14 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
 @click.option("--node-facts", type=click.Path(dir_okay=False, exists=True),
               help="Judge the facts of another node (the 'node' object of its `trm doctor --json`) instead of "
                    "probing this one.")
+@click.option("--require-gpu", is_flag=True, help="Fail (exit 11) when the node has no GPU. Without it a CPU "
+              "node passes unless an engine of the repository needs a GPU.")
 @json_option
 @pass_ctx
-def doctor_command(ctx: Context, repository: str | None, node_facts: str | None) -> None:
+def doctor_command(ctx: Context, repository: str | None, node_facts: str | None, require_gpu: bool) -> None:
     """Check this serving node: GPU, driver CUDA, and every engine of the repository (architecture,
-    TensorRT/TensorRT-LLM versions, memory plan). Exits 11 naming each mismatch."""
+    TensorRT/TensorRT-LLM versions, memory plan). Exits 11 naming each mismatch; a CPU node without
+    engines that need a GPU passes."""
     from repo_manager.llm.doctor import diagnose  # noqa: PLC0415 - heavy imports stay off the --help path
     from repo_manager.llm.node import NodeFacts, probe_node  # noqa: PLC0415
 
@@ -95,11 +98,14 @@ def doctor_command(ctx: Context, repository: str | None, node_facts: str | None)
     else:
         node = probe_node()
     repo = settings.repository if (repository or settings.repository.is_dir()) else None
-    report = diagnose(node, repo)
+    report = diagnose(node, repo, require_gpu=require_gpu)
     ctx.emit(report.to_dict(), "\n".join(str(f) for f in report.findings) + ("\nok" if report.ok else ""))
     if not report.ok:
-        error = CompatibilityError("; ".join(f"{f.subject}: {f.message}" for f in report.failures),
-                                   hint="fix the node (driver, GPU) or rebuild the engines for it")
+        # the text above lists each failure once; with --json the one error line on stderr names them
+        failures = report.failures
+        message = ("; ".join(f"{f.subject}: {f.message}" for f in failures) if ctx.json else
+                   f"{len(failures)} of {len(report.findings)} check(s) failed ([fail] above)")
+        error = CompatibilityError(message, hint="fix the node (driver, GPU) or rebuild the engines for it")
         error.reported = True
         raise error
 

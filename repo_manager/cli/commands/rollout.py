@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from repo_manager.cli import FRACTION, NON_NEGATIVE, Context, cli, complete_models, json_option, pass_ctx, repo_option
-from repo_manager.errors import TrmError
+from repo_manager.errors import ServerError, TrmError
 from repo_manager.settings import check_server_url
 
 
@@ -95,6 +95,12 @@ def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) 
     check_server_urls(urls, ())
     statuses = server_status(settings.repository, list(urls))
     ctx.emit({"servers": [s.to_dict() for s in statuses]}, describe_status(statuses))
+    unreachable = [s.url for s in statuses if not s.reachable]
+    if unreachable:  # the report above says what each answered; the exit code says not all did
+        error = ServerError(f"{len(unreachable)} of {len(statuses)} server(s) did not answer: "
+                            + ", ".join(unreachable), hint="check that each server runs and its --url is right")
+        error.reported = True
+        raise error
 
 
 def check_server_urls(urls: tuple[str, ...], grpc_urls: tuple[str, ...]) -> None:

@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from repo_manager.cli import Context, cli, complete_envs, json_option, pass_ctx, repo_option, url_option
+from repo_manager.cli import Context, cli, complete_envs, json_option, pass_ctx, repo_option
 from repo_manager.sync.result import SyncResult
 
 
@@ -125,7 +125,9 @@ class RichProgress:
 @click.option("--model", "models", multiple=True, help="Only these models (repeatable).")
 @click.option("--prune", is_flag=True, help="Remove local versions the environment no longer serves (never one "
               "the server at --url has loaded) and cache blobs nothing links to.")
-@url_option
+@click.option("--url", "triton_url", help="The running Triton server (HTTP) of this node, e.g. "
+              "http://127.0.0.1:8000: --prune never removes a version it has loaded. No default: sync starts no "
+              "server, and --prune without --url checks no server.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--limit-rate", type=click.FloatRange(min=0, min_open=True),
               help="Download at most this many MB/s (leave bandwidth to serving).")
