@@ -8,6 +8,7 @@ Triton's restricted groups (repository index, load, unload, statistics) carry th
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,12 @@ def normalize_url(url: str) -> str:
         if url.startswith(prefix):
             url = url[len(prefix):]
     return url.rstrip("/")
+
+
+# What a broken connection raises: OSError and its kin, and http.client's exceptions (geventhttpclient's
+# HTTPConnectionClosed when the server closes a keep-alive connection under a request) — a server problem
+# (exit 6), never an internal error.
+_TRANSPORT_ERRORS = (ConnectionError, OSError, http.client.HTTPException)
 
 
 class TritonClient:
@@ -83,7 +90,7 @@ class TritonClient:
         except InferenceServerException as exc:
             self._raise_if_restricted(what, exc)
             raise ServerError(f"Triton at {self.url} refused {what}: {exc.message()}", url=self.url) from exc
-        except (TimeoutError, ConnectionError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise ServerError(f"Triton at {self.url} is not reachable ({what}): {exc}",
                               hint="start one with `trm serve`, or pass --url of a running server",
                               url=self.url) from exc
@@ -118,7 +125,7 @@ class TritonClient:
             return bool(self._client.is_model_ready(name, str(version) if version else ""))
         except InferenceServerException:
             return False
-        except (ConnectionError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise ServerError(f"Triton at {self.url} is not reachable: {exc}", url=self.url) from exc
 
     # -------------------------------------------------------------------------------- repository
@@ -148,7 +155,7 @@ class TritonClient:
                                   url=self.url) from exc
             raise ModelLoadError(f"Triton at {self.url} failed to load {name}: {_first_line(exc)}",
                                  model=name, url=self.url) from exc
-        except (ConnectionError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise ServerError(f"Triton at {self.url} is not reachable (load {name}): {exc}",
                               url=self.url) from exc
 
@@ -162,7 +169,7 @@ class TritonClient:
         except InferenceServerException as exc:
             raise NotFoundError(f"model {name} is not loaded on {self.url}: {exc.message()}",
                                 model=name, url=self.url) from exc
-        except (ConnectionError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise ServerError(f"Triton at {self.url} is not reachable: {exc}", url=self.url) from exc
         return cfg.config_from_json(data)
 
@@ -186,7 +193,7 @@ class TritonClient:
         except InferenceServerException as exc:
             raise ServerError(f"inference on {name} at {self.url} failed: {_first_line(exc)}",
                               model=name, url=self.url) from exc
-        except (ConnectionError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise ServerError(f"Triton at {self.url} is not reachable (infer {name}): {exc}",
                               url=self.url) from exc
         try:
