@@ -47,7 +47,7 @@ def llm_repo(tmp: Path, tuning: dict | None) -> Settings:
 
 @pytest.fixture
 def llm_rules(tmp_path, capsys):
-    settings = llm_repo(tmp_path, {"slo": {"ttft_p99_ms": 100, "itl_p99_ms": 60}})
+    settings = llm_repo(tmp_path, {"slo": {"ttft_p99_ms": 100, "itl_p99_ms": 5}})
     out = tmp_path / "obs"
     result = run_cli(capsys, "observe", "rules", "--repo", settings.repository, "--out", out, "--waiting-for",
                      "2s", "--evaluation-interval", "1", "--samples", "2", "--rate-window", "10s", "--json")
@@ -63,7 +63,7 @@ def rules_of(out: Path) -> dict[str, dict]:
 def test_llm_rules_carry_the_tuned_ttft_and_itl_slos_and_pass_promtool_and_their_unit_tests(llm_rules):
     out, data, _ = llm_rules
     (model,) = data["models"]
-    assert model["llm"] is True and model["ttft_p99_slo_ms"] == 100 and model["itl_p99_slo_ms"] == 60
+    assert model["llm"] is True and model["ttft_p99_slo_ms"] == 100 and model["itl_p99_slo_ms"] == 5
     assert model["llm_slo_source"] == "ttft: tuning record, itl: tuning record"
     assert {"TrmLlmRequestsWaiting", "TrmTtftAboveSLO", "TrmItlAboveSLO"} <= set(data["alerts"])
     rules_path = out / "trm-rules.yml"
@@ -84,13 +84,13 @@ def test_llm_rules_carry_the_tuned_ttft_and_itl_slos_and_pass_promtool_and_their
         (f'vllm:num_requests_waiting{{{b},job="triton"}}', "0x39 2x30"),
     ]
     # TTFT: every request within 50 ms until 30 s, then every request over 0.5 s (above the 100 ms SLO);
-    # ITL: 10 requests/s all at or below 40 ms (under the 60 ms SLO) throughout
+    # ITL: 10 tokens/s all at or below 4 ms (under the 5 ms SLO) throughout
     for le, before, after in (("0.05", "0+10x30", "300+0x39"), ("0.1", "0+10x30", "300+0x39"),
                               ("0.5", "0+10x30", "300+0x39"), ("1", "0+10x30", "300+10x39"),
                               ("+Inf", "0+10x30", "300+10x39")):
         series.append((f'vllm:time_to_first_token_seconds_bucket{{{a},le="{le}"}}', f"{before} {after}"))
-    for le in ("0.04", "0.06", "+Inf"):
-        series.append((f'vllm:time_per_output_token_seconds_bucket{{{a},le="{le}"}}', "0+10x70"))
+    for le, values in (("0.001", "0x70"), ("0.004", "0+10x70"), ("+Inf", "0+10x70")):
+        series.append((f'vllm:time_per_output_token_seconds_bucket{{{a},le="{le}"}}', values))
     tests = {"rule_files": [str(rules_path)], "evaluation_interval": "1s", "tests": [{
         "interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series],
         "alert_rule_test": [
@@ -190,13 +190,13 @@ def test_waiting_and_ttft_alerts_fire_on_a_real_prometheus_and_top_shows_the_eng
             top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--interval", "2",
                           "--json")
             text = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--once")
-            _wait(lambda: _alert_state(prom, "TrmTtftAboveSLO") == "firing", 25, "TrmTtftAboveSLO did not fire",
-                  log)
+            # tokens 20 ms apart (sleeps: never less) against an ITL SLO of 5 ms
+            for alert in ("TrmTtftAboveSLO", "TrmItlAboveSLO"):
+                _wait(lambda alert=alert: _alert_state(prom, alert) == "firing", 25, f"{alert} did not fire", log)
             sender.join(120)
             assert results and results[0].completed == 120, results
             _wait(lambda: _alert_state(prom, "TrmLlmRequestsWaiting") is None, 20,
                   "TrmLlmRequestsWaiting did not clear", log)
-            assert _alert_state(prom, "TrmItlAboveSLO") is None  # 20 ms per token against a 60 ms SLO
         finally:
             prometheus.terminate()
             try:
@@ -208,9 +208,9 @@ def test_waiting_and_ttft_alerts_fire_on_a_real_prometheus_and_top_shows_the_eng
     (row,) = [r for r in top.json()["llm"] if r["model"] == "chat"]
     assert row["version"] == "1" and row["running"] == 1 and row["waiting"] >= 1 and row["kv_cache_pct"] == 100.0
     # one slot emits one token every NEXT_MS (plus the first after FIRST_MS): at most 1000 / NEXT_MS tokens/s
-    assert 0 < row["output_tokens_s"] <= 1000 / NEXT_MS * 1.1
+    assert 0 < row["output_tokens_s"] <= 1000 / NEXT_MS * 1.5
     assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > FIRST_MS
-    assert NEXT_MS * 0.5 <= row["itl_p50_ms"] <= row["itl_p99_ms"] <= 100
+    assert NEXT_MS * 0.5 <= row["itl_p50_ms"] <= row["itl_p99_ms"]
     assert text.code == 0, text.err
     assert "LLM model" in text.out and "TTFT p99" in text.out and "chat" in text.out
 
