@@ -218,7 +218,7 @@ def test_waiting_and_ttft_alerts_fire_on_a_real_prometheus_and_top_shows_the_eng
 def test_top_reads_the_engine_series_and_estimates_quantiles_from_bucket_deltas():
     """Two scrapes of the text Triton serves for custom metric families: the quantiles are those of the
     observations between the scrapes only (all older ones were fast), labels are shown as text."""
-    from repo_manager.observe.top import Scrape, Server, View, llm_between, parse_metrics, parse_llm  # noqa: PLC0415
+    from repo_manager.observe.top import Scrape, Server, View, llm_between, parse_llm, parse_metrics  # noqa: PLC0415
     from repo_manager.observe.top import render as render_top  # noqa: PLC0415
 
     def scrape(at: float, tokens: int, fast: int, slow: int) -> Scrape:

@@ -109,5 +109,6 @@ def write_engine_stand_in(folder: Path, name: str = "chat", *, first_ms: float =
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(MODEL_PY)
     config = CONFIG.format(name=name, first_ms=first_ms, next_ms=next_ms)
-    (folder / "config.pbtxt").write_text(config + f'parameters {{ key: "slots" value {{ string_value: "{slots}" }} }}\n')
+    slots_line = f'parameters {{ key: "slots" value {{ string_value: "{slots}" }} }}\n'
+    (folder / "config.pbtxt").write_text(config + slots_line)
     return folder
