@@ -17,14 +17,14 @@ No cluster, kubectl, kustomize or container engine exists where these tests run.
   the HPA's target and metric, no credential outside a Secret.
 
 What the renderer does (the subset deploy/kubernetes uses, nothing more): ``resources`` (files, and
-directories holding a kustomization.yaml), ``patches`` with ``path`` (strategic merge: maps merged key by
-key; ``containers``/``initContainers``/``env``/``volumes`` lists merged by ``name``; other lists replaced,
-among them those the API marks atomic, an HPA's ``metrics``; ``$patch: delete`` of a whole object; a patch
-names its target by kind and name), ``nameSuffix`` (with the name references kustomize rewrites for the kinds used here: ConfigMap references in env and volumes,
-``serviceAccountName``, an HPA's ``scaleTargetRef``), ``namespace``, and ``components`` whose only field is
-``images`` (name, newName, newTag, digest: ``name:tag@digest``, as kustomize writes it). Any other
-kustomization field, or a patch outside that subset, fails the test rather than being ignored. Not
-implemented: generators, replacements, label transformers, JSON 6902 patches.
+directories holding a kustomization.yaml), ``patches`` with ``path`` (strategic merge: maps merged key by key;
+``containers``/``initContainers``/``env``/``volumes`` lists merged by ``name``; other lists replaced, among
+them those the API marks atomic, an HPA's ``metrics``; ``$patch: delete`` of a whole object; a patch names its
+target by kind and name), ``nameSuffix`` (with the name references kustomize rewrites for the kinds used here:
+ConfigMap references in env and volumes, ``serviceAccountName``, an HPA's ``scaleTargetRef``), ``namespace``,
+and ``components`` whose only field is ``images`` (name, newName, newTag, digest: ``name:tag@digest``, as
+kustomize writes it). Any other kustomization field, or a patch outside that subset, fails the test rather
+than being ignored. Not implemented: generators, replacements, label transformers, JSON 6902 patches.
 """
 
 from __future__ import annotations
