@@ -126,12 +126,14 @@ def test_llm_slos_from_options_override_the_record_and_bad_ones_are_refused(tmp_
     assert "TrmLlmRequestsWaiting" in bare.json()["alerts"] and "TrmTtftAboveSLO" not in bare.json()["alerts"]
     assert any("without a TTFT SLO" in n and "--ttft-p99-ms" in n for n in bare.json()["notes"])
     given = run_cli(capsys, "observe", "rules", "--repo", settings.repository, "--out", tmp_path / "b", "--json",
-                    "--ttft-p99-ms", "250", "--itl-p99-ms", "30")
+                    "--ttft-p99-ms", "250", "--itl-p99-ms", "30", "--p99-ms", "100")
     assert given.code == 0, given.err
     (model,) = given.json()["models"]
     assert (model["ttft_p99_slo_ms"], model["itl_p99_slo_ms"]) == (250, 30)
     assert model["llm_slo_source"] == "ttft: --ttft-p99-ms, itl: --itl-p99-ms"
     assert "> 250" in rules_of(tmp_path / "b")["TrmTtftAboveSLO"]["expr"]
+    # Triton's request summary of a decoupled model is not a stream's latency: no p99 rule on it
+    assert "TrmLatencyAboveSLO" not in given.json()["alerts"]
     for flag, value in (("--ttft-p99-ms", "nan"), ("--itl-p99-ms", "inf"), ("--ttft-p99-ms", "0"),
                         ("--itl-p99-ms", "-5"), ("--waiting-per-replica", "-1"), ("--waiting-for", "soon")):
         bad = run_cli(capsys, "observe", "rules", "--repo", settings.repository, "--out", tmp_path / "c",

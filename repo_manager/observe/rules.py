@@ -182,7 +182,7 @@ def model_rules(m: ModelWatch, t: Thresholds, env: str | None) -> list[dict[str,
                                        f"{t.queue_for}. Requests wait because the servers are busier than they "
                                        "can serve: queues grow first and p99 follows once they do, so add "
                                        "replicas now, before the latency SLO is missed."}}]
-    if m.p99_ms is not None:
+    if m.p99_ms is not None and not m.llm:  # a stream's latency is TTFT and ITL (llm_rules), not Triton's
         rules.append({
             "alert": "TrmLatencyAboveSLO",
             "expr": f"max by (model) (nv_inference_request_summary_us{s(Q99)}) / 1000 > {m.p99_ms:g}",
