@@ -81,22 +81,25 @@ class TritonPythonModel:
         self.free.acquire()
         self._count(running=1, waiting=-1)
         try:
-            self.prompt.increment(float(len(prompt.split())))
+            with self.lock:  # one metric call at a time, as vLLM's single stat logger makes them
+                self.prompt.increment(float(len(prompt.split())))
             last_at = None
             for i in range(max_tokens):
                 time.sleep(self.first if i == 0 else self.next)
                 now = time.monotonic()
-                if last_at is None:
-                    self.ttft.observe(now - arrived)
-                else:
-                    self.itl.observe(now - last_at)
+                with self.lock:
+                    if last_at is None:
+                        self.ttft.observe(now - arrived)
+                    else:
+                        self.itl.observe(now - last_at)
+                    self.generation.increment(1.0)
                 last_at = now
-                self.generation.increment(1.0)
                 last = i == max_tokens - 1
                 out = [pb.Tensor("text_output", np.array([f" t{i}".encode()], dtype=np.object_)),
                        pb.Tensor("num_output_tokens", np.array([1], dtype=np.uint32))]
                 sender.send(pb.InferenceResponse(output_tensors=out), flags=FINAL if last else 0)
-            self.e2e.observe(time.monotonic() - arrived)
+            with self.lock:
+                self.e2e.observe(time.monotonic() - arrived)
         finally:
             self._count(running=-1)
             self.free.release()
