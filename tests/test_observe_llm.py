@@ -124,7 +124,7 @@ def test_llm_slos_from_options_override_the_record_and_bad_ones_are_refused(tmp_
     bare = run_cli(capsys, "observe", "rules", "--repo", settings.repository, "--out", tmp_path / "a", "--json")
     assert bare.code == 0, bare.err
     assert "TrmLlmRequestsWaiting" in bare.json()["alerts"] and "TrmTtftAboveSLO" not in bare.json()["alerts"]
-    assert any("without a TTFT SLO" in n and "--ttft-p99-ms" in n for n in bare.json()["notes"])
+    assert any("no TTFT p99 SLO" in n and "--ttft-p99-ms" in n for n in bare.json()["notes"])
     given = run_cli(capsys, "observe", "rules", "--repo", settings.repository, "--out", tmp_path / "b", "--json",
                     "--ttft-p99-ms", "250", "--itl-p99-ms", "30", "--p99-ms", "100")
     assert given.code == 0, given.err

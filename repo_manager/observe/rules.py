@@ -434,8 +434,8 @@ def write_artifacts(folder: Path, models: list[ModelWatch], t: Thresholds, env: 
     alerts = tuple(sorted({r["alert"] for g in rules["groups"] for r in g["rules"]}))
     notes = tuple(f"{m.name}: no p99 SLO (no tuning record; pass --p99-ms): no latency alert"
                   for m in models if m.p99_ms is None and not m.llm)
-    notes += tuple(f"{m.name}: LLM model without a {what} SLO (no tuning record; pass --{flag}-p99-ms): "
-                   f"no {what} alert" for m in models if m.llm
+    notes += tuple(f"{m.name}: no {what} p99 SLO (no tuning record; pass --{flag}-p99-ms): no {what} alert"
+                   for m in models if m.llm
                    for what, flag, slo in (("TTFT", "ttft", m.ttft_p99_ms), ("ITL", "itl", m.itl_p99_ms))
                    if slo is None)
     return RulesResult(env, tuple(models), (str(rules_path), str(dash_path)), alerts, notes)

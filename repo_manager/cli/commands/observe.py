@@ -81,12 +81,11 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
     else:
         watches = watches_from_repo(Path(settings.repository), models, p99_ms, ttft_p99_ms, itl_p99_ms)
     result = write_artifacts(Path(out_dir), watches, thresholds, env)
-    lines = [f"{m.name}{' v' + str(m.version) if m.version else ''}: p99 SLO "
-             f"{f'{m.p99_ms:g} ms ({m.slo_source})' if m.p99_ms is not None else 'none'}, max batch "
-             f"{m.max_batch_size}, {m.instances} instance(s)"
-             + (f"; LLM: TTFT p99 SLO {_ms(m.ttft_p99_ms)}, ITL p99 SLO {_ms(m.itl_p99_ms)}"
-                + (f" ({m.llm_slo_source})" if m.llm_slo_source else "") if m.llm else "")
-             for m in result.models]
+    lines = [f"{m.name}{' v' + str(m.version) if m.version else ''}: "
+             + (f"LLM model, TTFT p99 SLO {_ms(m.ttft_p99_ms)}, ITL p99 SLO {_ms(m.itl_p99_ms)}"
+                + (f" ({m.llm_slo_source})" if m.llm_slo_source else "") if m.llm else
+                f"p99 SLO {f'{m.p99_ms:g} ms ({m.slo_source})' if m.p99_ms is not None else 'none'}")
+             + f", max batch {m.max_batch_size}, {m.instances} instance(s)" for m in result.models]
     lines += [f"alerts: {', '.join(result.alerts)}"] + [f"note: {n}" for n in result.notes]
     lines += [f"wrote {f}" for f in result.files]
     lines.append(f"check: promtool check rules {result.files[0]}")
