@@ -429,11 +429,16 @@ class TuningRecord:
     tuned_from_version: int | None
     evidence: tuple[tuple[str, str], ...] = ()
     """(setting, why it was chosen)."""
+    ttft_p99_ms: float | None = None
+    """An LLM version's time-to-first-token SLO (p99, positive, finite), where it was tuned for one."""
+    itl_p99_ms: float | None = None
+    """An LLM version's inter-token latency SLO (p99, positive, finite)."""
 
     def summary(self) -> dict[str, Any]:
         """The record's comparable part (for diffs): SLO, chosen settings, tuned-from version."""
         slo = {k: v for k, v in (("p99_ms", self.p99_ms), ("low_rps", self.low_rps),
-                                 ("peak_rps", self.peak_rps)) if v is not None}
+                                 ("peak_rps", self.peak_rps), ("ttft_p99_ms", self.ttft_p99_ms),
+                                 ("itl_p99_ms", self.itl_p99_ms)) if v is not None}
         return {"slo": slo, "chosen": dict(self.chosen), "tuned_from_version": self.tuned_from_version}
 
 
@@ -450,7 +455,7 @@ def read_tuning(manifest: Manifest) -> TuningRecord | None:
         return None
     slo = _mapping(record.get("slo"), manifest, "tuning.slo")
     limits = {key: None if slo.get(key) is None else _number(slo[key], manifest, f"tuning.slo.{key}", positive=True)
-              for key in ("p99_ms", "low_rps", "peak_rps")}
+              for key in ("p99_ms", "low_rps", "peak_rps", "ttft_p99_ms", "itl_p99_ms")}
     chosen_record = _mapping(record.get("chosen"), manifest, "tuning.chosen")
     chosen: dict[str, Any] = {}
     for key in _CHOSEN_INTEGERS:
@@ -476,7 +481,8 @@ def read_tuning(manifest: Manifest) -> TuningRecord | None:
         limits["p99_ms"], limits["low_rps"], limits["peak_rps"], chosen,
         None if source is None else _integer(source, manifest, "tuning.tuned_from_version"),
         tuple((_text(k, manifest, "a setting in tuning.evidence"), _text(v, manifest, f"tuning.evidence[{k!r}]"))
-              for k, v in evidence.items()))
+              for k, v in evidence.items()),
+        limits["ttft_p99_ms"], limits["itl_p99_ms"])
 
 
 def read_config(manifest: Manifest) -> Any:

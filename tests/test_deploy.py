@@ -17,14 +17,14 @@ No cluster, kubectl, kustomize or container engine exists where these tests run.
   the HPA's target and metric, no credential outside a Secret.
 
 What the renderer does (the subset deploy/kubernetes uses, nothing more): ``resources`` (files, and
-directories holding a kustomization.yaml), ``patches`` with ``path`` (strategic merge: maps merged key by
-key; ``containers``/``initContainers``/``env``/``volumes`` lists merged by ``name``; other lists replaced;
-``$patch: delete`` of a whole object; a patch names its target by kind and name), ``nameSuffix`` (with the
-name references kustomize rewrites for the kinds used here: ConfigMap references in env and volumes,
-``serviceAccountName``, an HPA's ``scaleTargetRef``), ``namespace``, and ``components`` whose only field is
-``images`` (name, newName, newTag, digest: ``name:tag@digest``, as kustomize writes it). Any other
-kustomization field, or a patch outside that subset, fails the test rather than being ignored. Not
-implemented: generators, replacements, label transformers, JSON 6902 patches.
+directories holding a kustomization.yaml), ``patches`` with ``path`` (strategic merge: maps merged key by key;
+``containers``/``initContainers``/``env``/``volumes`` lists merged by ``name``; other lists replaced, among
+them those the API marks atomic, an HPA's ``metrics``; ``$patch: delete`` of a whole object; a patch names its
+target by kind and name), ``nameSuffix`` (with the name references kustomize rewrites for the kinds used here:
+ConfigMap references in env and volumes, ``serviceAccountName``, an HPA's ``scaleTargetRef``), ``namespace``,
+and ``components`` whose only field is ``images`` (name, newName, newTag, digest: ``name:tag@digest``, as
+kustomize writes it). Any other kustomization field, or a patch outside that subset, fails the test rather
+than being ignored. Not implemented: generators, replacements, label transformers, JSON 6902 patches.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from repo_manager.triton.restricted import OPEN_APIS, RESTRICTED_APIS
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("production", "production-canary")
+OVERLAYS = ("production", "production-canary", "production-llm")
 KUSTOMIZATIONS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 # The oldest Kubernetes these manifests target (every field used is GA there) and the newest schema set
 # that kubernetes-validate ships; both are bundled with the package, so no network is needed.
@@ -73,6 +73,8 @@ KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "patches", "namespace
 COMPONENT_FIELDS = {"apiVersion", "kind", "images"}
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 MERGE_BY_NAME = {"containers", "initContainers", "env", "volumes"}
+ATOMIC_LISTS = {"metrics"}
+"""Lists the Kubernetes API marks ``x-kubernetes-list-type: atomic`` (an HPA's ``metrics``): a patch replaces them."""
 CLUSTER_SCOPED = {"Namespace"}
 
 
@@ -94,6 +96,8 @@ def strategic_merge(target: Any, patch: Any, path: str = "") -> Any:
         return merged
     if isinstance(patch, list) and isinstance(target, list):
         field = path.rsplit("/", 1)[-1]
+        if field in ATOMIC_LISTS:
+            return patch
         if field not in MERGE_BY_NAME:
             if any(isinstance(item, dict) for item in patch):
                 raise AssertionError(f"patching the list {path} (merge key unknown to this renderer)")
@@ -534,10 +538,35 @@ def test_hpa_scales_the_production_deployment_on_queue_depth_with_a_floor_of_two
     assert metric["type"] == "Pods"
     assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
     adapter = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
-    (rule,) = adapter["rules"]["custom"]
+    (rule,) = [r for r in adapter["rules"]["custom"] if r["name"]["as"] == "triton_queued_requests"]
     assert "nv_inference_pending_request_count" in rule["seriesQuery"]
     assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+def test_llm_overlay_scales_on_the_engines_waiting_requests_and_is_production_otherwise() -> None:
+    """overlays/production-llm: the HPA's pods metric is vLLM's waiting requests per pod, served by the
+    adapter rule from the series trm's vLLM backend reports and `trm observe rules` alerts on; Triton's
+    queue stays a second metric; every other object is production's."""
+    from repo_manager.observe.rules import WAITING  # noqa: PLC0415
+
+    llm, production = rendered("overlays/production-llm"), rendered("overlays/production")
+    hpa = one(llm, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == one(llm, "Deployment")["metadata"]["name"]
+    assert hpa["spec"]["minReplicas"] == 2 and hpa["spec"]["behavior"] == one(
+        production, "HorizontalPodAutoscaler")["spec"]["behavior"]
+    metrics = {m["pods"]["metric"]["name"]: m for m in hpa["spec"]["metrics"]}
+    assert set(metrics) == {"vllm_requests_waiting", "triton_queued_requests"}
+    assert all(m["type"] == "Pods" for m in metrics.values())
+    assert metrics["vllm_requests_waiting"]["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    adapter = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
+    rules = {r["name"]["as"]: r for r in adapter["rules"]["custom"]}
+    assert set(metrics) <= set(rules)  # every metric the HPA asks for, the adapter serves
+    waiting = rules["vllm_requests_waiting"]
+    assert waiting["seriesQuery"].startswith(WAITING + "{") and waiting["name"]["matches"] == f"^{WAITING}$"
+    assert set(waiting["resources"]["overrides"]) == {"namespace", "pod"} and "sum(" in waiting["metricsQuery"]
+    assert sorted((o for o in llm if o["kind"] != "HorizontalPodAutoscaler"), key=key_of) == sorted(
+        (o for o in production if o["kind"] != "HorizontalPodAutoscaler"), key=key_of)
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)

@@ -15,6 +15,19 @@ Per model (thresholds from the version's tuning record where it has one):
   than a rollout takes); with an environment, ``TrmVersionNotInEnv``: a server answering with a version
   other than the environment's.
 
+For LLM models (decoupled models such as trm's vLLM backend, whose engine reports the ``vllm:*`` families
+through Triton's custom metrics; Triton's queue and durations say nothing about them):
+
+* ``TrmLlmRequestsWaiting``: requests waiting in the engine's own queue, per replica, above
+  ``waiting_per_replica`` (default 0) for ``waiting_for`` (default 30s). A running engine takes every
+  request its batch and KV cache can hold; one that keeps requests waiting is full, so a request waiting
+  on every replica is the signal to add one (the HPA in deploy/kubernetes/overlays/production-llm scales
+  on the same series);
+* ``TrmTtftAboveSLO`` and ``TrmItlAboveSLO``: p99 time to first token and inter-token latency (from the
+  engine's histograms over ``rate_window``) above the SLOs of the version's tuning record
+  (``slo.ttft_p99_ms``, ``slo.itl_p99_ms``) or ``--ttft-p99-ms``/``--itl-p99-ms``, for ``samples``
+  evaluations in a row.
+
 For the agents (``trm agent``; series from their /metrics, group ``trm-agents``, limited to the
 environment's ``env`` label where one is named):
 
@@ -60,8 +73,13 @@ class Thresholds:
     """Extra label matchers for every Triton series, e.g. ``job="triton"``."""
     pointer_stale_s: float = 600.0
     """Seconds without a successful pointer read before ``TrmAgentPointerStale``."""
+    waiting_per_replica: float = 0.0
+    """LLM models: requests waiting in the engine per replica above which ``TrmLlmRequestsWaiting`` fires."""
+    waiting_for: str = "30s"
 
     def check(self) -> None:
+        if not 0 <= self.waiting_per_replica < float("inf"):
+            raise UsageError("need a finite --waiting-per-replica >= 0")
         if self.queue_per_replica < 0 or self.samples < 1 or not 0 <= self.max_rejected <= 1:
             raise UsageError("need --queue-per-replica >= 0, --samples >= 1 and 0 <= --max-rejected <= 1")
         if self.evaluation_interval_s <= 0 or self.pointer_stale_s <= 0:
@@ -70,7 +88,7 @@ class Thresholds:
 
         for flag, value in (("--queue-for", self.queue_for), ("--rejected-for", self.rejected_for),
                             ("--not-ready-for", self.not_ready_for), ("--versions-for", self.versions_for),
-                            ("--rate-window", self.rate_window)):
+                            ("--rate-window", self.rate_window), ("--waiting-for", self.waiting_for)):
             # a Prometheus duration: 30s, 1m, 1h30m (PromQL rejects anything else when the rules load)
             if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", value) or not re.search(r"[1-9]", value):
                 raise UsageError(f"{flag} {value!r} is not a Prometheus duration", hint="e.g. 30s, 1m, 1h30m")
@@ -92,9 +110,15 @@ class ModelWatch:
     max_batch_size: int = 0
     instances: int = 1
     slo_source: str = ""
+    llm: bool = False
+    """A decoupled (streaming) model, such as trm's vLLM backend: watched on the engine's ``vllm:*`` series."""
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    llm_slo_source: str = ""
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest, p99_ms: float | None = None) -> ModelWatch:
+    def from_manifest(cls, manifest: Manifest, p99_ms: float | None = None, ttft_p99_ms: float | None = None,
+                      itl_p99_ms: float | None = None) -> ModelWatch:
         config = read_config(manifest)
         instances = config.instance_group[0].count if config.instance_group else 1
         # a tuning record's SLO must be a positive finite number: NaN or a negative SLO would make an alert
@@ -102,8 +126,17 @@ class ModelWatch:
         tuned = read_tuning(manifest).p99_ms if p99_ms is None and manifest.tuning else None
         slo = p99_ms if p99_ms is not None else tuned
         source = "--p99-ms" if p99_ms is not None else ("tuning record" if tuned is not None else "")
+        llm = config.backend == "vllm" or bool(config.model_transaction_policy.decoupled)
+        record = read_tuning(manifest) if llm and manifest.tuning else None
+        ttft = ttft_p99_ms if ttft_p99_ms is not None else (record.ttft_p99_ms if record else None)
+        itl = itl_p99_ms if itl_p99_ms is not None else (record.itl_p99_ms if record else None)
+        llm_source = ", ".join(
+            f"{name}: {'--' + name.replace('_', '-') + '-p99-ms' if given is not None else 'tuning record'}"
+            for name, given, value in (("ttft", ttft_p99_ms, ttft), ("itl", itl_p99_ms, itl)) if value is not None)
         return cls(manifest.model, manifest.version, float(slo) if slo is not None else None,
-                   int(config.max_batch_size), max(int(instances), 1), source)
+                   int(config.max_batch_size), max(int(instances), 1), source, llm,
+                   float(ttft) if ttft is not None and llm else None, float(itl) if itl is not None and llm else None,
+                   llm_source if llm else "")
 
 
 @dataclass(frozen=True)
@@ -117,7 +150,9 @@ class RulesResult:
     def to_dict(self) -> dict[str, Any]:
         return {"env": self.env, "files": list(self.files), "alerts": list(self.alerts), "notes": list(self.notes),
                 "models": [{"name": m.name, "version": m.version, "p99_slo_ms": m.p99_ms, "slo_source": m.slo_source,
-                            "max_batch_size": m.max_batch_size, "instances": m.instances} for m in self.models]}
+                            "max_batch_size": m.max_batch_size, "instances": m.instances, "llm": m.llm,
+                            "ttft_p99_slo_ms": m.ttft_p99_ms, "itl_p99_slo_ms": m.itl_p99_ms,
+                            "llm_slo_source": m.llm_slo_source} for m in self.models]}
 
 
 Q50, Q99 = 'quantile="0.5"', 'quantile="0.99"'
@@ -147,7 +182,7 @@ def model_rules(m: ModelWatch, t: Thresholds, env: str | None) -> list[dict[str,
                                        f"{t.queue_for}. Requests wait because the servers are busier than they "
                                        "can serve: queues grow first and p99 follows once they do, so add "
                                        "replicas now, before the latency SLO is missed."}}]
-    if m.p99_ms is not None:
+    if m.p99_ms is not None and not m.llm:  # a stream's latency is TTFT and ITL (llm_rules), not Triton's
         rules.append({
             "alert": "TrmLatencyAboveSLO",
             "expr": f"max by (model) (nv_inference_request_summary_us{s(Q99)}) / 1000 > {m.p99_ms:g}",
@@ -195,6 +230,49 @@ def model_rules(m: ModelWatch, t: Thresholds, env: str | None) -> list[dict[str,
             "for": t.versions_for, "labels": {**labels, "severity": "warning", "env": env},
             "annotations": {"summary": f"{m.name}: a server serves a version other than {env}'s {m.version}",
                             "description": f"{env} says {m.name} version {m.version}."}})
+    if m.llm:
+        rules += llm_rules(m, t)
+    return rules
+
+
+WAITING, RUNNING, KV_CACHE = "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"
+TTFT, ITL, TOKENS = ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+                     "vllm:generation_tokens_total")
+
+
+def _p99(histogram: str, selector: str, window: str) -> str:
+    """p99 in ms of an engine histogram over ``window``, all replicas together."""
+    return f"histogram_quantile(0.99, sum by (model, le) (rate({histogram}_bucket{selector}[{window}]))) * 1000"
+
+
+def llm_rules(m: ModelWatch, t: Thresholds) -> list[dict[str, Any]]:
+    """The engine's queue and the TTFT/ITL SLOs of an LLM model (series from the ``vllm:*`` families)."""
+    s, w = _sel(m.name, t), t.rate_window
+    labels = {"model": m.name, "source": "trm"}
+    waiting = f"{WAITING}{s}"
+    rules: list[dict[str, Any]] = [{
+        "alert": "TrmLlmRequestsWaiting",
+        "expr": f"sum by (model) ({waiting}) / count by (model) (max by (model, instance) ({waiting})) "
+                f"> {t.waiting_per_replica:g}",
+        "for": t.waiting_for, "labels": {**labels, "severity": "warning"},
+        "annotations": {
+            "summary": f"{m.name}: requests wait in the LLM engine's queue "
+                       f"(more than {t.waiting_per_replica:g} per replica)",
+            "description": "{{ $value | printf \"%.1f\" }} requests waiting per replica for "
+                           f"{t.waiting_for}. The engine runs every request its batch and KV cache can hold; "
+                           "requests that keep waiting mean every replica is full, and each waits for running "
+                           "streams to finish, so time to first token grows. One request waiting per replica "
+                           "is the signal to add a replica."}}]
+    for alert, name, histogram, slo in (("TrmTtftAboveSLO", "time to first token", TTFT, m.ttft_p99_ms),
+                                        ("TrmItlAboveSLO", "inter-token latency", ITL, m.itl_p99_ms)):
+        if slo is None:
+            continue
+        rules.append({
+            "alert": alert, "expr": f"{_p99(histogram, s, w)} > {slo:g}",
+            "for": _duration(t.samples * t.evaluation_interval_s), "labels": {**labels, "severity": "critical"},
+            "annotations": {"summary": f"{m.name}: {name} p99 above its SLO of {slo:g} ms",
+                            "description": f"{name.capitalize()} p99 {{{{ $value | printf \"%.1f\" }}}} ms over "
+                                           f"{w}, for {t.samples} evaluations in a row (SLOs: {m.llm_slo_source})."}})
     return rules
 
 
@@ -296,6 +374,32 @@ def dashboard(models: list[ModelWatch], t: Thresholds, env: str | None) -> dict[
                 (f"sum by (model) (rate(nv_inference_request_failure{s(NOT_REJECTED)}[{w}]))",
                  "{{model}} failed")], "reqps", 0, 24),
     ]
+    llm = [m for m in models if m.llm]
+    if llm:
+        ls = '{model=~"' + "|".join(m.name for m in llm) + '"' + ("," + t.selector if t.selector else "") + "}"
+        waiting = f"{WAITING}{ls}"
+
+        def quantiles(histogram: str) -> list[tuple[str, str]]:
+            return [(f"histogram_quantile({q}, sum by (model, le) (rate({histogram}_bucket{ls}[{w}]))) * 1000",
+                     f"{{{{model}}}} p{label}") for q, label in ((0.5, "50"), (0.99, "99"))]
+
+        panels += [
+            _panel(8, "LLM requests waiting per replica",
+                   [(f"sum by (model) ({waiting}) / count by (model) (max by (model, instance) ({waiting}))",
+                     "{{model}} waiting"),
+                    (f"sum by (model) ({RUNNING}{ls}) / count by (model) (max by (model, instance) ({waiting}))",
+                     "{{model}} running")], "short", 0, 32,
+                   "Requests in the LLM engine's own queue and in its running batch, per replica. Requests "
+                   "wait when the batch or the KV cache is full: waiting above the alert threshold line "
+                   f"({t.waiting_per_replica:g}) for long means add replicas."),
+            _panel(9, "LLM KV-cache use", [(f"max by (model, instance) ({KV_CACHE}{ls})", "{{model}} {{instance}}")],
+                   "percentunit", 12, 32, "Share of the engine's KV-cache blocks in use (1 = full): near full, "
+                   "new requests wait and running ones may be preempted."),
+            _panel(10, "LLM output tokens per second", [(f"sum by (model) (rate({TOKENS}{ls}[{w}]))", "{{model}}")],
+                   "short", 0, 40, "Tokens generated per second, all replicas together."),
+            _panel(11, "LLM time to first token p50 / p99 (ms)", quantiles(TTFT), "ms", 12, 40),
+            _panel(12, "LLM inter-token latency p50 / p99 (ms)", quantiles(ITL), "ms", 0, 48),
+        ]
     names = [m.name for m in models]
     return {
         "title": f"trm: Triton models{' (' + env + ')' if env else ''}", "uid": f"trm-{env or 'models'}"[:40],
@@ -329,14 +433,19 @@ def write_artifacts(folder: Path, models: list[ModelWatch], t: Thresholds, env: 
     atomic_write_bytes(dash_path, (json.dumps(dashboard(models, t, env), indent=2) + "\n").encode())
     alerts = tuple(sorted({r["alert"] for g in rules["groups"] for r in g["rules"]}))
     notes = tuple(f"{m.name}: no p99 SLO (no tuning record; pass --p99-ms): no latency alert"
-                  for m in models if m.p99_ms is None)
+                  for m in models if m.p99_ms is None and not m.llm)
+    notes += tuple(f"{m.name}: no {what} p99 SLO (no tuning record; pass --{flag}-p99-ms): no {what} alert"
+                   for m in models if m.llm
+                   for what, flag, slo in (("TTFT", "ttft", m.ttft_p99_ms), ("ITL", "itl", m.itl_p99_ms))
+                   if slo is None)
     return RulesResult(env, tuple(models), (str(rules_path), str(dash_path)), alerts, notes)
 
 
 # ------------------------------------------------------------------------------------------ sources
 
 def watches_from_env(settings: Any, env: str, store: str | None = None, p99_ms: float | None = None,
-                     only: tuple[str, ...] = ()) -> list[ModelWatch]:
+                     only: tuple[str, ...] = (), ttft_p99_ms: float | None = None,
+                     itl_p99_ms: float | None = None) -> list[ModelWatch]:
     """The models ``env`` serves, at its versions, with the SLOs of those versions' tuning records."""
     from repo_manager.promote.envs import env_store  # noqa: PLC0415 - a store only when an env is named
     from repo_manager.storage import open_store  # noqa: PLC0415
@@ -344,10 +453,12 @@ def watches_from_env(settings: Any, env: str, store: str | None = None, p99_ms: 
     opened = open_store(env_store(settings, env, store), settings)
     pointer = opened.get_env(env)
     names = [n for n in sorted(pointer.models) if not only or n in only]
-    return [ModelWatch.from_manifest(opened.get_manifest(n, pointer.models[n]), p99_ms) for n in names]
+    return [ModelWatch.from_manifest(opened.get_manifest(n, pointer.models[n]), p99_ms, ttft_p99_ms, itl_p99_ms)
+            for n in names]
 
 
-def watches_from_repo(repository: Path, names: tuple[str, ...], p99_ms: float | None = None) -> list[ModelWatch]:
+def watches_from_repo(repository: Path, names: tuple[str, ...], p99_ms: float | None = None,
+                      ttft_p99_ms: float | None = None, itl_p99_ms: float | None = None) -> list[ModelWatch]:
     """Models of the local repository (``NAME`` or ``NAME:VERSION``; default the latest version)."""
     from repo_manager.repository import LocalRepository  # noqa: PLC0415
 
@@ -357,5 +468,6 @@ def watches_from_repo(repository: Path, names: tuple[str, ...], p99_ms: float | 
         name, _, version = item.partition(":")
         if version and not version.isdigit():
             raise UsageError(f"--model {item}: the version must be a number")
-        watches.append(ModelWatch.from_manifest(repo.manifest(name, int(version) if version else None), p99_ms))
+        watches.append(ModelWatch.from_manifest(repo.manifest(name, int(version) if version else None), p99_ms,
+                                                ttft_p99_ms, itl_p99_ms))
     return watches

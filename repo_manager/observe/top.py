@@ -7,6 +7,13 @@ summaries with p50/p99. Rates and means per request need two scrapes: a ``View``
 between two ``Scrape`` s of each server. Where the server's HTTP API is known too, its statistics add
 the histogram of executed batch sizes over the same interval.
 
+LLM models (trm's vLLM backend) report the engine's own ``vllm:*`` families through Triton's custom
+metrics, on the same endpoint and with the same ``model``/``version`` labels: for them a second table shows
+running and waiting requests and KV-cache use (gauges), output tokens/s (the generation-token counter
+between two scrapes) and TTFT/ITL p50/p99 (from the histograms' buckets between two scrapes, interpolated
+within a bucket as Prometheus' ``histogram_quantile`` does). Triton's own durations say nothing there: a
+decoupled model's execute() returns at once.
+
 ``trm agent`` sidecars (``--agent URL``) are read from their ``/status``: one line per pod with its state,
 served vs wanted versions, the pointer's age and the last rollout.
 """
@@ -34,6 +41,10 @@ COUNTERS = {"nv_inference_request_success": "success", "nv_inference_count": "in
             "nv_inference_queue_duration_us": "queue_us", "nv_inference_compute_input_duration_us": "compute_us",
             "nv_inference_compute_infer_duration_us": "compute_us", "nv_inference_compute_output_duration_us":
             "compute_us"}
+LLM_GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+              "vllm:kv_cache_usage_perc": "kv_cache"}
+LLM_COUNTERS = {"vllm:generation_tokens_total": "generation_tokens", "vllm:prompt_tokens_total": "prompt_tokens"}
+LLM_HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:time_per_output_token_seconds": "itl"}
 MAX_METRICS_BYTES = 64 * 1024 * 1024
 """Read at most this much of a /metrics answer (Triton's is about 1 KB per model and version)."""
 Key = tuple[str, str]
@@ -69,6 +80,78 @@ class Scrape:
     """p50/p99 of the whole request (ms) from Triton's summary; empty when summaries are off."""
     batches: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per model: executed batch size -> executions (cumulative), from the statistics API."""
+    llm: dict[Key, LlmSample] = field(default_factory=dict)
+    """Models that report the ``vllm:*`` families (LLM models): their values at this scrape."""
+
+
+@dataclass(frozen=True)
+class LlmSample:
+    """One scrape of an LLM model's ``vllm:*`` series: gauges, counters, histogram buckets (cumulative)."""
+
+    gauges: dict[str, float]
+    counters: dict[str, float]
+    buckets: dict[str, dict[float, float]]
+    """``ttft``/``itl`` -> upper bound in seconds (``inf`` for +Inf) -> observations at or below it."""
+
+
+def parse_llm(text: str) -> dict[Key, LlmSample]:
+    """The ``vllm:*`` series of a /metrics text, per (model, version); models without them are absent."""
+    found: dict[Key, LlmSample] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        match = LINE.match(line)
+        if not match:
+            continue
+        name, labels_text, value_text = match.groups()
+        labels = dict(LABEL.findall(labels_text or ""))
+        if "model" not in labels:
+            continue
+        try:
+            value = float(value_text)
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        key = (labels["model"], labels.get("version", ""))
+        sample = found.setdefault(key, LlmSample({}, {}, {}))
+        base = name.removesuffix("_bucket")
+        if name in LLM_GAUGES:
+            sample.gauges[LLM_GAUGES[name]] = value
+        elif name in LLM_COUNTERS:
+            sample.counters[LLM_COUNTERS[name]] = sample.counters.get(LLM_COUNTERS[name], 0.0) + value
+        elif name.endswith("_bucket") and base in LLM_HISTOGRAMS and "le" in labels:
+            try:
+                bound = float(labels["le"])
+            except ValueError:
+                continue
+            into = sample.buckets.setdefault(LLM_HISTOGRAMS[base], {})
+            into[bound] = into.get(bound, 0.0) + value
+    return found
+
+
+def bucket_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """The ``q`` quantile of cumulative histogram ``buckets`` (upper bound -> count), as Prometheus'
+    ``histogram_quantile`` estimates it: linear within the bucket the rank falls in; the highest finite
+    bound when it falls in +Inf. None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or not math.isinf(bounds[-1]):
+        return None
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower
 
 
 def parse_metrics(text: str) -> tuple[dict[Key, dict[str, float]], dict[Key, float], dict[Key, dict[str, float]]]:
@@ -113,7 +196,7 @@ def scrape(server: Server, timeout_s: float = 3.0) -> Scrape:
                                "the metrics URL", url=server.metrics_url) from exc
     at = time.monotonic()
     counters, pending, quantiles = parse_metrics(text)
-    return Scrape(server, at, counters, pending, quantiles, _batches(server, timeout_s))
+    return Scrape(server, at, counters, pending, quantiles, _batches(server, timeout_s), parse_llm(text))
 
 
 def _batches(server: Server, timeout_s: float) -> dict[str, dict[int, int]]:
@@ -152,6 +235,59 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class LlmRow:
+    """One LLM model and version over the interval: the engine's queue, KV cache, token rate and latencies."""
+
+    server: str
+    model: str
+    version: str
+    running: float | None
+    waiting: float | None
+    kv_cache_pct: float | None
+    """KV-cache use in percent (the engine's gauge says 1 for 100 %)."""
+    output_tokens_s: float
+    """Generated tokens per second between the two scrapes."""
+    prompt_tokens_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    """None: no request got its first token (TTFT) or a second one (ITL) in the interval."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def llm_between(before: Scrape, after: Scrape) -> list[LlmRow]:
+    """The LLM rows of the interval between two scrapes of one server."""
+    dt = max(after.at - before.at, 1e-6)
+    rows = []
+    for key in sorted(after.llm):
+        if key[0].startswith(TEMPORARY_PREFIX):
+            continue
+        now, then = after.llm[key], before.llm.get(key, LlmSample({}, {}, {}))
+
+        def rate(name: str, now: LlmSample = now, then: LlmSample = then) -> float:
+            return round(max(now.counters.get(name, 0.0) - then.counters.get(name, 0.0), 0.0) / dt, 1)
+
+        def quantile(q: float, name: str, now: LlmSample = now, then: LlmSample = then) -> float | None:
+            old = then.buckets.get(name, {})
+            delta = {b: max(c - old.get(b, 0.0), 0.0) for b, c in now.buckets.get(name, {}).items()}
+            value = bucket_quantile(q, delta)
+            return None if value is None else round(value * 1000, 1)
+
+        kv = now.gauges.get("kv_cache")
+        rows.append(LlmRow(
+            server=after.server.http_url or after.server.metrics_url, model=key[0], version=key[1],
+            running=now.gauges.get("running"), waiting=now.gauges.get("waiting"),
+            kv_cache_pct=None if kv is None else round(kv * 100, 1),
+            output_tokens_s=rate("generation_tokens"), prompt_tokens_s=rate("prompt_tokens"),
+            ttft_p50_ms=quantile(0.5, "ttft"), ttft_p99_ms=quantile(0.99, "ttft"),
+            itl_p50_ms=quantile(0.5, "itl"), itl_p99_ms=quantile(0.99, "itl")))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -259,9 +395,11 @@ class View:
     """One line per server (or agent) that could not be read (metrics disabled or unreachable)."""
     summaries_off: tuple[str, ...] = ()
     agents: tuple[AgentRow, ...] = ()
+    llm: tuple[LlmRow, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"interval_s": round(self.interval_s, 3), "rows": [r.to_dict() for r in self.rows],
+                "llm": [r.to_dict() for r in self.llm],
                 "agents": [a.to_dict() for a in self.agents],
                 "problems": list(self.problems), "summaries_off": list(self.summaries_off)}
 
@@ -312,6 +450,7 @@ class Watcher:
 
     def view(self) -> View:
         rows: list[Row] = []
+        llm: list[LlmRow] = []
         problems: list[str] = []
         off: list[str] = []
         interval = 0.0
@@ -328,6 +467,7 @@ class Watcher:
                 continue
             interval = current.at - previous.at
             rows += between(previous, current)
+            llm += llm_between(previous, current)
             if current.counters and not current.quantiles:
                 off.append(server.http_url or server.metrics_url)
         agents = []
@@ -336,7 +476,7 @@ class Watcher:
                 agents.append(read_agent(url))
             except ServerError as exc:
                 problems.append(exc.message)
-        return View(tuple(rows), interval, tuple(problems), tuple(off), tuple(agents))
+        return View(tuple(rows), interval, tuple(problems), tuple(off), tuple(agents), tuple(llm))
 
 
 def snapshot(servers: list[Server], interval_s: float = 1.0, agents: list[str] | None = None) -> View:
@@ -379,6 +519,14 @@ def render(view: View) -> str:
                      f"{r.rejected_rps:>6.1f} {r.failed_rps:>6.1f}  {sizes}")
     if not view.rows and view.agents:
         lines = []
+    if view.llm:
+        lines.append(f"{'server':<24} {'LLM model':<18} {'ver':>3} {'running':>7} {'waiting':>7} {'KV %':>5} "
+                     f"{'out tok/s':>9} {'TTFT p50':>8} {'TTFT p99':>8} {'ITL p50':>7} {'ITL p99':>7}  (ms)")
+    for r in view.llm:
+        lines.append(f"{_fit(r.server.split('://')[-1], 24):<24} {_fit(r.model, 18):<18} {_fit(r.version, 8):>3} "
+                     f"{cell(r.running, 7, '.0f')} {cell(r.waiting, 7, '.0f')} {cell(r.kv_cache_pct, 5)} "
+                     f"{r.output_tokens_s:>9.1f} {cell(r.ttft_p50_ms, 8)} {cell(r.ttft_p99_ms, 8)} "
+                     f"{cell(r.itl_p50_ms, 7)} {cell(r.itl_p99_ms, 7)}")
     if view.agents:
         lines.append(f"{'agent':<24} {'env':<12} {'state':<16} {'served':<20} {'wanted':<20} {'pointer':>7}  "
                      "last rollout")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from repo_manager.cli import FRACTION, POSITIVE, Context, cli, json_option, pass_ctx, repo_option
+from repo_manager.cli import FRACTION, NON_NEGATIVE, POSITIVE, Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
 from repo_manager.errors import ServerError, UsageError
 from repo_manager.redact import printable
@@ -45,13 +45,22 @@ def observe() -> None:
 @click.option("--selector", default="", help='Extra label matchers for every Triton series, e.g. job="triton".')
 @click.option("--pointer-stale", "pointer_stale_s", type=POSITIVE, default=600.0, show_default=True,
               help="Seconds an agent may go without reading its environment before TrmAgentPointerStale.")
+@click.option("--ttft-p99-ms", type=POSITIVE, help="LLM models: time-to-first-token p99 SLO (default: each "
+              "version's tuning record, slo.ttft_p99_ms).")
+@click.option("--itl-p99-ms", type=POSITIVE, help="LLM models: inter-token latency p99 SLO (default: each "
+              "version's tuning record, slo.itl_p99_ms).")
+@click.option("--waiting-per-replica", type=NON_NEGATIVE, default=0.0, show_default=True,
+              help="LLM models: requests waiting in the engine per replica above which TrmLlmRequestsWaiting "
+                   "fires.")
+@click.option("--waiting-for", default="30s", show_default=True, help="How long LLM requests must keep waiting.")
 @json_option
 @pass_ctx
 def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store: str | None,
                   s3_endpoint_url: str | None, repository: str | None, out_dir: str, p99_ms: float | None,
                   queue_per_replica: float, queue_for: str, samples: int, interval_s: float, max_rejected: float,
                   rejected_for: str, not_ready_for: str, versions_for: str, rate_window: str, selector: str,
-                  pointer_stale_s: float) -> None:
+                  pointer_stale_s: float, ttft_p99_ms: float | None = None, itl_p99_ms: float | None = None,
+                  waiting_per_replica: float = 0.0, waiting_for: str = "30s") -> None:
     """Write Prometheus alerting rules and a Grafana dashboard for the models ENV serves (or --model ...)."""
     from repo_manager.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
         Thresholds,
@@ -64,19 +73,27 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
     if p99_ms is not None and not p99_ms > 0:
         raise UsageError(f"--p99-ms must be positive, not {p99_ms}")
     thresholds = Thresholds(queue_per_replica, queue_for, samples, interval_s, max_rejected, rejected_for,
-                            not_ready_for, versions_for, rate_window, selector, pointer_stale_s)
+                            not_ready_for, versions_for, rate_window, selector, pointer_stale_s,
+                            waiting_per_replica, waiting_for)
     if env:
-        watches = watches_from_env(settings, env, store, p99_ms, tuple(m.split(":")[0] for m in models))
+        watches = watches_from_env(settings, env, store, p99_ms, tuple(m.split(":")[0] for m in models),
+                                   ttft_p99_ms, itl_p99_ms)
     else:
-        watches = watches_from_repo(Path(settings.repository), models, p99_ms)
+        watches = watches_from_repo(Path(settings.repository), models, p99_ms, ttft_p99_ms, itl_p99_ms)
     result = write_artifacts(Path(out_dir), watches, thresholds, env)
-    lines = [f"{m.name}{' v' + str(m.version) if m.version else ''}: p99 SLO "
-             f"{f'{m.p99_ms:g} ms ({m.slo_source})' if m.p99_ms is not None else 'none'}, max batch "
-             f"{m.max_batch_size}, {m.instances} instance(s)" for m in result.models]
+    lines = [f"{m.name}{' v' + str(m.version) if m.version else ''}: "
+             + (f"LLM model, TTFT p99 SLO {_ms(m.ttft_p99_ms)}, ITL p99 SLO {_ms(m.itl_p99_ms)}"
+                + (f" ({m.llm_slo_source})" if m.llm_slo_source else "") if m.llm else
+                f"p99 SLO {f'{m.p99_ms:g} ms ({m.slo_source})' if m.p99_ms is not None else 'none'}")
+             + f", max batch {m.max_batch_size}, {m.instances} instance(s)" for m in result.models]
     lines += [f"alerts: {', '.join(result.alerts)}"] + [f"note: {n}" for n in result.notes]
     lines += [f"wrote {f}" for f in result.files]
     lines.append(f"check: promtool check rules {result.files[0]}")
     ctx.emit(result.to_dict(), "\n".join(lines))
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} ms"
 
 
 @cli.command("top")
@@ -94,7 +111,8 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
                 agents: tuple[str, ...]) -> None:
     """Live view of Triton servers (http://host:8000, or a .../metrics URL; default: settings' triton_url):
     per model and version, request rate, p50/p99, queue vs compute time, pending requests, executed batch
-    sizes, rejections and failures; with --agent, each agent's state and versions. --json prints one
+    sizes, rejections and failures; for LLM models (vLLM's metrics), running and waiting requests, KV-cache
+    use, output tokens/s and TTFT/ITL p50/p99; with --agent, each agent's state and versions. --json prints one
     snapshot."""
     from repo_manager.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
 

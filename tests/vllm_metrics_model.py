@@ -1,0 +1,117 @@
+"""A stand-in for a vLLM engine behind Triton: a decoupled Python model that reports vLLM's metric families.
+
+The real vLLM engine is not in the shared venv. This stand-in speaks the official vLLM backend's request
+interface (tests/stream_model.py's config: ``text_input``, ``stream``, ``sampling_parameters`` ...) and,
+like an engine, runs at most ``slots`` requests at a time: the others wait in its own queue. It reports,
+through Triton's custom metrics (``pb_utils.MetricFamily``, labels ``model`` and ``version`` as trm's vLLM
+backend sets them), the families and names vLLM exports: counters ``vllm:prompt_tokens_total`` and
+``vllm:generation_tokens_total``; gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
+``vllm:kv_cache_usage_perc`` (running / slots: 1 is full); histograms ``vllm:time_to_first_token_seconds``
+(from arrival, so queueing counts), ``vllm:time_per_output_token_seconds`` and
+``vllm:e2e_request_latency_seconds``. Token pace as in tests/stream_model.py: ``first_ms`` to the first
+token once running, then ``next_ms`` per token (sleeps).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stream_model import CONFIG
+
+MODEL_PY = '''
+import json
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb
+
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+           20.0, 40.0, 80.0]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"]).get("parameters", {})
+        value = lambda key, default: float(params.get(key, {}).get("string_value", default))
+        self.first = value("first_ms", 20.0) / 1000.0
+        self.next = value("next_ms", 10.0) / 1000.0
+        self.slots = int(value("slots", 1))
+        self.free = threading.Semaphore(self.slots)
+        self.lock = threading.Lock()
+        self.running = self.waiting = 0
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        family = pb.MetricFamily
+        self.families = []
+
+        def metric(name, kind, **extra):
+            self.families.append(family(name=name, description=name, kind=kind))
+            return self.families[-1].Metric(labels=labels, **extra)
+
+        self.prompt = metric("vllm:prompt_tokens_total", family.COUNTER)
+        self.generation = metric("vllm:generation_tokens_total", family.COUNTER)
+        self.running_gauge = metric("vllm:num_requests_running", family.GAUGE)
+        self.waiting_gauge = metric("vllm:num_requests_waiting", family.GAUGE)
+        self.kv = metric("vllm:kv_cache_usage_perc", family.GAUGE)
+        self.ttft = metric("vllm:time_to_first_token_seconds", family.HISTOGRAM, buckets=BUCKETS)
+        self.itl = metric("vllm:time_per_output_token_seconds", family.HISTOGRAM, buckets=BUCKETS)
+        self.e2e = metric("vllm:e2e_request_latency_seconds", family.HISTOGRAM, buckets=BUCKETS)
+
+    def _count(self, running=0, waiting=0):
+        with self.lock:
+            self.running += running
+            self.waiting += waiting
+            self.running_gauge.set(float(self.running))
+            self.waiting_gauge.set(float(self.waiting))
+            self.kv.set(self.running / self.slots)
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.generate, args=(request, time.monotonic()), daemon=True).start()
+        return None
+
+    def generate(self, request, arrived):
+        sender = request.get_response_sender()
+        prompt = pb.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0].decode()
+        tensor = pb.get_input_tensor_by_name(request, "sampling_parameters")
+        sampling = json.loads(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else {}
+        max_tokens = int(sampling.get("max_tokens", 16))
+        self._count(waiting=1)
+        self.free.acquire()
+        self._count(running=1, waiting=-1)
+        try:
+            with self.lock:  # one metric call at a time, as vLLM's single stat logger makes them
+                self.prompt.increment(float(len(prompt.split())))
+            last_at = None
+            for i in range(max_tokens):
+                time.sleep(self.first if i == 0 else self.next)
+                now = time.monotonic()
+                with self.lock:
+                    if last_at is None:
+                        self.ttft.observe(now - arrived)
+                    else:
+                        self.itl.observe(now - last_at)
+                    self.generation.increment(1.0)
+                last_at = now
+                last = i == max_tokens - 1
+                out = [pb.Tensor("text_output", np.array([f" t{i}".encode()], dtype=np.object_)),
+                       pb.Tensor("num_output_tokens", np.array([1], dtype=np.uint32))]
+                sender.send(pb.InferenceResponse(output_tensors=out), flags=FINAL if last else 0)
+            with self.lock:
+                self.e2e.observe(time.monotonic() - arrived)
+        finally:
+            self._count(running=-1)
+            self.free.release()
+'''
+
+
+def write_engine_stand_in(folder: Path, name: str = "chat", *, first_ms: float = 20.0, next_ms: float = 20.0,
+                          slots: int = 1) -> Path:
+    """A source folder (model.py + config.pbtxt) of the stand-in that `trm publish model` accepts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(MODEL_PY)
+    config = CONFIG.format(name=name, first_ms=first_ms, next_ms=next_ms)
+    slots_line = f'parameters {{ key: "slots" value {{ string_value: "{slots}" }} }}\n'
+    (folder / "config.pbtxt").write_text(config + slots_line)
+    return folder
