@@ -76,6 +76,9 @@ class ServeInfo:
                 "log": self.log}
 
 
+LOAD_TIMEOUT_S = 1800.0
+
+
 @contextmanager
 def embedded_server(settings: Settings, models: list[str] | None = None, *, http_port: int | None = None,
                     grpc_port: int | None = None, metrics_port: int | None = None) -> Iterator[ServeInfo]:
@@ -92,7 +95,8 @@ def embedded_server(settings: Settings, models: list[str] | None = None, *, http
                           metrics_port=settings.metrics_port if metrics_port is None else metrics_port,
                           start_timeout_s=settings.server_start_timeout_s)
     with server:
-        with TritonClient(server.url) as client:
+        # a load returns when the model is ready: a vLLM engine takes minutes to start on CPU
+        with TritonClient(server.url, timeout_s=LOAD_TIMEOUT_S) as client:
             loaded = {model: load_version(client, repo, model) for model in wanted}
         yield ServeInfo(server.endpoints, loaded, server.pid or 0, str(server.log_path))
 

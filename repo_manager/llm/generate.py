@@ -78,11 +78,12 @@ def request_body(text: str, parameters: dict[str, Any], *, stream: bool) -> dict
 
 
 def generate_stream(url: str, model: str, text: str, parameters: dict[str, Any], *, stream: bool = True,
-                    timeout_s: float = 300.0) -> Iterator[dict[str, Any]]:
+                    version: int | None = None, timeout_s: float = 300.0) -> Iterator[dict[str, Any]]:
     """The answers to one request: one per engine output with ``stream``, else exactly one."""
     parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
     connection = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 8000, timeout=timeout_s)
-    path = f"/v2/models/{urllib.parse.quote(model)}/{'generate_stream' if stream else 'generate'}"
+    path = (f"/v2/models/{urllib.parse.quote(model)}" + (f"/versions/{version}" if version else "")
+            + f"/{'generate_stream' if stream else 'generate'}")
     try:
         try:
             connection.request("POST", path, body=json.dumps(request_body(text, parameters, stream=stream)),
@@ -126,11 +127,12 @@ def _answer(body: bytes) -> dict[str, Any]:
 
 
 def generate(url: str, model: str, text: str, parameters: dict[str, Any], *, stream: bool = True,
-             on_text=None, timeout_s: float = 300.0) -> Generation:
+             version: int | None = None, on_text=None, timeout_s: float = 300.0) -> Generation:
     """One whole generation; ``on_text(new_text)`` is called as each answer arrives."""
     result = Generation()
     started = time.monotonic()
-    for answer in generate_stream(url, model, text, parameters, stream=stream, timeout_s=timeout_s):
+    for answer in generate_stream(url, model, text, parameters, stream=stream, version=version,
+                                  timeout_s=timeout_s):
         new = result.add(answer, started)
         if on_text is not None and new:
             on_text(new)
