@@ -35,6 +35,7 @@ BLOCK_SIZE = 16
 """Tokens per KV-cache block (vLLM's default): the CPU KV cache is a whole number of blocks."""
 CPU_DEFAULT_MAX_NUM_SEQS = 16
 GPU_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's own default
+CPU_KV_CAP_BYTES = 1 << 30
 CPU_MEMORY_FRACTION = 0.5
 """At most this fraction of the host's available memory goes to weights + KV cache on CPU."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -239,7 +240,10 @@ def plan_engine(checkpoint: Checkpoint, options: VllmOptions, *, gpu_memory_gib:
     plan = plan_memory(shape, request)
     _require_fit(plan, options, f"{budget_gib:.1f} GiB of host memory")
     per_token = kv_bytes_per_token(shape, dtype)
-    wanted_tokens = math.ceil(max_model_len * seqs / BLOCK_SIZE) * BLOCK_SIZE
+    # max_num_seqs full-length sequences, but past one sequence no more than CPU_KV_CAP_BYTES (SmolLM2's
+    # 8192-token context x 16 sequences would take 6 GB): paged attention shares the cache between them
+    one = math.ceil(max_model_len / BLOCK_SIZE) * BLOCK_SIZE
+    wanted_tokens = max(one, min(one * seqs, CPU_KV_CAP_BYTES // per_token // BLOCK_SIZE * BLOCK_SIZE))
     tokens = min(wanted_tokens, plan.max_tokens // BLOCK_SIZE * BLOCK_SIZE)
     kv_bytes = tokens * per_token
     # enforce_eager: no torch.compile warm-up, which takes minutes of C++ compilation at every engine start on

@@ -216,6 +216,8 @@ class TritonPythonModel:
                 last = output
                 if sender.is_cancelled():
                     await self.engine.abort(request_id)
+                    pb_utils.Logger.log_info(f"vllm backend: request {request_id} was cancelled: aborted in the "
+                                             "engine")
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                         "the request was cancelled", pb_utils.TritonError.CANCELLED)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -316,10 +318,16 @@ class _Metrics:
     def __init__(self, labels):
         self.labels = labels
         self.enabled = False
+        self.families = []  # a family that is garbage-collected takes its metrics off the endpoint
         try:
             family = pb_utils.MetricFamily
-            counter = lambda name, text: family(name=name, description=text, kind=family.COUNTER)  # noqa: E731
-            gauge = lambda name, text: family(name=name, description=text, kind=family.GAUGE)  # noqa: E731
+
+            def make(name, text, kind):
+                self.families.append(family(name=name, description=text, kind=kind))
+                return self.families[-1]
+
+            counter = lambda name, text: make(name, text, family.COUNTER)  # noqa: E731
+            gauge = lambda name, text: make(name, text, family.GAUGE)  # noqa: E731
             self.prompt_tokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."
                                          ).Metric(labels=labels)
             self.generation_tokens = counter("vllm:generation_tokens_total", "Number of generation tokens "
@@ -344,8 +352,7 @@ class _Metrics:
                         ("generation", "vllm:request_generation_tokens", "Number of generation tokens processed.",
                          _TOKEN_BUCKETS),
                         ("n", "vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20])):
-                    self.histograms[key] = family(name=name, description=text, kind=family.HISTOGRAM).Metric(
-                        labels=labels, buckets=buckets)
+                    self.histograms[key] = make(name, text, family.HISTOGRAM).Metric(labels=labels, buckets=buckets)
             self.enabled = True
         except Exception as exc:  # noqa: BLE001 - a server started with metrics off
             pb_utils.Logger.log_info(f"vllm backend: metrics not reported ({exc})")
