@@ -260,7 +260,8 @@ def _require_fit(plan: MemoryPlan, options: VllmOptions, where: str) -> None:
         fits = plan.max_tokens // BLOCK_SIZE * BLOCK_SIZE if plan.max_tokens >= BLOCK_SIZE else plan.max_tokens
         raise CompatibilityError(
             f"a context of {plan.max_seq_len:,} tokens does not fit in {where}: {plan.reason}",
-            hint=f"pass --max-model-len {fits} or less (at most {fits:,} tokens of KV cache fit)")
+            hint=f"pass --max-model-len {fits} or less ({fits:,} tokens: the KV cache that fits, in whole "
+                 f"{BLOCK_SIZE}-token blocks)")
     weights = weight_bytes(parameter_breakdown(plan.shape), plan.dtype)
     raise CompatibilityError(f"the weights ({weights / 1e9:.2f} GB, {plan.dtype}) do not fit in {where}: "
                              f"{plan.reason}", hint="use a larger GPU, more GPUs (--tp) or a smaller model")

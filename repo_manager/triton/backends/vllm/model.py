@@ -22,7 +22,9 @@ What trm adds:
 - gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
   (the official backend has none; vllm_backend PR #92);
 - a relative ``model`` path in model.json is resolved against the version folder (the official backend
-  passes it to vLLM as given, which resolves it against the server's working directory);
+  passes it to vLLM as given, which resolves it against the server's working directory), and an absolute one
+  that does not exist is replaced by the version folder when that holds a checkpoint (a version synced to
+  another root);
 - ``sampling_parameters`` are checked: not JSON, not an object, an unknown field or a value vLLM refuses
   (a negative ``max_tokens``) is an error response naming it, where the official backend logs the error and
   generates with defaults;
@@ -100,6 +102,13 @@ class TritonPythonModel:
         model = str(engine_config["model"])
         if not os.path.isabs(model) and os.path.exists(os.path.join(self.version_dir, model)):
             engine_config["model"] = os.path.join(self.version_dir, model)
+        elif os.path.isabs(model) and not os.path.exists(model) and \
+                os.path.isfile(os.path.join(self.version_dir, "config.json")):
+            # a version installed under another root than the one it was published to (a sync to another
+            # node): its checkpoint is this version folder
+            pb_utils.Logger.log_warn(f"vllm backend: {model} (model.json) does not exist; serving the checkpoint "
+                                     f"in {self.version_dir}")
+            engine_config["model"] = self.version_dir
         self.SamplingParams = SamplingParams
         self.sampling_fields = set(getattr(SamplingParams, "__struct_fields__", ()) or
                                    SamplingParams.__annotations__)
