@@ -68,6 +68,7 @@ def free_stale_engines(folder: Path | None = None) -> dict[str, list]:
         if pids and _alive(pids[0]):
             continue  # its stub still serves
         records.append((path, pids, segments))
+    freed["segments"] += _free_dead_loky_semaphores()
     if not records:
         return freed
     for _path, pids, _segments in records:
@@ -88,4 +89,22 @@ def free_stale_engines(folder: Path | None = None) -> dict[str, list]:
                 except OSError:
                     pass
         path.unlink(missing_ok=True)
+    return freed
+
+
+def _free_dead_loky_semaphores() -> list[str]:
+    """joblib/loky's named semaphores (``sem.loky-<pid>-<random>``, imported with vLLM and transformers) of
+    processes that died before unlinking them: the pid in the name says whose they are."""
+    freed = []
+    for path in Path("/dev/shm").glob("sem.loky-*"):
+        try:
+            pid = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not Path(f"/proc/{pid}").exists():
+            try:
+                path.unlink()
+                freed.append(str(path))
+            except OSError:
+                pass
     return freed
