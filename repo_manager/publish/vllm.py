@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repo_manager.errors import InputError, TrmError, VerificationError
+from repo_manager.errors import CompatibilityError, InputError, TrmError, VerificationError
 from repo_manager.llm import vllm as layout
 from repo_manager.llm.generate import GenerateError, generate
 from repo_manager.progress import Progress, quiet
@@ -134,6 +134,12 @@ def verify_generation(settings, staged, checkpoint: layout.Checkpoint, engine: l
 
     if engine.device == "cuda":
         return {"skipped": "the plan is for a GPU: a CPU-only node cannot load it", "passed": None}
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("vllm") is None:
+        raise CompatibilityError("verifying a vLLM model needs vLLM in this environment, which is not installed",
+                                 hint="run scripts/setup.sh (it installs vLLM's CPU build), or publish with "
+                                      "--no-verify")
     if engine.plan.dtype != "fp32":
         raise InputError(f"verification compares float32 generations; this version is {engine.plan.dtype}",
                          hint="publish with --dtype fp32, or with --no-verify")
