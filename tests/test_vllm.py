@@ -281,3 +281,16 @@ def test_sigkill_of_trm_during_verification_leaves_no_engine_and_no_version(chec
         pass
     assert [s for s in record["segments"] if Path(s).exists()] == []
     assert not (repo / "killed").exists() or not [p for p in (repo / "killed").iterdir() if p.name.isdigit()]
+
+
+def test_a_qwen2_checkpoint_with_head_size_64_publishes_verified(tmp_path, registry):
+    folder = causal_lm(tmp_path / "tiny-qwen2", family="qwen2", head_dim=64, heads=2, kv_heads=1, layers=2,
+                       max_position_embeddings=96, seed=3)
+    repo = tmp_path / "repo"
+    result = _trm("--json", "publish", "model", folder, "--name", "qwen", "--format", "vllm", "--repo", repo,
+                  env={**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    verification = json.loads(result.stdout)["verification"]
+    assert verification["passed"] is True and verification["cases"]
+    manifest = json.loads((repo / "qwen" / "1" / "trm-manifest.json").read_text())
+    assert manifest["source"]["architecture"] == "Qwen2ForCausalLM"

@@ -106,16 +106,13 @@ def _reference(folder: Path, prompts: dict[str, str]) -> dict[str, dict[str, Any
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     model.eval()
-    generation = model.generation_config
-    generation.eos_token_id = None  # fixed length, as vLLM's ignore_eos: an EOS is a token like any other
-    generation.pad_token_id = 0
     out: dict[str, dict[str, Any]] = {}
     with torch.no_grad():
         for case, text in prompts.items():
             ids = tokenizer(text, return_tensors="pt").input_ids
+            # eos_token_id None: a fixed length, as vLLM's ignore_eos (an EOS is a token like any other)
             result = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=GENERATED_TOKENS, min_new_tokens=0,
-                                    generation_config=generation)
+                                    max_new_tokens=GENERATED_TOKENS, eos_token_id=None, pad_token_id=0)
             new = [int(t) for t in result[0, ids.shape[1]:]]
             out[case] = {"prompt_tokens": int(ids.shape[1]), "token_ids": new,
                          "text": tokenizer.decode(new, skip_special_tokens=True)}
