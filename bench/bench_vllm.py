@@ -103,9 +103,26 @@ def bench_triton(version_dir: Path, levels: list[int], tokens: int, rounds: int)
             client.load("bench")
             start_s = time.monotonic() - started
             _triton_stream(server.url, "bench", 4)  # warm-up
-            return {"engine_start_s": round(start_s, 1),
+            return {"engine_start_s": round(start_s, 1), "http_examples": _http_examples(server.url),
                     "levels": [_level(lambda: _triton_stream(server.url, "bench", tokens), n, rounds)
                                for n in levels]}
+
+
+def _http_examples(url: str) -> dict:
+    """The raw answers of one generate and one generate_stream request (for the docs)."""
+    examples = {}
+    for endpoint, body in (
+            ("generate", {"text_input": "The capital of France is", "exclude_input_in_output": True,
+                          "sampling_parameters": json.dumps({"temperature": 0, "max_tokens": 8})}),
+            ("generate_stream", {"text_input": "The capital of France is", "stream": True,
+                                 "sampling_parameters": json.dumps({"temperature": 0, "max_tokens": 4}),
+                                 "return_num_output_tokens": True})):
+        host, port = url.split("//")[1].split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        connection.request("POST", f"/v2/models/bench/{endpoint}", body=json.dumps(body))
+        examples[endpoint] = connection.getresponse().read().decode()
+        connection.close()
+    return examples
 
 
 def bench_vllm_serve(version_dir: Path, levels: list[int], tokens: int, rounds: int) -> dict:
