@@ -158,20 +158,16 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
             t0 = time.monotonic()
             progress("verifying on Triton" + (f" at {settings.triton_url}" if settings.triton_url else
                                               " (embedded server)"))
-            report = None
             if entry.verifier is not None:
                 verification = entry.verifier(settings)
             else:
                 samples = entry.samples if entry.samples is not None else verification_samples(entry.config)
                 candidates = [Candidate(s.name, s.config, s.files()) for s in staged]
-            if entry.verifier is not None:
-                pass
-            elif any(s.config.HasField("ensemble_scheduling") for s in staged):
-                report = _verify_ensemble(settings, candidates, entry, samples, progress)
-            else:
-                with triton_client(settings) as client:
-                    report = verify(client, candidates, entry.name, samples, entry.reference, entry.check)
-            if report is not None:
+                if any(s.config.HasField("ensemble_scheduling") for s in staged):
+                    report = _verify_ensemble(settings, candidates, entry, samples, progress)
+                else:
+                    with triton_client(settings) as client:
+                        report = verify(client, candidates, entry.name, samples, entry.reference, entry.check)
                 verification = {**report.to_dict(), **entry.verification_extra}
             timings["verify"] = round(time.monotonic() - t0, 3)
         t0 = time.monotonic()
