@@ -303,6 +303,9 @@ class TritonServer:
             # Triton ends at its exit timeout, but a model still loading can hold it: SIGKILL after a margin
             code = self._process.stop(timeout_s=self.exit_timeout_s + 5.0)
             self._process = None
+            from repo_manager.llm.engines import free_stale_engines  # noqa: PLC0415
+
+            free_stale_engines()  # what its vLLM engines left in /dev/shm
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None

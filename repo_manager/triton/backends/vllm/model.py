@@ -305,7 +305,9 @@ class TritonPythonModel:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.loop_thread.join(timeout=5)
         self.metrics.finalize()
-        _unregister_engine()
+        # the record stays: the stub can still die on its way out (measured: a crash in the interpreter's
+        # final garbage collection after the engine's shutdown) and leave segments that only the launcher,
+        # once this process is gone, frees
 
 
 def _send_error(sender, message, dtype, code):
@@ -478,11 +480,3 @@ def _register_engine():
     except OSError as exc:
         pb_utils.Logger.log_warn(f"vllm backend: cannot record the engine in {path}: {exc}")
 
-
-def _unregister_engine():
-    path = _registry_file()
-    if path:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
