@@ -26,12 +26,15 @@ def registry_dir() -> Path:
     return Path(os.environ.get(REGISTRY_ENV) or Path(tempfile.gettempdir()) / "trm-vllm-engines")
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Running, and (``start``) the same process that was recorded: a pid is reused once its process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    if fields[0] == "Z":
+        return False
+    return start is None or (len(fields) > 19 and fields[19] == str(start))
 
 
 def _mapped_segments() -> set[str]:
@@ -61,26 +64,27 @@ def free_stale_engines(folder: Path | None = None) -> dict[str, list]:
         try:
             record = json.loads(path.read_text())
             pids = [int(p) for p in record.get("pids", [])]
+            starts = {int(k): int(v) for k, v in (record.get("starts") or {}).items() if v is not None}
             segments = [str(s) for s in record.get("segments", []) if str(s).startswith("/dev/shm/")]
         except (OSError, ValueError, TypeError, AttributeError):
             path.unlink(missing_ok=True)
             continue
-        if pids and _alive(pids[0]):
+        if pids and _alive(pids[0], starts.get(pids[0])):
             continue  # its stub still serves
-        records.append((path, pids, segments))
+        records.append((path, pids, starts, segments))
     freed["segments"] += _free_dead_loky_semaphores()
     if not records:
         return freed
-    for _path, pids, _segments in records:
+    for _path, pids, starts, _segments in records:
         for pid in pids[1:]:
-            if _alive(pid):
+            if pid in starts and _alive(pid, starts[pid]):  # never a process that merely got a recorded pid
                 try:
                     os.kill(pid, signal.SIGKILL)
                     freed["processes"].append(pid)
                 except OSError:
                     pass
     in_use = _mapped_segments()
-    for path, _pids, segments in records:
+    for path, _pids, _starts, segments in records:
         for segment in segments:
             if segment not in in_use and Path(segment).exists():
                 try:

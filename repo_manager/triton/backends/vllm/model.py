@@ -460,6 +460,15 @@ def _segments(pids):
     return sorted(names)
 
 
+def _start_time(pid):
+    """The process's start time in clock ticks since boot: with the pid, it names the process (pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _registry_file():
     folder = os.environ.get(REGISTRY_ENV)
     return os.path.join(folder, f"{os.getpid()}.json") if folder else None
@@ -471,7 +480,7 @@ def _register_engine():
     if not path:
         return
     pids = [os.getpid(), *_descendants(os.getpid())]
-    record = {"pids": pids, "segments": _segments(pids)}
+    record = {"pids": pids, "starts": {str(pid): _start_time(pid) for pid in pids}, "segments": _segments(pids)}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as handle:
