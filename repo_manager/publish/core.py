@@ -84,6 +84,12 @@ class Staged:
     """Data files its config reads from the model folder, as ``Manifest.data`` (path -> base64)."""
     verification_extra: dict[str, Any] = field(default_factory=dict)
     """Facts about the reference (library, version, criterion) that the manifests record with the result."""
+    verifier: Callable[[Settings], dict[str, Any]] | None = None
+    """A format's own verification (an LLM's generations), replacing the request/answer comparison; returns
+    what the manifest records."""
+    before_commit: Callable[[int], None] | None = None
+    """Called with the version number about to be claimed, before the files are listed (a file that names
+    the version folder: a vLLM model.json)."""
 
     def files(self) -> dict[str, Path]:
         return {e.path: self.folder / e.path for e in scan_files(self.folder)}
@@ -123,6 +129,9 @@ def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str,
     files = scan_files(staged.folder)
     for _ in range(retries):
         version = repo.next_version(staged.name)
+        if staged.before_commit is not None:
+            staged.before_commit(version)
+            files = scan_files(staged.folder)
         manifest = Manifest(
             model=staged.name, version=version, files=files, config=cfg.config_to_text(staged.config),
             source=staged.source,
@@ -165,14 +174,17 @@ def run_publish(settings: Settings, name: str, build: Callable[[LocalRepository,
             t0 = time.monotonic()
             progress("verifying on Triton" + (f" at {settings.triton_url}" if settings.triton_url else
                                               " (embedded server)"))
-            samples = entry.samples if entry.samples is not None else verification_samples(entry.config)
-            candidates = [Candidate(s.name, s.config, s.files(), s.model_files()) for s in staged]
-            if any(s.config.HasField("ensemble_scheduling") for s in staged):
-                report = _verify_ensemble(settings, candidates, entry, samples, progress)
+            if entry.verifier is not None:
+                verification = entry.verifier(settings)
             else:
-                with triton_client(settings) as client:
-                    report = verify(client, candidates, entry.name, samples, entry.reference, entry.check)
-            verification = {**report.to_dict(), **entry.verification_extra}
+                samples = entry.samples if entry.samples is not None else verification_samples(entry.config)
+                candidates = [Candidate(s.name, s.config, s.files(), s.model_files()) for s in staged]
+                if any(s.config.HasField("ensemble_scheduling") for s in staged):
+                    report = _verify_ensemble(settings, candidates, entry, samples, progress)
+                else:
+                    with triton_client(settings) as client:
+                        report = verify(client, candidates, entry.name, samples, entry.reference, entry.check)
+                verification = {**report.to_dict(), **entry.verification_extra}
             timings["verify"] = round(time.monotonic() - t0, 3)
         t0 = time.monotonic()
         committed: dict[str, int] = {}

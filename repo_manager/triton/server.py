@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -216,9 +217,20 @@ class TritonServer:
         env = dict(os.environ)
         # Python models run in stubs that import numpy/onnxruntime: put this interpreter's env first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        if self.binary.lib_dir:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                p for p in [str(self.binary.lib_dir), env.get("LD_LIBRARY_PATH", "")] if p)
+        # The stub's libpython is not this interpreter's: extension modules of the standard library (_ssl)
+        # need symbols of this one (`undefined symbol _PyModule_Add`), found through its LIBDIR.
+        libdir = sysconfig.get_config_var("LIBDIR")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in [str(self.binary.lib_dir) if self.binary.lib_dir else "", libdir or "",
+                        env.get("LD_LIBRARY_PATH", "")] if p)
+        # The stub starts its interpreter in the C locale, where Python reads files as ASCII (vLLM's imports
+        # fail with UnicodeDecodeError): a UTF-8 character type unless the user chose one.
+        if env.get("LC_ALL", "") in ("", "C", "POSIX") and env.get("LC_CTYPE", "") in ("", "C", "POSIX"):
+            env.pop("LC_ALL", None)
+            env["LC_CTYPE"] = "C.UTF-8"
+        from repo_manager.llm.engines import REGISTRY_ENV, registry_dir  # noqa: PLC0415
+
+        env[REGISTRY_ENV] = str(registry_dir())
         return env
 
     def start(self) -> TritonServer:
@@ -234,6 +246,9 @@ class TritonServer:
                 raise ServerStartError(f"{kind} port {port} is already in use",
                                        hint=f"stop what uses it, or pass --{kind}-port with a free port",
                                        port=port)
+        from repo_manager.llm.engines import free_stale_engines  # noqa: PLC0415
+
+        free_stale_engines()  # what an engine killed with an earlier server left (processes, /dev/shm)
         self._workdir = Path(tempfile.mkdtemp(prefix="trm-triton-"))
         try:
             if self.binary.bundled:
@@ -302,6 +317,9 @@ class TritonServer:
             # Triton ends at its exit timeout, but a model still loading can hold it: SIGKILL after a margin
             code = self._process.stop(timeout_s=self.exit_timeout_s + 5.0)
             self._process = None
+            from repo_manager.llm.engines import free_stale_engines  # noqa: PLC0415
+
+            free_stale_engines()  # what its vLLM engines left in /dev/shm
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None

@@ -28,18 +28,29 @@ from repo_manager.manifest import MAX_VERSION
 @click.option("--version", type=click.IntRange(1, MAX_VERSION),
               help="The version to query: loaded on the embedded server, or already loaded at --url. "
                    "Default: the latest.")
+@click.option("--max-tokens", type=click.IntRange(1, 1 << 20), help="For an LLM: tokens to generate (default 64).")
+@click.option("--temperature", type=click.FloatRange(0, 100), help="For an LLM: sampling temperature (0: greedy).")
 @repo_option
 @url_option
 @json_option
 @pass_ctx
 def infer_command(ctx: Context, name: str, texts: tuple[str, ...], query: str | None, input_files: tuple[str, ...],
-                  version: int | None, repository: str | None, triton_url: str | None) -> None:
-    """Send one request to NAME (embedded server on the repository, or --url) and print the outputs."""
+                  version: int | None, max_tokens: int | None, temperature: float | None,
+                  repository: str | None, triton_url: str | None) -> None:
+    """Send one request to NAME (embedded server on the repository, or --url) and print the outputs. For an
+    LLM (a vLLM model) the generated text of each --text is streamed as it arrives."""
     from repo_manager.inputs import check_request  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.llm.infer import is_llm, llm_infer  # noqa: PLC0415
 
     if bool(texts) == bool(input_files):
         raise UsageError("give either --text or --input")
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
+
+    if texts and not query and is_llm(settings, name):
+        return llm_infer(ctx, settings, name, list(texts), max_tokens=max_tokens, temperature=temperature,
+                         version=version)
+    if max_tokens is not None or temperature is not None:
+        raise UsageError("--max-tokens and --temperature are for an LLM (a model served by vLLM)")
     with _Serving(ctx, settings, name, version) as serving:
         config = serving.config()
         inputs = _request(config, name, texts, query, input_files)

@@ -172,3 +172,39 @@ def trtllm_options(function):
     for option in reversed(_TRTLLM):
         wrapper = option(wrapper)
     return wrapper
+
+
+# ------------------------------------------------------------------------------ publish --format vllm
+
+_VLLM = [
+    click.option("--max-model-len", "vllm_max_model_len", type=COUNT,
+                 help="vllm: prompt + output tokens (default: the model's maximum, when the plan says it fits; "
+                      "--max-seq-len is taken too)."),
+    click.option("--max-num-seqs", "vllm_max_num_seqs", type=COUNT,
+                 help="vllm: sequences batched at once (default: 16 on CPU, 256 on a GPU)."),
+    click.option("--gpu-memory-utilization", "vllm_utilization", type=Number(0, 1, low_open=True), default=0.9,
+                 show_default=True, help="vllm: fraction of GPU memory the engine may use."),
+    click.option("--cpu-memory", "vllm_cpu_memory", type=GIB,
+                 help="vllm on CPU: GiB for weights + KV cache (default: half of the available memory)."),
+]
+
+
+def vllm_options(function):
+    """Adds the vllm options to a command and hands them over as one ``vllm`` argument; --gpu-memory,
+    --dtype, --max-seq-len and --tp are the tensorrt-llm options' (``trtllm``), shared by both formats."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        from repo_manager.llm.vllm import VllmOptions  # noqa: PLC0415 - off the --help path
+
+        values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("vllm_")}
+        trtllm = kwargs["trtllm"]
+        kwargs["vllm"] = VllmOptions(
+            gpu_memory_gib=trtllm.gpu_memory_gib, dtype=trtllm.dtype,
+            max_model_len=values["vllm_max_model_len"] or trtllm.max_seq_len,
+            max_num_seqs=values["vllm_max_num_seqs"], tp=trtllm.tp, utilization=values["vllm_utilization"],
+            cpu_memory_gib=values["vllm_cpu_memory"])
+        return function(*args, **kwargs)
+
+    for option in reversed(_VLLM):
+        wrapper = option(wrapper)
+    return wrapper

