@@ -74,14 +74,16 @@ def run(args: argparse.Namespace) -> dict:
         load_version(client, repo, "ranker")
         target = Target("ranker", server.url)
         workload = Workload.from_config(base)
-        if tuned.chosen is not None and tuned.overload is not None:
-            chosen, capacity = tuned.chosen, tuned.overload.capacity_rps
+        if tuned.overload is not None and tuned.overload.chosen is not None:
+            chosen, capacity = tuned.overload.chosen, tuned.overload.capacity_rps
             results["path"] = "trm tune-batching (batching + queue policy)"
         else:
             # on a machine too busy for the batching search to pass, the queue policy is still chosen
             # the way the tuner does, on the seed's batch size without a delay, against the throughput
             # the server sustains (closed loop, enough clients to keep every batch full)
-            log(f"  tuning chose nothing ({'; '.join(tuned.outcome.notes)}): queue policy on a fixed batching")
+            log(f"  tuning chose no queue policy ({tuned.status}; "
+                f"{tuned.overload.summary() if tuned.overload else '; '.join(tuned.outcome.notes)}): "
+                "queue policy on a fixed batching")
             batching = Candidate(args.seed_max_batch, 1, True, 0, (), "bench")
             prober = Prober(client, target, base, args.p99_ms, 1e9, requests=args.requests,
                             progress=lambda m, used, budget: log(f"  policy [{used:5.1f}s] {m}"))

@@ -59,7 +59,8 @@ from repo_manager.storage import open_store  # noqa: E402
 BIN = Path(sys.executable).parent
 VERIFIES = {
     "trm": "sha256 of every byte against the manifest (ranged parts included), before a version folder "
-           "appears by one rename; corrupt objects refused",
+           "appears by one rename, and again for every cached blob as it enters a version; corrupt objects "
+           "refused",
     "s5cmd": "nothing beyond the object size (sync compares size and modification time; no checksum on "
              "download)",
     "aws": "size/mtime to decide; on download, botocore checks a response checksum only where the object "

@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> dict:
                                                                           file=sys.stderr, flush=True))
     results["trm_seconds"] = round(tuned.seconds, 1)
     results["trm_choice"] = tuned.chosen.to_dict() if tuned.chosen else None
+    results["trm_status"] = tuned.status  # the batching is the choice whether or not a queue policy held
+    results["trm_overload"] = tuned.overload.summary() if tuned.overload else None
 
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
         load_version(client, repo, "ranker")

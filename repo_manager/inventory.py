@@ -7,6 +7,8 @@ environment's store, and the default store's environments); without a store the 
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from repo_manager import config as cfg
-from repo_manager.errors import TrmError
-from repo_manager.manifest import Manifest
+from repo_manager.errors import IntegrityError, TrmError, UsageError
+from repo_manager.manifest import Manifest, read_config, read_tuning, read_verification
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 
@@ -27,24 +29,29 @@ REFERENCES = {"onnx": "onnxruntime", "huggingface": "PyTorch", "python": "declar
 
 
 def verification_summary(manifest: Manifest) -> dict[str, Any]:
-    """Verified or not, against what, and the worst difference seen (or why it was not verified)."""
-    record, source = manifest.verification or {}, manifest.source or {}
-    skipped = record.get("skipped")
-    if not record:
+    """Verified or not, against what, and the worst difference seen (or why it was not verified). A record
+    trm cannot read (a value of the wrong type) leaves the version unverified, and says why."""
+    try:
+        record = read_verification(manifest)
+    except IntegrityError as exc:
+        return {"verified": False, "reason": exc.message, "text": "no: its verification record is malformed",
+                "short": "no (bad record)"}
+    source = manifest.source or {}
+    if not record.present:
         return {"verified": False, "reason": "no verification record", "text": "no record", "short": "no record"}
-    if skipped:
-        reason = skipped if isinstance(skipped, str) else "skipped (--no-verify)"
+    if record.skipped:
+        reason = record.skipped if record.skipped != "--no-verify" else "skipped (--no-verify)"
         return {"verified": False, "reason": reason, "text": f"no: {reason}", "short": "no (skipped)"}
-    if not record.get("passed"):
+    if not record.passed:
         return {"verified": False, "reason": "verification did not pass", "text": "no: did not pass",
                 "short": "no (failed)"}
     if source.get("kind") == "tuning":
-        reference = f"version {source.get('from_version')} (same files, tuned)"
+        reference = f"version {plain(source.get('from_version'))} (same files, tuned)"
     else:
-        reference = record.get("reference") or REFERENCES.get(str(source.get("kind")), "the source")
-    worst_values = [float(v) for v in (record.get("worst_abs_diff") or {}).values()]
-    cosines = [float(c["min_cosine"]) for c in record.get("cases", []) if "min_cosine" in c]
-    summary: dict[str, Any] = {"verified": True, "reference": reference, "samples": record.get("samples"),
+        reference = record.reference or REFERENCES.get(str(source.get("kind")), "the source")
+    worst_values = [diff for _, diff in record.worst_abs_diff]
+    cosines = [cosine for _, cosine in record.cosines]
+    summary: dict[str, Any] = {"verified": True, "reference": reference, "samples": record.samples,
                                "worst_abs_diff": max(worst_values) if worst_values else None,
                                "min_cosine": min(cosines) if cosines else None}
     detail = (f"worst diff {summary['worst_abs_diff']:.2g}" if worst_values else
@@ -54,32 +61,66 @@ def verification_summary(manifest: Manifest) -> dict[str, Any]:
     return summary
 
 
+def verification_details(manifest: Manifest) -> list[str]:
+    """Per output and per case: the worst difference and lowest cosine of the verification (empty when the
+    record has none, or cannot be read)."""
+    try:
+        record = read_verification(manifest)
+    except IntegrityError:
+        return []
+    return [f"{out}: worst abs diff {diff:.3g}" for out, diff in record.worst_abs_diff] + \
+        [f"{case}: cosine {cosine:.6f}" for case, cosine in record.cosines]
+
+
 def tuning_summary(manifest: Manifest) -> dict[str, Any] | None:
     """The SLO and the settings tune-batching chose (None: the version was not tuned)."""
-    record = manifest.tuning
-    if not record:
+    try:
+        record = read_tuning(manifest)
+    except IntegrityError as exc:
+        return {"slo": {}, "chosen": {}, "tuned_from_version": None, "malformed": exc.message,
+                "text": "tuning record malformed", "evidence": []}
+    if record is None:
         return None
-    slo, chosen = record.get("slo") or {}, record.get("chosen") or {}
     slo_text = " ".join(x for x in (
-        f"p99 {slo['p99_ms']:g} ms" if slo.get("p99_ms") is not None else "",
-        f"at {slo['low_rps']:g}-{slo['peak_rps']:g} rps" if slo.get("low_rps") is not None
-        and slo.get("peak_rps") is not None else "") if x)
-    settings = ""
+        f"p99 {record.p99_ms:g} ms" if record.p99_ms is not None else "",
+        f"at {record.low_rps:g}-{record.peak_rps:g} rps" if record.low_rps is not None
+        and record.peak_rps is not None else "") if x)
+    chosen, settings = record.chosen, ""
     if chosen:
-        settings = (f"batch {chosen.get('max_batch_size')} x{chosen.get('instances')}, "
-                    + (f"delay {chosen.get('max_queue_delay_microseconds')} us" if chosen.get("dynamic_batching")
-                       else "no dynamic batching")
-                    + (f", preferred {chosen['preferred_batch_size']}" if chosen.get("preferred_batch_size") else ""))
-    return {"slo": slo, "chosen": chosen, "tuned_from_version": record.get("tuned_from_version"),
-            "text": ": ".join(p for p in (slo_text, settings) if p) or "tuned"}
+        settings = ", ".join(x for x in (
+            f"batch {chosen.get('max_batch_size', '?')} x{chosen.get('instances', 1)}",
+            (f"delay {chosen.get('max_queue_delay_microseconds', 0)} us" if chosen.get("dynamic_batching")
+             else "no dynamic batching"),
+            f"preferred {chosen['preferred_batch_size']}" if chosen.get("preferred_batch_size") else "",
+            (f"queue timeout {chosen['default_timeout_microseconds']} us then reject"
+             if chosen.get("default_timeout_microseconds") else ""),
+            f"max queue {chosen['max_queue_size']}" if chosen.get("max_queue_size") else "") if x)
+    return {**record.summary(), "text": ": ".join(p for p in (slo_text, settings) if p) or "tuned",
+            "evidence": [f"{setting}: {why}" for setting, why in record.evidence]}
+
+
+def plain(value: Any, limit: int = 200) -> str:
+    """Any JSON value as a person reads it (no Python reprs: ``a, b`` for a list, ``k: v`` for a mapping,
+    ``-`` for null), at most ``limit`` characters."""
+    if value is None:
+        text = "-"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k}: {plain(v, limit)}" for k, v in list(value.items())[:50])
+    elif isinstance(value, list | tuple):
+        text = ", ".join(plain(v, limit) for v in value[:50])
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def source_text(source: dict[str, Any]) -> str:
-    kind = source.get("kind") or "?"
+    kind = plain(source.get("kind") or "?")
     if kind == "tuning":
-        return f"tuning of version {source.get('from_version')}"
+        return f"tuning of version {plain(source.get('from_version'))}"
     where = source.get("path") or source.get("repo_id") or source.get("example") or ""
-    return f"{kind} {where}".strip()
+    return f"{kind} {plain(where)}".strip()
 
 
 def members_bytes(repo: LocalRepository, manifest: Manifest) -> int | None:
@@ -144,6 +185,8 @@ def environment_pointers(settings: Settings, store: str | None = None) -> dict[s
         for env in settings.environments:
             try:
                 wanted.setdefault(env, env_store(settings, env))
+            except UsageError:  # declared without a store, and no default store: nothing to show, not a fault
+                continue
             except TrmError as exc:
                 notes.append(f"environment {env}: {exc.message}")
     opened: dict[str, Any] = {}
@@ -159,9 +202,14 @@ def environment_pointers(settings: Settings, store: str | None = None) -> dict[s
 
 
 def _envs_or_none(settings: Settings | None, store: str | None) -> dict[str, Any] | None:
+    """The environments to show, or None when no store is configured for any of them (the views then
+    leave the environments column out, rather than show it empty)."""
     if settings is None or not (store or settings.store or settings.environments):
         return None
-    return environment_pointers(settings, store)
+    envs = environment_pointers(settings, store)
+    if not (store or settings.store or envs["environments"] or envs["notes"]):
+        return None
+    return envs
 
 
 # ------------------------------------------------------------------------------------ list / show
@@ -172,21 +220,26 @@ def list_models(root: str | Path, settings: Settings | None = None, *, store: st
     repo = LocalRepository(root)
     envs = _envs_or_none(settings, store)
     pointers = envs["environments"] if envs else {}
-    rows = []
+    rows, unreadable = [], []
     for model in repo.models():
         versions = repo.versions(model)
         row: dict[str, Any] = {"model": model, "versions": versions, "latest": versions[-1] if versions else None}
         if versions:
-            manifests = [repo.manifest(model, v) for v in (versions if all_versions else versions[-1:])]
-            latest = manifests[-1]
-            row["backend"] = backend_name(cfg.parse_config(latest.config))
-            row.update({k: v for k, v in version_row(latest, pointers, repo).items() if k != "version"})
-            if all_versions:
-                row["all"] = [version_row(m, pointers, repo) for m in manifests]
+            try:
+                manifests = [repo.manifest(model, v) for v in (versions if all_versions else versions[-1:])]
+                latest = manifests[-1]
+                row["backend"] = backend_name(read_config(latest))
+            except TrmError as exc:  # one unreadable manifest hides neither the model nor the others
+                row["unreadable"] = exc.message
+                unreadable.append(f"{model}: {exc.message.splitlines()[0]}")
+            else:
+                row.update({k: v for k, v in version_row(latest, pointers, repo).items() if k != "version"})
+                if all_versions:
+                    row["all"] = [version_row(m, pointers, repo) for m in manifests]
         if envs is not None:
             row["served"] = {env: models[model] for env, models in pointers.items() if model in models}
         rows.append(row)
-    result: dict[str, Any] = {"repository": str(root), "models": rows}
+    result: dict[str, Any] = {"repository": str(root), "models": rows, "unreadable": unreadable}
     if envs is not None:
         result["stores"], result["notes"] = envs["stores"], envs["notes"]
     return result
@@ -230,7 +283,7 @@ def show_model(root: str | Path, name: str, version: int | None = None, settings
     envs = _envs_or_none(settings, store)
     pointers = envs["environments"] if envs else {}
     versions = repo.versions(name)
-    shown_config = cfg.parse_config(manifest.config)
+    shown_config = read_config(manifest)
     result: dict[str, Any] = {
         "model": name,
         "versions": versions,
@@ -243,6 +296,8 @@ def show_model(root: str | Path, name: str, version: int | None = None, settings
         },
         "version_rows": [version_row(repo.manifest(name, v), pointers, repo) for v in versions],
         "essentials": config_essentials(shown_config, manifest.members),
+        "verification_details": verification_details(manifest),
+        "tuning_evidence": (tuning_summary(manifest) or {}).get("evidence", []),
     }
     if envs is not None:
         result["served"] = {env: models[name] for env, models in pointers.items() if name in models}
@@ -356,12 +411,12 @@ def diff_manifests(a: Manifest, b: Manifest) -> dict[str, Any]:
         "unchanged": sum(1 for p in set(files_a) & set(files_b) if files_a[p].sha256 == files_b[p].sha256),
         "bytes": {"a": a.total_size, "b": b.total_size},
     }
-    config_changes = proto_diff(cfg.parse_config(a.config, f"config of {a.model}/{a.version}"),
-                                cfg.parse_config(b.config, f"config of {b.model}/{b.version}"))
+    config_changes = proto_diff(read_config(a), read_config(b))
     ver_a, ver_b = verification_summary(a), verification_summary(b)
     tune_a, tune_b = tuning_summary(a), tuning_summary(b)
-    tuning = _dict_diff({k: v for k, v in (tune_a or {}).items() if k != "text"},
-                        {k: v for k, v in (tune_b or {}).items() if k != "text"})
+    compared = ("slo", "chosen", "tuned_from_version")
+    tuning = _dict_diff({k: v for k, v in (tune_a or {}).items() if k in compared},
+                        {k: v for k, v in (tune_b or {}).items() if k in compared})
     result = {
         "model": a.model, "a": a.version, "b": b.version,
         "config": config_changes,
@@ -395,14 +450,31 @@ def promotion_diff(settings: Settings, request: Any, plan: Any) -> dict[str, Any
 
 
 def _value(value: Any) -> str:
+    """A changed value as JSON writes it (quoted texts, [lists], {mappings}), never a Python repr."""
     if value is None:
         return "(none)"
-    text = str(value) if not isinstance(value, str) else repr(value)
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+WIDTH = 100
+"""Longest line of `trm diff`'s text: longer ones (a long path, a long value) continue indented."""
+
+
+def _fit(line: str, width: int = WIDTH) -> list[str]:
+    if len(line) <= width:
+        return [line]
+    indent = " " * min(len(line) - len(line.lstrip(" ")) + 4, 12)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                         drop_whitespace=True) or [line[:width]]
+
+
 def diff_text(diff: dict[str, Any]) -> str:
-    """The diff for a reader: one line per change, grouped by what changed."""
+    """The diff for a reader: one line per change, grouped by what changed, within ``WIDTH`` columns."""
+    return "\n".join(part for line in _diff_lines(diff).splitlines() for part in _fit(line))
+
+
+def _diff_lines(diff: dict[str, Any]) -> str:
     head = f"{diff['model']}: version {diff['a']} -> {diff['b']}"
     if diff.get("unavailable"):
         return f"{head}: no diff ({diff['unavailable']})"

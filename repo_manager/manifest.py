@@ -23,7 +23,7 @@ from typing import Any
 
 from repo_manager import documents
 from repo_manager.errors import InputError, IntegrityError
-from repo_manager.paths import check_store_path
+from repo_manager.paths import check_store_path, open_inside, walk_inside
 
 MANIFEST_NAME = "trm-manifest.json"
 SCHEMA = "trm.manifest/1"
@@ -62,6 +62,13 @@ def check_relative_path(path: object) -> str:
 # reads from the model folder (``data``, base64: model_warmup inputs, sequence initial states). They are small.
 MAX_LABEL_BYTES = 16 * 1024 * 1024
 MAX_DATA_BYTES = 8 * 1024 * 1024
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""Longest config.pbtxt a manifest records (Triton's own example configs are a few KiB)."""
+MAX_MANIFEST_BYTES = documents.MAX_DOCUMENT_BYTES
+"""Largest manifest trm writes: exactly what every reader accepts (``read_manifest``, a store's reader)."""
+MANIFEST_RESERVE_BYTES = 1024 * 1024
+"""Room a plan keeps below ``MAX_MANIFEST_BYTES`` for what is recorded after planning (the verification,
+the environment, a tuning record), so that a planned manifest still fits when it is written."""
 
 
 def check_label_path(path: str) -> str:
@@ -157,6 +164,27 @@ class Manifest:
     def to_json(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
 
+    def writable_json(self) -> bytes:
+        """``to_json()`` when trm can read it back, else InputError (exit 3) before anything is written: a
+        manifest no reader accepts would break `trm list` for the whole repository. Bounded first (config,
+        total size: cheap), then parsed back by the reader itself, so writer and reader cannot disagree."""
+        origin = f"the manifest of {self.model} version {self.version}"
+        if len(self.config.encode()) > MAX_CONFIG_BYTES:
+            raise InputError(f"the config of {self.model} version {self.version} is "
+                             f"{len(self.config.encode()) / 2**20:.1f} MiB, more than the {MAX_CONFIG_BYTES >> 20} "
+                             "MiB a manifest records", hint="shorten config.pbtxt")
+        payload = self.to_json()
+        if len(payload) > MAX_MANIFEST_BYTES:
+            raise InputError(f"{origin} would be {len(payload) / 2**20:.1f} MiB, more than the "
+                             f"{MAX_MANIFEST_BYTES >> 20} MiB trm reads back ({len(self.files)} files; label and "
+                             f"data files {len(json.dumps([self.labels, self.data])) / 2**20:.1f} MiB as JSON)",
+                             hint="fewer files per version (pack them), or smaller label and warm-up files")
+        try:
+            Manifest.from_json(payload, origin)
+        except IntegrityError as exc:
+            raise InputError(f"{exc.message} (trm would not read it back)", hint=exc.hint) from exc
+        return payload
+
     @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
@@ -173,8 +201,8 @@ class Manifest:
                 raise TypeError(f"files is not a list of at most {documents.MAX_FILES} entries")
             files = tuple(FileEntry(f["path"], f["size"], f["sha256"]).check() for f in data["files"])
             config = data["config"]
-            if not isinstance(config, str):
-                raise TypeError("config")
+            if not isinstance(config, str) or len(config) > MAX_CONFIG_BYTES:
+                raise TypeError(f"config is not a text of at most {MAX_CONFIG_BYTES >> 20} MiB")
         except IntegrityError as exc:
             raise IntegrityError(f"{origin}: {exc.message}", hint=exc.hint) from exc
         except (KeyError, TypeError, InputError) as exc:
@@ -220,11 +248,16 @@ class Manifest:
                    source=records["source"], environment=records["environment"],
                    verification=records["verification"], tuning=data.get("tuning"),
                    members=dict(records["members"]), labels=dict(labels), data=dict(blobs),
-                   created_at=str(data.get("created_at", "")))
+                   created_at=_created_at(data.get("created_at")))
 
     @classmethod
     def from_json(cls, payload: bytes | str, origin: str = "manifest") -> Manifest:
         return cls.from_dict(documents.parse(payload, origin), origin)
+
+
+def _created_at(value: Any) -> str:
+    """A manifest's timestamp, as text (display only: anything else than a short text reads as unknown)."""
+    return value if isinstance(value, str) and len(value) <= 64 else ""
 
 
 def encode_data(files: dict[str, bytes]) -> dict[str, str]:
@@ -236,30 +269,223 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def scan_files(folder: Path) -> tuple[FileEntry, ...]:
-    """FileEntry for every regular file under ``folder`` (sorted), except the manifest.
+def scan_files(folder: Path, *, skip_folders: frozenset[str] = frozenset()) -> tuple[FileEntry, ...]:
+    """FileEntry for every regular file under ``folder`` (in path order), except the manifest.
 
-    Symlinks are refused: a version must be self-contained and cannot point outside itself.
+    Read through ``paths.walk_inside`` and ``paths.open_inside``: a symbolic link anywhere, a special file,
+    a folder or file that cannot be read, and a name a manifest cannot record are refused (exit 3), so a
+    version is never built from less than its folder holds, nor from anything outside it.
     """
     entries = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_symlink():
-            raise InputError(f"{path} is a symbolic link; a version must hold real files")
-        try:
-            check_store_path(rel, "a version")
-        except IntegrityError as exc:  # here it is the user's source, not store content
-            raise InputError(exc.message, hint="rename the file: names must be printable") from exc
-        if path.is_dir() or rel == MANIFEST_NAME:
+    for rel in walk_inside(folder, skip_folders=skip_folders):
+        if rel == MANIFEST_NAME:
             continue
-        if not path.is_file():  # reading a FIFO would block forever
-            raise InputError(f"{path} is not a regular file (a FIFO, socket or device); a version holds "
-                             "regular files")
-        entries.append(FileEntry(rel, path.stat().st_size, sha256_file(path)))
+        digest, size = sha256_inside(folder, rel)
+        entries.append(FileEntry(rel, size, digest))
     return tuple(entries)
+
+
+def sha256_inside(root: Path, relative: str) -> tuple[str, int]:
+    """sha256 and size of ``root/relative``, read through ``paths.open_inside`` (no link on the way)."""
+    digest, size = hashlib.sha256(), 0
+    with open_inside(root, relative) as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def read_manifest(version_dir: Path) -> Manifest:
     path = version_dir / MANIFEST_NAME
     documents.check_size(path.stat().st_size, str(path))
     return Manifest.from_json(path.read_bytes(), str(path))
+
+
+# ------------------------------------------------------------------------------------ reading the records
+# A manifest's verification and tuning records are mappings written by trm's publishers and its tuner, and a
+# store may hold anything there. The readers below take only what trm's views and rules use, each value
+# checked for its type (numbers finite), texts bounded; anything else is an IntegrityError (exit 7) that names
+# the manifest and the field. Unknown fields are left alone: newer writers may add them.
+
+MAX_RECORD_TEXT = 500
+"""Longest text taken from a record for display (a reference library's call, a tuning note)."""
+MAX_RECORD_ITEMS = 1000
+"""Most entries taken from a record's list or mapping (outputs, verification cases, evidence lines)."""
+
+
+def _origin(manifest: Manifest) -> str:
+    return f"manifest of {manifest.model}/{manifest.version}"
+
+
+def _bad(manifest: Manifest, where: str, wanted: str) -> IntegrityError:
+    return IntegrityError(f"{_origin(manifest)}: {where} is not {wanted}",
+                          hint="trm did not write this record, or it was changed since; republish the version")
+
+
+def _number(value: Any, manifest: Manifest, where: str, *, positive: bool = False) -> float:
+    import math  # noqa: PLC0415
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or positive and not value > 0:
+        raise _bad(manifest, where, "a positive finite number" if positive else "a finite number")
+    return float(value)
+
+
+def _integer(value: Any, manifest: Manifest, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_VERSION:
+        raise _bad(manifest, where, f"an integer from 0 to {MAX_VERSION}")
+    return value
+
+
+def _text(value: Any, manifest: Manifest, where: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(manifest, where, "a text")
+    return value if len(value) <= MAX_RECORD_TEXT else value[:MAX_RECORD_TEXT - 3] + "..."
+
+
+def _mapping(value: Any, manifest: Manifest, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_RECORD_ITEMS:
+        raise _bad(manifest, where, f"a mapping of at most {MAX_RECORD_ITEMS} entries")
+    return value
+
+
+@dataclass(frozen=True)
+class VerificationRecord:
+    """What the views show of a version's verification record."""
+
+    present: bool
+    passed: bool
+    skipped: str | None
+    """Why verification was skipped (``--no-verify``, no GPU on this node ...); None: it was not."""
+    reference: str | None
+    """What the version was compared with (a library and its version), as text."""
+    samples: int | None
+    worst_abs_diff: tuple[tuple[str, float], ...] = ()
+    """(output, worst absolute difference) per output."""
+    cosines: tuple[tuple[str, float], ...] = ()
+    """(case, lowest cosine similarity) per verification case."""
+
+
+def _reference_text(value: Any, manifest: Manifest) -> str | None:
+    """A reference is a text (``onnxruntime``) or, for Hugging Face checkpoints, a mapping with the library
+    and its version (and the call that was run): shown as ``library version``."""
+    if value is None or isinstance(value, str):
+        return None if value is None else _text(value, manifest, "verification.reference")
+    record = _mapping(value, manifest, "verification.reference")
+    library = _text(record.get("library", "the reference library"), manifest, "verification.reference.library")
+    version = record.get("version")
+    return f"{library} {_text(version, manifest, 'verification.reference.version')}" if version else library
+
+
+def read_verification(manifest: Manifest) -> VerificationRecord:
+    """The verification record of ``manifest``, typed; IntegrityError for a value of the wrong type."""
+    record = _mapping(manifest.verification, manifest, "verification")
+    if not record:
+        return VerificationRecord(False, False, None, None, None)
+    passed = record.get("passed", False)
+    if not isinstance(passed, bool):
+        raise _bad(manifest, "verification.passed", "true or false")
+    skipped = record.get("skipped")
+    if skipped is not None and not isinstance(skipped, bool | str):
+        raise _bad(manifest, "verification.skipped", "true, false or a reason")
+    reason = record.get("reason")
+    skipped_text = None
+    if skipped:
+        skipped_text = (_text(skipped, manifest, "verification.skipped") if isinstance(skipped, str) else
+                        _text(reason, manifest, "verification.reason") if reason is not None else "--no-verify")
+    samples = record.get("samples")
+    worst = _mapping(record.get("worst_abs_diff"), manifest, "verification.worst_abs_diff")
+    cases = record.get("cases") or []
+    if not isinstance(cases, list) or len(cases) > MAX_RECORD_ITEMS:
+        raise _bad(manifest, "verification.cases", f"a list of at most {MAX_RECORD_ITEMS} cases")
+    cosines = []
+    for i, case in enumerate(cases):
+        case = _mapping(case, manifest, f"verification.cases[{i}]")
+        if "min_cosine" in case:
+            name = _text(case.get("case", f"case {i + 1}"), manifest, f"verification.cases[{i}].case")
+            cosines.append((name, _number(case["min_cosine"], manifest, f"verification.cases[{i}].min_cosine")))
+    return VerificationRecord(
+        True, passed, skipped_text, _reference_text(record.get("reference"), manifest),
+        None if samples is None else _integer(samples, manifest, "verification.samples"),
+        tuple((_text(k, manifest, "an output name in verification.worst_abs_diff"),
+               _number(v, manifest, f"verification.worst_abs_diff[{k!r}]")) for k, v in worst.items()),
+        tuple(cosines))
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """What the views and the alert rules use of a version's tuning record."""
+
+    p99_ms: float | None
+    """The latency SLO tuned for (positive, finite)."""
+    low_rps: float | None
+    peak_rps: float | None
+    chosen: dict[str, Any]
+    """The chosen settings: max_batch_size, instances, dynamic_batching, max_queue_delay_microseconds,
+    preferred_batch_size and the queue policy's default_timeout_microseconds and max_queue_size (where
+    recorded); empty when nothing was chosen."""
+    tuned_from_version: int | None
+    evidence: tuple[tuple[str, str], ...] = ()
+    """(setting, why it was chosen)."""
+
+    def summary(self) -> dict[str, Any]:
+        """The record's comparable part (for diffs): SLO, chosen settings, tuned-from version."""
+        slo = {k: v for k, v in (("p99_ms", self.p99_ms), ("low_rps", self.low_rps),
+                                 ("peak_rps", self.peak_rps)) if v is not None}
+        return {"slo": slo, "chosen": dict(self.chosen), "tuned_from_version": self.tuned_from_version}
+
+
+_CHOSEN_INTEGERS = ("max_batch_size", "instances", "max_queue_delay_microseconds")
+_POLICY_INTEGERS = ("default_timeout_microseconds", "max_queue_size")
+
+
+def read_tuning(manifest: Manifest) -> TuningRecord | None:
+    """The tuning record of ``manifest``, typed (None: the version was not tuned); IntegrityError for a value
+    of the wrong type, and for an SLO that is not a positive finite number (an alert on it could never fire,
+    or always would)."""
+    record = _mapping(manifest.tuning, manifest, "tuning")
+    if not record:
+        return None
+    slo = _mapping(record.get("slo"), manifest, "tuning.slo")
+    limits = {key: None if slo.get(key) is None else _number(slo[key], manifest, f"tuning.slo.{key}", positive=True)
+              for key in ("p99_ms", "low_rps", "peak_rps")}
+    chosen_record = _mapping(record.get("chosen"), manifest, "tuning.chosen")
+    chosen: dict[str, Any] = {}
+    for key in _CHOSEN_INTEGERS:
+        if chosen_record.get(key) is not None:
+            chosen[key] = _integer(chosen_record[key], manifest, f"tuning.chosen.{key}")
+    if "dynamic_batching" in chosen_record:
+        if not isinstance(chosen_record["dynamic_batching"], bool):
+            raise _bad(manifest, "tuning.chosen.dynamic_batching", "true or false")
+        chosen["dynamic_batching"] = chosen_record["dynamic_batching"]
+    preferred = chosen_record.get("preferred_batch_size") or []
+    if not isinstance(preferred, list) or len(preferred) > MAX_RECORD_ITEMS:
+        raise _bad(manifest, "tuning.chosen.preferred_batch_size", "a list of batch sizes")
+    if preferred:
+        chosen["preferred_batch_size"] = [_integer(p, manifest, "tuning.chosen.preferred_batch_size[]")
+                                          for p in preferred]
+    policy = _mapping(chosen_record.get("queue_policy"), manifest, "tuning.chosen.queue_policy")
+    for key in _POLICY_INTEGERS:
+        if policy.get(key):
+            chosen[key] = _integer(policy[key], manifest, f"tuning.chosen.queue_policy.{key}")
+    source = record.get("tuned_from_version")
+    evidence = _mapping(record.get("evidence"), manifest, "tuning.evidence")
+    return TuningRecord(
+        limits["p99_ms"], limits["low_rps"], limits["peak_rps"], chosen,
+        None if source is None else _integer(source, manifest, "tuning.tuned_from_version"),
+        tuple((_text(k, manifest, "a setting in tuning.evidence"), _text(v, manifest, f"tuning.evidence[{k!r}]"))
+              for k, v in evidence.items()))
+
+
+def read_config(manifest: Manifest) -> Any:
+    """The config (Triton's ModelConfig) ``manifest`` was validated with; IntegrityError (exit 7) when it is
+    not a valid config: it is stored data, not a file the user edits."""
+    from repo_manager import config as cfg  # noqa: PLC0415 - protobuf only for the readers that need it
+    from repo_manager.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        return cfg.parse_config(manifest.config, f"the config in {_origin(manifest)}")
+    except ConfigError as exc:
+        raise IntegrityError(exc.message.splitlines()[0][:300], hint=exc.hint) from exc

@@ -16,6 +16,12 @@ The checks are made just before each write (not once per command) and new files 
 unique temporary name, then renamed: a rename replaces a link found at the final name instead of writing
 through it. They guard against a layout that is already hostile or careless when trm runs; someone who can
 rewrite the target while trm runs could write into it directly anyway.
+
+Reads from a *source* (a repository `trm adopt` reads, a folder `trm publish` reads) follow the mirror
+rule: ``open_inside``, ``read_inside`` and ``walk_inside`` are the only ways in. Each path component is
+opened relative to the folder before it without following links, so nothing outside the source is read
+through a link anywhere on the way; a folder that cannot be listed or a file that cannot be opened is an
+error naming it (``SourceReadError``, exit 3), never a silent omission.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from repo_manager.errors import InputError, IntegrityError
 
@@ -192,3 +199,178 @@ def check_free_space(folder: Path, needed: int, what: str) -> None:
         raise InputError(f"{what} needs {needed} bytes in {folder}, but its filesystem has {free} free",
                          hint="free some space (`trm sync --prune` removes unused blobs) or use another folder",
                          path=str(folder))
+
+
+# ------------------------------------------------------------------------------------ reading a source
+
+class SourceReadError(InputError):
+    """A file or folder trm reads from a source (a repository being adopted, a folder being published) that
+    it cannot read *inside* that source: missing, a symbolic link on the way, not a regular file or folder,
+    unreadable (permissions), too large, or named in a way a manifest cannot record. ``reason`` says which:
+    ``missing``, ``link``, ``special``, ``unreadable``, ``too_large`` or ``name``."""
+
+    kind = "source_read"
+
+    def __init__(self, message: str, *, path: Path, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint, path=str(path))
+        self.path = path
+        self.reason = reason
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO must not block the open)
+
+
+def open_inside(root: Path, relative: str) -> BinaryIO:
+    """Open ``root/relative`` for reading without following a symbolic link anywhere below ``root``: each
+    component is opened relative to the folder before it (``openat`` with ``O_NOFOLLOW``), so a link on
+    the way (``labels/sub -> /elsewhere``), at the end, or swapped in meanwhile is refused, never read
+    through. The file must be a regular file. SourceReadError (exit 3) names the component at fault.
+    ``root`` itself may be a link: the user chose it."""
+    parts = relative.split("/")
+    if relative.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise SourceReadError(f"{root / relative} leaves {root}", path=root / relative, reason="link")
+    folder = _open_root(root)
+    try:
+        current = root
+        for part in parts[:-1]:
+            current = current / part
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=folder)
+            except OSError as exc:
+                raise _refusal(folder, part, current, exc, root, folder_wanted=True) from exc
+            os.close(folder)
+            folder = child
+        current = current / parts[-1]
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=folder)
+        except OSError as exc:
+            raise _refusal(folder, parts[-1], current, exc, root, folder_wanted=False) from exc
+    finally:
+        os.close(folder)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SourceReadError(f"{current} is not a regular file (a folder, FIFO, socket or device)", path=current,
+                              reason="special")
+    return os.fdopen(fd, "rb")
+
+
+def read_inside(root: Path, relative: str, limit: int) -> bytes:
+    """The bytes of ``root/relative`` read as ``open_inside`` opens it, refused (SourceReadError, reason
+    ``too_large``) when there are more than ``limit``: what is read is bounded before it is read."""
+    with open_inside(root, relative) as handle:
+        path = root / relative
+        too_large = SourceReadError(f"{path} is larger than {limit >> 20} MiB", path=path, reason="too_large")
+        if os.fstat(handle.fileno()).st_size > limit:
+            raise too_large
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise SourceReadError(f"{path} cannot be read ({exc.strerror})", path=path, reason="unreadable") from exc
+    if len(data) > limit:
+        raise too_large
+    return data
+
+
+def walk_inside(root: Path, *, skip_folders: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Every regular file below ``root``: relative POSIX path -> size, in path order (depth first, names
+    sorted). Total or refused: a folder that cannot be listed or a file that cannot be opened is a
+    SourceReadError naming it (``os.walk`` and ``Path.rglob`` pass over both in silence), and so is a
+    symbolic link, a FIFO, socket or device, and a name a manifest cannot record (``check_store_path``).
+    Folders are walked through their descriptors, never through a link. Folders named in
+    ``skip_folders`` (at any depth) are left out unread."""
+    found: dict[str, int] = {}
+    top = _open_root(root)
+    try:
+        _walk(top, root, "", found, skip_folders)
+    finally:
+        os.close(top)
+    return found
+
+
+def _walk(folder: int, root: Path, prefix: str, found: dict[str, int], skip: frozenset[str]) -> None:
+    here = root / prefix if prefix else root
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        raise _unreadable(here, exc) from exc
+    for name in names:
+        relative, path = f"{prefix}{name}", here / name
+        try:
+            info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError as exc:
+            raise SourceReadError(f"{path} disappeared while it was being read", path=path,
+                                  reason="missing") from exc
+        except OSError as exc:
+            raise _unreadable(path, exc) from exc
+        if stat.S_ISDIR(info.st_mode) and name in skip:
+            continue
+        try:
+            check_store_path(relative, "a version")
+        except IntegrityError as exc:
+            raise SourceReadError(f"{path}: a name a manifest cannot record (printable UTF-8 without a "
+                                  f"backslash, at most {MAX_NAME_BYTES} bytes a name)", path=path, reason="name",
+                                  hint="rename it") from exc
+        if stat.S_ISLNK(info.st_mode):
+            raise _link(folder, name, path, root)
+        if stat.S_ISDIR(info.st_mode):
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=folder)
+            except OSError as exc:
+                raise _refusal(folder, name, path, exc, root, folder_wanted=True) from exc
+            try:
+                if not os.path.samestat(info, os.fstat(child)):
+                    raise SourceReadError(f"{path} changed while it was being read", path=path, reason="missing")
+                _walk(child, root, f"{relative}/", found, skip)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(info.st_mode):
+            try:
+                os.close(os.open(name, _FILE_FLAGS, dir_fd=folder))  # readable now, not only listed
+            except OSError as exc:
+                raise _refusal(folder, name, path, exc, root, folder_wanted=False) from exc
+            found[relative] = info.st_size
+        else:
+            raise SourceReadError(f"{path} is not a regular file (a FIFO, socket or device); a version holds "
+                                  "regular files", path=path, reason="special")
+
+
+def _open_root(root: Path) -> int:
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise SourceReadError(f"{root} does not exist", path=root, reason="missing") from exc
+    except NotADirectoryError as exc:
+        raise SourceReadError(f"{root} is not a folder", path=root, reason="special") from exc
+    except OSError as exc:
+        raise _unreadable(root, exc) from exc
+
+
+def _unreadable(path: Path, exc: OSError) -> SourceReadError:
+    why = "permission denied" if exc.errno in (errno.EACCES, errno.EPERM) else (exc.strerror or str(exc))
+    return SourceReadError(f"{path} cannot be read ({why})", path=path, reason="unreadable",
+                           hint="give the user running trm read access to every file and folder of the source")
+
+
+def _link(folder: int, name: str, path: Path, root: Path) -> SourceReadError:
+    try:
+        target = f" (to {os.readlink(name, dir_fd=folder)})"
+    except OSError:
+        target = ""
+    return SourceReadError(f"{path} is a symbolic link{target}: trm reads only real files and folders inside "
+                           f"{root}", path=path, reason="link", hint="replace the link with the file or folder itself")
+
+
+def _refusal(folder: int, name: str, path: Path, exc: OSError, root: Path, *, folder_wanted: bool) -> SourceReadError:
+    """Why opening ``name`` (in the open ``folder``) failed, from what is there."""
+    try:
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return SourceReadError(f"{path} does not exist", path=path, reason="missing")
+    except OSError:
+        return _unreadable(path, exc)
+    if stat.S_ISLNK(info.st_mode):
+        return _link(folder, name, path, root)
+    if folder_wanted and not stat.S_ISDIR(info.st_mode):
+        return SourceReadError(f"{path} is not a folder", path=path, reason="special")
+    return _unreadable(path, exc)

@@ -211,7 +211,7 @@ def push(store: Store, repo: LocalRepository, selections: list[tuple[str, int | 
         for model, version in chosen:
             newest[model] = max(newest.get(model, 0), version)
         env_models = store.update_env(env, newest).models
-        progress(f"environment {env} now serves {newest}")
+        progress(f"environment {env} now serves " + ", ".join(f"{m} version {v}" for m, v in sorted(newest.items())))
     return PushResult(store.location, tuple(pushed), env, env_models, time.monotonic() - started)
 
 

@@ -20,10 +20,20 @@ from repo_manager.errors import UsageError
 # or a '/' (a path: "s3://b/models to /srv; mail ops@corp" is not a URL with a password).
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)(?:[^@\s]*|[^@\n\"/]*)@")
 REDACTED = "***"
+_SECRETS: set[str] = set()
+
+
+def add_secret(value: str) -> None:
+    """A secret that is not a URL (Triton's restricted-API key): ``redact`` replaces it wherever it appears."""
+    if len(value) >= 8:  # (shorter ones are refused where they are read; never blank out common text)
+        _SECRETS.add(value)
 
 
 def redact(text: str) -> str:
-    """``text`` with the user and password of every URL in it replaced by ``***``."""
+    """``text`` with the user and password of every URL in it, and every added secret, replaced by ``***``."""
+    for secret in _SECRETS:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
     if "@" not in text:
         return text
     return _USERINFO.sub(rf"\1{REDACTED}@", text)

@@ -195,10 +195,10 @@ class LocalRepository:
         different beside config.pbtxt."""
         folder = self.model_dir(manifest.model)
         for path, content in manifest.model_files.items():
-            try:
-                if (folder / path).is_symlink() or (folder / path).read_bytes() != content:
+            try:  # a link anywhere on the way (``labels/sub -> /elsewhere``) differs: Triton would read through it
+                if paths.read_inside(folder, path, len(content)) != content:
                     return True
-            except OSError:
+            except (OSError, paths.SourceReadError):
                 return True
         return False
 

@@ -17,6 +17,7 @@ from repo_manager.process import stopping
 from repo_manager.repository import LocalRepository
 from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
+from repo_manager.triton.restricted import key_from
 from repo_manager.triton.server import Endpoints, TritonServer
 
 
@@ -93,10 +94,10 @@ def embedded_server(settings: Settings, models: list[str] | None = None, *, http
                           http_port=settings.http_port if http_port is None else http_port,
                           grpc_port=settings.grpc_port if grpc_port is None else grpc_port,
                           metrics_port=settings.metrics_port if metrics_port is None else metrics_port,
-                          start_timeout_s=settings.server_start_timeout_s)
+                          start_timeout_s=settings.server_start_timeout_s, api_key=key_from(settings))
     with server:
         # a load returns when the model is ready: a vLLM engine takes minutes to start on CPU
-        with TritonClient(server.url, timeout_s=LOAD_TIMEOUT_S) as client:
+        with TritonClient(server.url, timeout_s=LOAD_TIMEOUT_S, api_key=server.api_key) as client:
             loaded = {model: load_version(client, repo, model) for model in wanted}
         yield ServeInfo(server.endpoints, loaded, server.pid or 0, str(server.log_path))
 

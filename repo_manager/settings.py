@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,12 @@ class Settings:
     """Path of the tritonserver binary; None: $PATH, then the one bundled with nvidia-pytriton."""
     triton_url: str | None = None
     """A running Triton server (HTTP, e.g. http://127.0.0.1:8000). None: trm starts an embedded one."""
+    triton_api_key: str | None = field(default=None, repr=False)
+    """The key of Triton's restricted APIs (model repository, shared memory, statistics, trace, logging):
+    sent by trm's clients, required by the servers trm starts. Only from ``$TRM_TRITON_API_KEY`` (a
+    Secret), never from a settings file; never shown. None: no restriction."""
+    triton_api_header: str = "triton-api-key"
+    """The header that carries it (gRPC: ``triton-grpc-protocol-`` + this name)."""
     bind_address: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -67,6 +74,7 @@ class Settings:
                 check_no_userinfo(value, f"setting {name} (or {option})")
         if isinstance(self.triton_url, str) and "://" in self.triton_url:
             check_server_url(self.triton_url, "setting triton_url")
+        check_api_key(self.triton_api_key, self.triton_api_header)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with the given fields changed; None values are ignored (an option that was not given)."""
@@ -77,8 +85,26 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: (str(v) if isinstance(v, Path) else v) for f in dataclasses.fields(self)
-                for v in [getattr(self, f.name)]}
+        shown = {f.name: (str(v) if isinstance(v, Path) else v) for f in dataclasses.fields(self)
+                 for v in [getattr(self, f.name)]}
+        if self.triton_api_key:
+            shown["triton_api_key"] = "***"
+        return shown
+
+
+_API_KEY = re.compile(r"[A-Za-z0-9._~+/-]{16,512}")
+_API_HEADER = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def check_api_key(key: str | None, header: str) -> None:
+    """The restricted-API key and its header, in the characters Triton's flag and HTTP/gRPC headers carry
+    unchanged. The message never repeats the key."""
+    if not _API_HEADER.fullmatch(header):
+        raise ConfigError(f"setting triton_api_header {header[:80]!r} is not a lower-case header name",
+                         hint="letters a-z, digits and '-', e.g. triton-api-key")
+    if key is not None and not _API_KEY.fullmatch(key):
+        raise ConfigError(f"$TRM_TRITON_API_KEY ({len(key)} characters) is not a usable key: it needs 16 to 512 "
+                         "letters, digits or . _ ~ + / -", hint="make one with `openssl rand -hex 32`")
 
 
 def check_server_url(url: str, origin: str, *, schemes: tuple[str, ...] = ("http", "https")) -> str:
@@ -193,6 +219,9 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
             raise ConfigError(f"settings file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
         if not isinstance(data, dict):
             raise ConfigError(f"settings file {path} must hold a mapping of settings")
+        if data.get("triton_api_key") is not None:
+            raise ConfigError(f"settings file {path} holds triton_api_key: a secret does not belong in a settings "
+                              "file", hint="remove it and set $TRM_TRITON_API_KEY (on Kubernetes: from a Secret)")
         unknown = sorted(set(data) - set(_FIELDS))
         if unknown:
             raise ConfigError(f"settings file {path}: unknown setting(s) {', '.join(unknown)}",

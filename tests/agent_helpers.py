@@ -21,9 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class AgentProcess:
     def __init__(self, store: str, env: str, server: TritonServer, repo: Path, cache: Path, *, pod: str,
-                 interval: float = 0.3, log_dir: Path, extra: tuple[str, ...] = ()) -> None:
+                 interval: float = 0.3, log_dir: Path, extra: tuple[str, ...] = (),
+                 hostname: str | None = None) -> None:
+        """``hostname``: no --pod-name, $HOSTNAME set to it (the agent's default name), as two pods that
+        share a host name get."""
         self.store, self.env, self.server, self.repo, self.cache, self.pod = store, env, server, repo, cache, pod
-        self.interval, self.extra = interval, extra
+        self.interval, self.extra, self.hostname = interval, extra, hostname
         self.port = free_ports(1)[0]
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"agent-{pod}.log"
@@ -33,9 +36,12 @@ class AgentProcess:
         args = [sys.executable, "-m", "repo_manager", "agent", self.store, "--env", self.env,
                 "--repo", str(self.repo), "--cache", str(self.cache), "--url", self.server.url,
                 "--grpc-url", self.server.endpoints.grpc, "--listen", f"127.0.0.1:{self.port}",
-                "--interval", str(self.interval), "--pod-name", self.pod, "--backoff", "0.5",
-                "--drain-grace", "0.3", *self.extra]
+                "--interval", str(self.interval), "--backoff", "0.5", "--drain-grace", "0.3", *self.extra]
         env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH") or str(ROOT))
+        if self.hostname:
+            env["HOSTNAME"] = self.hostname
+        else:
+            args += ["--pod-name", self.pod]
         log = open(self.log_path, "a")  # noqa: SIM115 - the child holds it
         self.process = subprocess.Popen(args, env=env, stdout=log, stderr=log)
         log.close()
@@ -107,8 +113,9 @@ class Fleet:
     listed under one node share that node's cache folder (like pods sharing a hostPath volume)."""
 
     def __init__(self, root: Path, store: str, env: str, nodes: dict[str, int], *, interval: float = 0.3,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), hostname: str | None = None) -> None:
         self.root, self.store, self.env, self.interval, self.extra = root, store, env, interval, extra
+        self.hostname = hostname
         self.layout = [(node, f"{node}-pod{i}") for node, count in nodes.items() for i in range(1, count + 1)]
         self.servers: dict[str, TritonServer] = {}
         self.agents: dict[str, AgentProcess] = {}
@@ -133,7 +140,8 @@ class Fleet:
 
     def new_agent(self, node: str, pod: str) -> AgentProcess:
         return AgentProcess(self.store, self.env, self.servers[pod], self.repo(pod), self.root / node / "cache",
-                            pod=pod, interval=self.interval, log_dir=self.root, extra=self.extra)
+                            pod=pod, interval=self.interval, log_dir=self.root, extra=self.extra,
+                            hostname=self.hostname)
 
     def wait_serving(self, models: dict[str, int], timeout: float = 120.0) -> None:
         for agent in self.agents.values():
@@ -145,3 +153,92 @@ class Fleet:
         for server in self.servers.values():
             if server.process is not None:
                 server.stop()
+
+
+def slow_loading(repo_root: Path, name: str, tag: int, load_s: float, **behaviour) -> int:
+    """Publish the next version of ``name`` (tests/rollout_models.py's tagged model) whose load takes
+    ``load_s`` seconds: a large model, as far as the agent can tell."""
+    import rollout_models as rm  # noqa: PLC0415
+
+    from repo_manager.publish.core import run_publish  # noqa: PLC0415
+    from repo_manager.settings import Settings  # noqa: PLC0415
+
+    def build(repo, _name: str) -> list:
+        staged = rm._stage_python(repo, name, tag, **behaviour)
+        path = staged.folder / "model.py"
+        path.write_text(path.read_text().replace(
+            "    def initialize(self, args):\n", f"    def initialize(self, args):\n        time.sleep({load_s})\n"))
+        return [staged]
+
+    return run_publish(Settings(repository=repo_root), name, build, verify_model=False).version
+
+
+class LoadedCopies:
+    """A thread that samples, every few milliseconds, how many copies of ``model`` one server holds: its
+    loaded versions plus pre-check copies under temporary names (Triton's statistics list both)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        import threading  # noqa: PLC0415
+
+        self.url, self.model = url, model
+        self.most = 0
+        self.seen: list[list[str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        from repo_manager.errors import TrmError  # noqa: PLC0415
+        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+
+        with TritonClient(self.url, timeout_s=10.0) as client:
+            while not self.stop.is_set():
+                try:
+                    copies = sorted(f"{e['name']}:{e.get('version')}" for e in client.statistics()
+                                    if e.get("name") == self.model or e.get("name", "").endswith(f"-{self.model}"))
+                except TrmError:
+                    copies = []
+                if len(copies) > self.most:
+                    self.most = len(copies)
+                    self.seen.append(copies)
+                time.sleep(0.02)
+
+    def __enter__(self) -> LoadedCopies:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+class ReadyWatch:
+    """A thread that asks an agent's /readyz and /status every few milliseconds: every answer that was
+    not 200, and every state seen."""
+
+    def __init__(self, agent: AgentProcess) -> None:
+        import threading  # noqa: PLC0415
+
+        self.agent = agent
+        self.unready: list[str] = []
+        self.states: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            try:
+                code, text = self.agent.get("/readyz")
+                if code != 200:
+                    self.unready.append(text.strip())
+                self.states.add(self.agent.status()["state"])
+            except (OSError, ValueError) as exc:
+                self.unready.append(f"no answer: {exc}")
+            time.sleep(0.05)
+
+    def __enter__(self) -> ReadyWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)

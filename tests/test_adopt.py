@@ -3,6 +3,7 @@ become trm versions without a byte of what they hold being changed; verified on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,12 +11,26 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import run_cli
 from onnx_models import linear
 from store_helpers import finish, tree_digest, trm_process
+from unreadable import hide, trm_unprivileged
 
+from repo_manager.errors import InputError, IntegrityError
 from repo_manager.loadgen import BackgroundLoad, Workload
-from repo_manager.manifest import MANIFEST_NAME, MAX_DATA_BYTES, read_manifest, sha256_file
+from repo_manager.manifest import (
+    MANIFEST_NAME,
+    MAX_CONFIG_BYTES,
+    MAX_DATA_BYTES,
+    MAX_LABEL_BYTES,
+    FileEntry,
+    Manifest,
+    encode_data,
+    read_manifest,
+    sha256_file,
+    sha256_inside,
+)
 from repo_manager.repository import LocalRepository
 from repo_manager.rollout.plan import served_versions
 from repo_manager.serving import load_version
@@ -474,7 +489,7 @@ def test_hostile_models_are_refused_with_their_file_and_exit_3(capsys, tmp_path)
     assert "not UTF-8" in refused["label_binary"]
     assert "warmup/raw does not exist (Triton fails to load the model)" in refused["warm"]  # warm-up data: carried,
     assert "names a file outside warmup/" in refused["warm_escapes"]  # but only from the model's warmup/ folder,
-    assert "is not a regular file" in refused["warm_link"]  # never through a link,
+    assert "is a symbolic link" in refused["warm_link"]  # never through a link,
     assert "larger than 8 MiB" in refused["warm_big"]  # and small
     assert "'EXECUTION_ENV_PATH' reads py310.tar.gz from the model folder" in refused["env"]
     assert "symbolic link" in refused["alias"] and "real/2: a symbolic link" in refused["real"]
@@ -538,3 +553,261 @@ def test_adopted_versions_roll_out_with_zero_failed_requests(capsys, tmp_path):
             assert served_versions(client, ["lin"]) == {"lin": (2,)}
     finally:
         server.stop()
+
+
+PY_LABELLED = ('backend: "python"\n'
+               'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "%s" } ]\n')
+PY_WARM = ('backend: "python"\nmodel_warmup [ { name: "w" batch_size: 1 inputs { key: "X" '
+           'value: { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "%s" } } } ]\n')
+
+
+def test_a_link_anywhere_on_the_way_to_a_label_or_warmup_file_is_refused_and_nothing_outside_is_read(capsys,
+                                                                                                      tmp_path):
+    """Every component of a label, warm-up or model file's path is checked, not only the last one:
+    `labels/sub -> /elsewhere` and a linked warmup/ folder are refused, and the outside file's text reaches
+    no manifest, even with --skip-broken."""
+    secret = "SECRET-OUTSIDE-TEXT\n"
+    _write(tmp_path / "outside" / "sub" / "l.txt", secret)
+    _write(tmp_path / "outside" / "warm" / "x.raw", secret)
+    repo = tmp_path / "repo"
+    _write(repo / "lab" / "config.pbtxt", PY_LABELLED % "labels/sub/l.txt")
+    (repo / "lab" / "labels").mkdir()
+    (repo / "lab" / "labels" / "sub").symlink_to(tmp_path / "outside" / "sub")  # a folder on the way
+    _write(repo / "warmdir" / "config.pbtxt", PY_WARM % "x.raw")
+    (repo / "warmdir" / "warmup").symlink_to(tmp_path / "outside" / "warm")  # the folder Triton reads, linked
+    _write(repo / "warmsub" / "config.pbtxt", PY_WARM % "sub/x.raw")
+    (repo / "warmsub" / "warmup").mkdir(parents=True)
+    (repo / "warmsub" / "warmup" / "sub").symlink_to(tmp_path / "outside" / "warm")
+    _write(repo / "libdir" / "config.pbtxt", 'backend: "python"\n')
+    (repo / "libdir" / "1").mkdir(parents=True)
+    (repo / "libdir" / "1" / "lib").symlink_to(tmp_path / "outside")  # inside a version: model files too
+    _write(repo / "ok" / "config.pbtxt", 'backend: "python"\n')
+    for name in ("lab", "warmdir", "warmsub", "libdir", "ok"):
+        _write(repo / name / "1" / "model.py", DOUBLER)
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 3
+    refused = {m["model"]: m.get("refused") or " ".join(v.get("reason", "") for v in m["versions"])
+               for m in plan.json()["models"]}
+    assert f"{repo / 'lab' / 'labels' / 'sub'} is a symbolic link" in refused["lab"], refused["lab"]
+    assert f"{repo / 'warmdir' / 'warmup'} is a symbolic link" in refused["warmdir"], refused["warmdir"]
+    assert f"{repo / 'warmsub' / 'warmup' / 'sub'} is a symbolic link" in refused["warmsub"], refused["warmsub"]
+    assert f"{repo / 'libdir' / '1' / 'lib'} is a symbolic link" in refused["libdir"], refused["libdir"]
+    assert refused["ok"] == ""
+    result = _adopt(capsys, repo, "--skip-broken", "--no-verify")
+    assert result.code == 0, result.err
+    assert [(a["model"], a["version"]) for a in result.json()["adopted"]] == [("ok", 1)]
+    for manifest in repo.rglob(MANIFEST_NAME):
+        assert "SECRET" not in manifest.read_text()
+    assert not list((repo / "lab").rglob(MANIFEST_NAME))
+
+
+def test_validate_names_a_label_file_reached_through_a_linked_folder(capsys, tmp_path):
+    """A label file a version carries, later reached through a folder swapped for a link (same bytes
+    outside): Triton would read through the link, so validate reports it."""
+    repo = tmp_path / "repo"
+    _write(repo / "lab" / "config.pbtxt", PY_LABELLED % "labels/sub/l.txt")
+    _write(repo / "lab" / "labels" / "sub" / "l.txt", "a\nb\n")
+    _write(repo / "lab" / "1" / "model.py", DOUBLER)
+    assert _adopt(capsys, repo, "--no-verify").code == 0
+    assert run_cli(capsys, "validate", repo, "--json").json()["ok"]
+    _write(tmp_path / "outside" / "l.txt", "a\nb\n")
+    (repo / "lab" / "labels" / "sub" / "l.txt").unlink()
+    (repo / "lab" / "labels" / "sub").rmdir()
+    (repo / "lab" / "labels" / "sub").symlink_to(tmp_path / "outside")
+    checked = run_cli(capsys, "validate", repo, "--json").json()
+    assert not checked["ok"] and any("label or data file" in str(p) for p in checked["problems"]), checked
+
+
+def test_unreadable_files_and_folders_in_a_repository_are_problems_naming_them_never_left_out(tmp_path):
+    """No mock: trm runs where the kernel refuses the reads (tests/unreadable.py). A version whose
+    subfolder or file cannot be read, a label file that cannot be read and a model folder that cannot be
+    listed are each a refusal naming the path (exit 3, nothing written), in the dry run and the real run
+    alike; --skip-broken adopts the rest and reports them. (os.walk and rglob pass over an unreadable folder
+    in silence: the version was adopted without it.)"""
+    repo = tmp_path / "repo"
+    for name in ("partial", "locked", "labels", "closed", "ok"):
+        _write(repo / name / "config.pbtxt", 'backend: "python"\n')
+        _write(repo / name / "1" / "model.py", DOUBLER)
+    _write(repo / "partial" / "1" / "lib" / "helper.py", "HELP = 1\n")
+    _write(repo / "locked" / "1" / "weights.bin", os.urandom(64))
+    _write(repo / "labels" / "config.pbtxt", PY_LABELLED % "l.txt")
+    _write(repo / "labels" / "l.txt", LABELS)
+    hidden = [repo / "partial" / "1" / "lib", repo / "locked" / "1" / "weights.bin", repo / "labels" / "l.txt",
+              repo / "closed"]
+    hide(*hidden)
+    code, plan, err = trm_unprivileged("adopt", repo, "--dry-run", "--json")
+    assert code == 3, err
+    problems = "\n".join(plan["problems"])
+    for path in hidden:
+        assert f"{path} cannot be read (permission denied)" in problems, problems
+    assert plan["counts"] == {"adopt": 1, "present": 0, "refused": 4}
+    code, _, err = trm_unprivileged("adopt", repo, "--no-verify")
+    assert code == 3 and "4 problem(s)" in err, err
+    assert all(f"{path} cannot be read" in err for path in hidden), err  # every one, not only the first
+    assert not (repo / "ok" / "1" / MANIFEST_NAME).exists()
+    code, result, err = trm_unprivileged("adopt", repo, "--no-verify", "--skip-broken", "--json")
+    assert code == 0, err
+    assert [(a["model"], a["version"]) for a in result["adopted"]] == [("ok", 1)]
+    assert len(result["refused"]) == 4
+    assert not (repo / "partial" / "1" / MANIFEST_NAME).exists()
+    for path in hidden:
+        path.chmod(0o755)  # (so that pytest can clean tmp_path up)
+
+
+def test_names_a_manifest_cannot_record_are_refused_alike_by_the_dry_run_and_the_real_run(capsys, tmp_path):
+    """A backslash, DEL or bytes that are not UTF-8 in a file name: the dry run refuses the version (it
+    said "adopt" and the real run exited 7), the real run refuses it with exit 3 writing nothing, and
+    --skip-broken skips exactly those."""
+    repo = tmp_path / "repo"
+    odd = {"backslash": "a\\b.txt", "del": "x\x7f.bin", "latin1": os.fsdecode(b"caf\xe9.bin"),
+           "nested": os.fsdecode(b"d\xff") + "/w.bin"}
+    for name, file in {**odd, "ok": "w.bin"}.items():
+        _write(repo / name / "config.pbtxt", 'backend: "python"\n')
+        _write(repo / name / "1" / "model.py", DOUBLER)
+        _write(repo / name / "1" / file, b"\x00" * 8)
+    before = tree_digest(repo)
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 3
+    actions = {m["model"]: m["versions"][0]["action"] for m in plan.json()["models"]}
+    assert actions == {**{name: "refused" for name in odd}, "ok": "adopt"}
+    assert all("a name a manifest cannot record" in p for p in plan.json()["problems"]), plan.json()["problems"]
+    result = _adopt(capsys, repo, "--no-verify")
+    assert result.code == 3 and "4 problem(s)" in result.err, result.err
+    assert tree_digest(repo) == before
+    rest = _adopt(capsys, repo, "--no-verify", "--skip-broken")
+    assert rest.code == 0, rest.err
+    assert [(a["model"], a["version"]) for a in rest.json()["adopted"]] == [("ok", 1)]
+    assert len(rest.json()["refused"]) == 4
+    assert run_cli(capsys, "list", "--repo", repo, "--json").code == 0
+
+
+def test_adopt_never_writes_a_manifest_trm_cannot_read_back(capsys, tmp_path):
+    """A config larger than a manifest records, label files that JSON-escape past what a reader accepts, and
+    label files larger than the reader's limit in all are refused by the plan (the dry run says so); the
+    rest is adopted and `trm list` reads the repository (it exited 7 for the whole repository)."""
+    repo = tmp_path / "repo"
+    _write(repo / "big_config" / "config.pbtxt", 'backend: "python"\n' + ("# padding\n" * (MAX_CONFIG_BYTES // 10)))
+    _write(repo / "escapes" / "config.pbtxt", PY_LABELLED % "l.txt")
+    _write(repo / "escapes" / "l.txt", "\x01" * (6 * 2**20))  # 6 MiB of text, 36 MiB as JSON
+    _write(repo / "two_labels" / "config.pbtxt", 'backend: "python"\noutput [ '
+           '{ name: "A" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "a.txt" }, '
+           '{ name: "B" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "b.txt" } ]\n')
+    _write(repo / "two_labels" / "a.txt", "a\n" * (5 * 2**20))  # 10 MiB each: 20 MiB in all
+    _write(repo / "two_labels" / "b.txt", "b\n" * (5 * 2**20))
+    _write(repo / "ok" / "config.pbtxt", 'backend: "python"\n')
+    for name in ("big_config", "escapes", "two_labels", "ok"):
+        _write(repo / name / "1" / "model.py", DOUBLER)
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 3
+    refused = {m["model"]: m.get("refused", "") for m in plan.json()["models"]}
+    assert "larger than 4 MiB, more than a manifest records" in refused["big_config"], refused
+    assert "MiB in a manifest (as JSON)" in refused["escapes"], refused
+    assert "label files are larger than 16 MiB in all" in refused["two_labels"], refused
+    assert refused["ok"] == ""
+    result = _adopt(capsys, repo, "--no-verify", "--skip-broken")
+    assert result.code == 0, result.err
+    assert [(a["model"], a["version"]) for a in result.json()["adopted"]] == [("ok", 1)]
+    listed = run_cli(capsys, "list", "--repo", repo, "--json")
+    assert listed.code == 0, listed.err
+
+
+def test_the_manifest_writer_and_reader_agree_on_every_bound():
+    """Whatever `writable_json` lets through, the reader accepts, up to every limit at once; what the
+    reader would refuse, the writer refuses first (exit 3, before a byte is written)."""
+    entry = FileEntry("model.py", 1, "0" * 64)
+    biggest = Manifest("m", 1, (entry,), "#" * MAX_CONFIG_BYTES, labels={"l.txt": "a" * MAX_LABEL_BYTES},
+                       data=encode_data({"warmup/x": b"\x00" * MAX_DATA_BYTES}))
+    assert Manifest.from_json(biggest.writable_json()).config == biggest.config
+    for too_much in (dataclasses.replace(biggest, config="#" * (MAX_CONFIG_BYTES + 1)),
+                     dataclasses.replace(biggest, labels={"l.txt": "\x01" * (6 * 2**20)}),
+                     dataclasses.replace(biggest, labels={"a": "a" * MAX_LABEL_BYTES, "b": "b"})):
+        with pytest.raises(InputError):
+            too_much.writable_json()
+        with pytest.raises(IntegrityError):
+            Manifest.from_json(too_much.to_json())
+
+
+def test_a_planted_manifest_is_present_only_when_its_files_config_and_verification_agree(capsys, tmp_path):
+    """A trm-manifest.json found in a hand-made repository is a claim: accepted as already adopted only
+    when its files (sha256), its config (byte for byte) and its verification agree with what adopt would
+    record; otherwise the version is refused, naming why (adopt never replaces a file)."""
+    repo = tmp_path / "repo"
+    _write(repo / "py" / "config.pbtxt", 'backend: "python"\nmax_batch_size: 8\n')
+    for version in (1, 2, 3, 4, 5):
+        _write(repo / "py" / str(version) / "model.py", DOUBLER + f"# {version}\n")
+    _write(repo / "trt" / "config.pbtxt", 'platform: "tensorrt_plan"\nmax_batch_size: 4\n')
+    _write(repo / "trt" / "1" / "model.plan", os.urandom(256))
+    assert _adopt(capsys, repo, "--no-verify").code == 0
+    genuine = read_manifest(repo / "py" / "1")
+    config = (repo / "py" / "config.pbtxt").read_text()
+    verified = {"passed": True, "server": "http://127.0.0.1:8000", "samples": 1, "outputs_checked": ["Y"]}
+
+    def plant(version: int, **changes) -> None:
+        digest, size = sha256_inside(repo / "py" / str(version), "model.py")
+        files = (FileEntry("model.py", size, digest),)
+        manifest = dataclasses.replace(genuine, version=version, files=files, **changes)
+        (repo / "py" / str(version) / MANIFEST_NAME).unlink()
+        (repo / "py" / str(version) / MANIFEST_NAME).write_bytes(manifest.to_json())
+
+    plant(2, config=config.replace("8", "64"),  # another max_batch_size, said to be verified
+          verification=verified)
+    plant(3, verification={})
+    source = {**genuine.source, "config_sha256": "0" * 64}
+    plant(4, source=source, verification=verified)
+    plant(5, verification={**genuine.verification, "passed": True})  # forged, without a report
+    forged = read_manifest(repo / "trt" / "1")
+    (repo / "trt" / "1" / MANIFEST_NAME).unlink()
+    (repo / "trt" / "1" / MANIFEST_NAME).write_bytes(dataclasses.replace(forged, verification=verified).to_json())
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 3
+    versions = {(m["model"], v["version"]): v for m in plan.json()["models"] for v in m["versions"]}
+    assert versions[("py", 1)]["action"] == "present"
+    reasons = {key: v.get("reason", "") for key, v in versions.items()}
+    assert "records another config than the model's config.pbtxt" in reasons[("py", 2)], reasons
+    assert "records no verification result" in reasons[("py", 3)], reasons
+    assert "its source record does not match its config" in reasons[("py", 4)], reasons
+    assert "verified but holds no verification report" in reasons[("py", 5)], reasons
+    assert "adopt cannot run backend tensorrt" in reasons[("trt", 1)], reasons
+    assert all("remove it to adopt the version again" in reasons[key] for key in reasons if key != ("py", 1))
+    # and a config edited after adoption is not "already adopted" either
+    _write(repo / "py" / "config.pbtxt", config.replace("8", "16"))
+    again = _adopt(capsys, repo, "--dry-run")
+    assert "records another config" in {(m["model"], v["version"]): v.get("reason", "")
+                                         for m in again.json()["models"] for v in m["versions"]}[("py", 1)]
+
+
+def test_every_problem_is_listed_and_a_model_file_outside_a_version_folder_is_noted(capsys, tmp_path):
+    """The real run names every problem (not only the first, leaving the rest to --dry-run), and a model
+    file beside config.pbtxt, which Triton ignores, is a note in both runs."""
+    repo = hand_made(tmp_path / "repo")
+    linear(repo / "stray" / "model.onnx")  # the model file, but not in a version folder
+    _write(repo / "stray" / "config.pbtxt", ONNX_CONFIG.format(name="stray"))
+    plan = _adopt(capsys, repo, "--dry-run").json()
+    assert len(plan["problems"]) == 5
+    stray = {m["model"]: m for m in plan["models"]}["stray"]
+    assert any(n.startswith("model.onnx: a model file outside any version folder: Triton ignores it")
+               for n in stray["notes"]), stray["notes"]
+    result = run_cli(capsys, "adopt", repo, "--no-verify")
+    assert result.code == 3 and "5 problem(s)" in result.err
+    for problem in plan["problems"]:
+        assert problem in result.err, (problem, result.err)
+    rest = run_cli(capsys, "adopt", repo, "--no-verify", "--skip-broken")
+    assert rest.code == 0, rest.err
+    assert "note: stray: model.onnx: a model file outside any version folder" in rest.out, rest.out
+
+
+def test_older_versions_of_a_folder_trm_keeps_are_already_adopted_with_their_own_configs(capsys, tmp_path):
+    """Once trm publishes or tunes into a model folder, config.pbtxt is its newest version's config and
+    older versions record the configs they were published with: adopting again leaves them all present
+    (only a hand-made or adopted folder must agree with config.pbtxt byte for byte)."""
+    source = tmp_path / "src"
+    _write(source / "model.py", DOUBLER)
+    repo = tmp_path / "repo"
+    for batch in (8, 16):
+        published = run_cli(capsys, "publish", "model", source, "--name", "py", "--repo", repo, "--input",
+                            "X:FP32:3", "--output", "Y:FP32:3", "--max-batch-size", batch, "--no-verify")
+        assert published.code == 0, published.err
+    assert read_manifest(repo / "py" / "1").config != read_manifest(repo / "py" / "2").config
+    plan = _adopt(capsys, repo, "--dry-run")
+    assert plan.code == 0, plan.out
+    assert plan.json()["counts"] == {"adopt": 0, "present": 2, "refused": 0}

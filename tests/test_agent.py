@@ -63,38 +63,104 @@ def test_conditional_pointer_read_and_drain_lease(location):
     store.put_report("production", "pod-2", b'{"b": 1}')
     assert store.get_reports("production") == {"pod-1": b'{"a": 2}', "pod-2": b'{"b": 1}'}
     assert store.get_reports("staging") == {}
-    stale = DrainLease(store, "canary", "dead", 1, ttl_s=0.05)
+    stale = DrainLease(store, "canary", "dead", 1, ttl_s=0.5)
     assert stale.try_acquire()
-    time.sleep(0.1)  # a pod killed while holding a slot frees it after the TTL
-    assert DrainLease(store, "canary", "alive", 1).try_acquire()
+    alive = DrainLease(store, "canary", "alive", 1)
+    assert not alive.try_acquire()
+    time.sleep(0.6)  # a pod killed while holding a slot frees it once seen unrenewed for its TTL
+    assert alive.try_acquire() and alive.holders() == ["alive"]
+
+
+def write_holders(store, env: str, text: str) -> None:
+    current = store.get_lease(env)
+    payload = '{"schema": "trm.lease/1", "holders": {' + text + "}}"
+    store.put_lease(env, payload.encode(), current[1] if current else None)
+
+
+def test_drain_lease_ignores_hostile_expiries_tolerates_skew_and_keeps_agents_apart(location):
+    """A holder entry with ``Infinity``, ``NaN``, a string or a date years ahead never blocks a drain;
+    a holder whose clock is a minute behind (its ``expires`` already looks past) still holds its slot
+    while it renews; one that stops renewing loses it after its TTL on the reader's clock; two agents
+    with the same pod name hold two distinct slots; the heartbeat keeps a slot past its TTL."""
+    import threading  # noqa: PLC0415
+
+    store = open_store(location)
+    for expires in ("Infinity", "NaN", "-Infinity", '"soon"', "1e300", str(time.time() + 10**7), "true"):
+        write_holders(store, "production", f'"ghost": {{"expires": {expires}, "ttl_s": 60}}')
+        taker = DrainLease(store, "production", "taker", 1)
+        assert taker.try_acquire(), expires
+        assert taker.holders() == ["taker"], expires
+        taker.release()
+    write_holders(store, "production", '"x": 1, "y": {"expires": []}')  # malformed entries: no holder
+    assert DrainLease(store, "production", "taker", 1).try_acquire()
+    DrainLease(store, "production", "taker", 1).release()
+
+    # a pod whose clock is 60 s behind: its fresh entry looks expired by this clock
+    write_holders(store, "skew", f'"behind": {{"pod": "behind", "expires": {time.time() - 60 + 1}, "ttl_s": 1}}')
+    other = DrainLease(store, "skew", "other", 1)
+    assert not other.try_acquire() and other.holders() == ["behind"]
+    for _ in range(3):  # it renews (every third of its TTL): it keeps its slot
+        time.sleep(0.4)
+        write_holders(store, "skew", f'"behind": {{"pod": "behind", "expires": {time.time() - 60 + 1}, "ttl_s": 1}}')
+        assert not other.try_acquire()
+    time.sleep(1.2)  # it stopped renewing: gone once this pod saw it unchanged for its TTL
+    assert other.try_acquire()
+    other.release()
+
+    # the same pod name twice (two pods sharing a host name): two keys, two slots
+    first = DrainLease(store, "twins", "web-1a2b3c4d", 1, pod="web")
+    second = DrainLease(store, "twins", "web-5e6f7a8b", 1, pod="web")
+    assert first.try_acquire() and not second.try_acquire()
+
+    # the heartbeat keeps a slot for a body longer than the TTL
+    held = DrainLease(store, "beat", "long-load", 1, ttl_s=1.5)
+    waiter = DrainLease(store, "beat", "waiter", 1)
+    lost: list[str] = []
+    assert held.acquire(threading.Event())
+    with held.held(lost.append):
+        deadline = time.monotonic() + 3.5  # over two TTLs
+        while time.monotonic() < deadline:
+            assert not waiter.try_acquire()
+            time.sleep(0.1)
+    assert lost == [] and waiter.try_acquire()  # freed at the end of the body
 
 
 def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(capsys, tmp_path):
     """--no-side-by-side: each agent takes its pod out of rotation (readiness false), waits for its
     in-flight requests, swaps, comes back; the drain lease in the store lets one pod at a time do it.
-    The clients play the load balancer: they send only to pods whose /readyz says ready."""
-    from agent_helpers import Fleet  # noqa: PLC0415
+    The clients play the load balancer: they send only to pods whose /readyz says ready. The new version
+    loads for longer than the lease's TTL (the heartbeat keeps the slot), the two agents share a host
+    name (each still holds its own slot and writes its own report), and neither server ever holds two
+    copies of the model (no pre-check beside the old version on this path)."""
+    from agent_helpers import Fleet, LoadedCopies, slow_loading  # noqa: PLC0415
 
     location = str(tmp_path / "store")
     src = tmp_path / "src"
     publish(capsys, src, location, "m", 1, delay=0.002)
-    fleet = Fleet(tmp_path / "fleet", location, "production", {"a": 2}, interval=0.3,
-                  extra=("--no-side-by-side", "--max-unavailable", "1"))
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"a": 2}, interval=0.3, hostname="web",
+                  extra=("--no-side-by-side", "--max-unavailable", "1", "--lease-ttl", "3"))
     try:
         fleet.start()
         fleet.wait_serving({"m": 1})
         balancer = ReadyBalancer(fleet)
-        with balancer:
+        copies = [LoadedCopies(server.url, "m") for server in fleet.servers.values()]
+        with balancer, copies[0], copies[1]:
             time.sleep(1.0)
-            publish(capsys, src, location, "m", 2, delay=0.002)
+            assert slow_loading(src, "m", 2, 7.5, delay=0.002) == 2  # loads for 2.5 TTLs
+            pushed = run_cli(capsys, "push", location, "--repo", src, "--model", "m:2", "--json")
+            assert pushed.code == 0, pushed.err
+            open_store(location).update_env("production", {"m": 2})
             fleet.wait_serving({"m": 2})
             time.sleep(0.5)
         assert balancer.failed == [], balancer.failed[:3]
         assert balancer.answers.get("v1") and balancer.answers.get("v2")
         assert balancer.most_unready == 1, balancer.unready_samples  # one pod at a time, and both did drain
-        for agent in fleet.agents.values():
-            rollout = agent.status()["last_rollout"]
-            assert [m["strategy"] for m in rollout["models"]] == ["drain"]
+        assert [c.most for c in copies] == [1, 1], [c.seen for c in copies]
+        statuses = [agent.status() for agent in fleet.agents.values()]
+        assert {s["pod"] for s in statuses} == {"web"} and len({s["agent"] for s in statuses}) == 2
+        assert sorted(open_store(location).get_reports("production")) == sorted(s["agent"] for s in statuses)
+        for agent in fleet.agents.values():  # each one drained (its log, whatever a retry did after)
+            assert "draining: out of rotation to swap m" in agent.log_tail(200), agent.log_tail(40)
         agent, server = fleet.agents["a-pod1"], fleet.servers["a-pod1"]
         scraped = agent.metrics()
         assert scraped['trm_serving_version{model="m"}'] == 2
@@ -102,13 +168,13 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         assert scraped['trm_operations_total{model="",operation="sync",outcome="ok"}'] == 2
         assert scraped['trm_operations_total{model="",operation="pointer_read",outcome="unchanged"}'] > 0
         assert scraped['trm_sync_bytes_total{source="downloaded"}'] + scraped['trm_sync_bytes_total{source="cache"}']
-        assert scraped['trm_agent_rollouts_total{env="production",outcome="done",pod="a-pod1"}'] == 2
+        assert scraped['trm_agent_rollouts_total{env="production",outcome="done",pod="web"}'] == 2
         assert_rule_metrics_exist(scraped, server.endpoints.metrics)
         top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--agent", agent.base,
                       "--agent", "http://127.0.0.1:9", "--interval", "0.2", "--json")
         assert top.code == 0, top.err
         (shown,) = top.json()["agents"]
-        assert (shown["pod"], shown["state"], shown["served"], shown["wanted"]) == ("a-pod1", "ready", {"m": 2},
+        assert (shown["pod"], shown["state"], shown["served"], shown["wanted"]) == ("web", "ready", {"m": 2},
                                                                                    {"m": 2})
         assert shown["last_rollout"].startswith("done") and shown["pointer_age_s"] is not None
         assert any("no agent status at http://127.0.0.1:9" in p for p in top.json()["problems"])
@@ -298,3 +364,206 @@ def test_a_set_refused_for_a_file_missing_from_the_store_is_tried_again_once_the
         assert agent.stop() == 0
     finally:
         fleet.stop()
+
+
+def set_env(store, models: dict[str, int], env: str = "production") -> None:
+    """Point ``env`` at exactly ``models`` (``update_env`` only adds or moves models)."""
+    from repo_manager.storage import EnvPointer  # noqa: PLC0415
+
+    store.put_env(EnvPointer(env, models, "", store.get_env(env).etag))
+
+
+def push(capsys, src, location, *models: str) -> None:
+    result = run_cli(capsys, "push", location, "--repo", src, *(a for m in models for a in ("--model", m)), "--json")
+    assert result.code == 0, result.err
+
+
+def test_a_model_added_to_the_environment_never_takes_the_pod_out_of_rotation(capsys, tmp_path):
+    """Readiness comes from the last good set: while a model the environment adds loads for seconds (a
+    large one), is refused because it does not load, is the case twin ``M`` of ``m``, or is an ensemble
+    whose members the environment names at other versions than it pins, /readyz stays 200 and ``m``
+    keeps answering; /status and /metrics say syncing, rolling out or degraded, and why."""
+    from agent_helpers import Fleet, ReadyWatch, slow_loading  # noqa: PLC0415
+
+    from repo_manager.loadgen import BackgroundLoad  # noqa: PLC0415
+
+    location, src = str(tmp_path / "store"), tmp_path / "src"
+    publish(capsys, src, location, "m", 1)
+    store = open_store(location)
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"n": 1}, interval=0.2)
+    try:
+        fleet.start()
+        agent = fleet.agents["n-pod1"]
+        agent.wait_serving({"m": 1})
+        url = fleet.servers["n-pod1"].url
+        with BackgroundLoad(url, "m", clients=1, workload=WORKLOAD, check=tag) as load, ReadyWatch(agent) as watch:
+            load.wait_for(10)
+            # a large model: it loads for seconds while the pod stays in rotation
+            assert slow_loading(src, "big", 1, 4.0) == 1
+            push(capsys, src, location, "big:1")
+            store.update_env("production", {"big": 1})
+            agent.wait_serving({"m": 1, "big": 1})
+            assert {"syncing", "rolling_out"} & watch.states, watch.states
+            # a new model that cannot load
+            publish(capsys, src, location, "bad", 1, env=None, fail_load=True)
+            store.update_env("production", {"bad": 1})
+            status = agent.wait(lambda s: s["state"] == "degraded", what="refusal of bad")
+            assert status["ready"] and "bad" in status["degraded_reason"], status
+            assert status["last_good"] == {"m": 1, "big": 1} and status["served"]["bad"] is None
+            scraped = agent.metrics()
+            labels = 'env="production",pod="n-pod1"'
+            assert scraped[f"trm_agent_ready{{{labels}}}"] == 1 and scraped[f"trm_agent_degraded{{{labels}}}"] == 1
+            assert scraped[f'trm_agent_state{{{labels},state="degraded"}}'] == 1
+            assert scraped[f"trm_agent_pending_models{{{labels}}}"] == 1
+            # the case twin M of m (its own source repository: one repository cannot hold both)
+            assert rm.tagged(tmp_path / "src-twin", "M", 1) == 1
+            push(capsys, tmp_path / "src-twin", location, "M:1")
+            set_env(store, {"m": 1, "big": 1, "M": 1})
+            status = agent.wait(lambda s: "only in case" in (s["degraded_reason"] or ""), what="refusal of M")
+            assert status["ready"] and status["state"] == "degraded", status
+            # an ensemble whose member the environment names at another version than the ensemble pins
+            ens = tmp_path / "src-ens"
+            assert rm.ensemble(ens, 1) == 1 and rm.tagged(ens, "pre", 2) == 2
+            push(capsys, ens, location, "pipe:1", "pre:2")
+            set_env(store, {"m": 1, "big": 1, "pipe": 1, "pre": 2})
+            status = agent.wait(lambda s: "pins pre version 1" in (s["degraded_reason"] or ""), what="refusal of pipe")
+            assert status["ready"] and status["state"] == "degraded", status
+            load.wait_for(load.count() + 10)
+        assert watch.unready == [], watch.unready[:5]
+        summary = load.summary()
+        assert summary.failed == 0 and set(summary.label_counts) == {"v1"}, (summary.errors, summary.label_counts)
+        assert agent.stop() == 0
+    finally:
+        fleet.stop()
+
+
+def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(capsys, tmp_path):
+    """A model the environment drops is unloaded even when nothing else moves; dropped while the agent
+    was away (SIGKILLed), the restarted agent unloads it, from the record it keeps in the repository; a
+    corrupt record is ignored with a note in the log, and the agent carries on."""
+    import json  # noqa: PLC0415
+
+    from agent_helpers import Fleet  # noqa: PLC0415
+
+    location, src = str(tmp_path / "store"), tmp_path / "src"
+    for model in ("a", "b", "c"):
+        publish(capsys, src, location, model, 1, env=None)
+    store = open_store(location)
+    store.update_env("production", {"a": 1, "b": 1, "c": 1})
+    fleet = Fleet(tmp_path / "fleet", location, "production", {"n": 1}, interval=0.2)
+
+    def loaded() -> set[str]:
+        with TritonClient(fleet.servers["n-pod1"].url) as client:
+            return {e["name"] for e in client.repository_index() if e.get("state") == "READY"}
+
+    def wait_loaded(models: set[str]) -> None:
+        deadline = time.monotonic() + 60
+        while loaded() != models and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert loaded() == models
+
+    try:
+        fleet.start()
+        agent = fleet.agents["n-pod1"]
+        agent.wait_serving({"a": 1, "b": 1, "c": 1})
+        # nothing else moves: b is dropped
+        set_env(store, {"a": 1, "c": 1})
+        wait_loaded({"a", "c"})
+        agent.wait(lambda s: s["last_good"] == {"a": 1, "c": 1} and s["ready"], what="b dropped")
+        from repo_manager.agent.record import RECORD_NAME  # noqa: PLC0415
+
+        record = fleet.repo("n-pod1") / RECORD_NAME
+        written = json.loads(record.read_text())
+        assert written["good"] == {"a": 1, "c": 1} and set(written["loaded"]) == {"a", "c"}
+        with TritonClient(fleet.servers["n-pod1"].url) as client:  # Triton does not take it for a model
+            assert RECORD_NAME not in {e["name"] for e in client.repository_index()}
+        first_id = agent.status()["agent"]
+        # c is dropped while the agent is away
+        agent.kill()
+        set_env(store, {"a": 1})
+        agent = fleet.agents["n-pod1"] = fleet.new_agent("n", "n-pod1").start()
+        wait_loaded({"a"})
+        status = agent.wait_serving({"a": 1})
+        assert status["agent"] == first_id  # a restarted agent keeps its identity
+        # a corrupt record: a note, a fresh record, no crash
+        agent.kill()
+        record.write_text('{"schema": "trm.agent-record/1", "agent_id": [1e999]')
+        agent = fleet.agents["n-pod1"] = fleet.new_agent("n", "n-pod1").start()
+        status = agent.wait_serving({"a": 1})
+        assert status["agent"] != first_id and f"ignored {record}" in agent.log_tail(60)
+        assert json.loads(record.read_text())["agent_id"] == status["agent"].rpartition("-")[2]
+        assert agent.stop() == 0
+    finally:
+        fleet.stop()
+
+
+def _json_values():
+    from hypothesis import strategies as st  # noqa: PLC0415
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
+
+
+def test_the_agent_record_and_lease_objects_are_read_totally(tmp_path):
+    """Whatever the record file or a lease object holds (any JSON, NaN and Infinity included, or no JSON
+    at all, or a folder where the file should be), reading it never raises: a bad record is a note and
+    a fresh record, a bad lease entry counts as no holder."""
+    import json  # noqa: PLC0415
+
+    from hypothesis import given, settings  # noqa: PLC0415
+    from hypothesis import strategies as st  # noqa: PLC0415
+
+    from repo_manager.agent.lease import parse_holders  # noqa: PLC0415
+    from repo_manager.agent.record import SCHEMA, AgentRecord, read_record, write_record  # noqa: PLC0415
+
+    path = tmp_path / "record.json"
+    good = AgentRecord("0123abcd", {"m": 3}, frozenset({"m", "pre"}))
+    write_record(path, good, "production")
+    assert read_record(path) == (good, None)
+    path.unlink()
+    assert read_record(path)[1] is None  # no record yet: a fresh one, no note
+    path.mkdir()
+    record, note = read_record(path)
+    assert note and str(path) in note and record.agent_id != good.agent_id
+    path.rmdir()
+
+    @settings(max_examples=150, deadline=None)
+    @given(_json_values(), st.binary(max_size=40))
+    def check(value, junk):
+        for payload in (json.dumps(value).encode(), junk,
+                        json.dumps({"schema": SCHEMA, "agent_id": "0123abcd", "good": value, "loaded": value}).encode(),
+                        json.dumps({"holders": value}).encode(), json.dumps({"holders": {"k": value}}).encode()):
+            path.write_bytes(payload)
+            record, note = read_record(path)
+            assert isinstance(record.agent_id, str) and (note is None) == (record == read_record(path)[0])
+            for holder in parse_holders(payload, 1.7e9).values():
+                assert holder.expires == holder.expires and holder.expires < 1.7e9 + 1000  # finite, bounded
+
+    check()
+
+
+def test_readiness_comes_from_the_last_good_set_and_ensembles_keep_their_members(tmp_path):
+    """The agent's decisions on a real node repository (no server): a model the environment adds is not
+    required for readiness, a model it dropped is not either, a fresh pod is ready only once it has a good
+    set; an ensemble's members stay loaded while the environment names the ensemble (also when its new
+    version is refused and the old one still serves); a member named at another version than pinned is a
+    reason to refuse."""
+    from repo_manager.agent import state  # noqa: PLC0415
+    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+
+    assert rm.ensemble(tmp_path, 1) == 1 and rm.ensemble(tmp_path, 2) == 2 and rm.tagged(tmp_path, "m", 1) == 1
+    repo = LocalRepository(tmp_path)
+    served, verified = {"m": 1, "pipe": 1}, {"m": 1, "pipe": 1}
+    assert state.is_ready({"m": 1, "pipe": 1, "new": 1}, {"m": 1, "pipe": 1}, served, verified)
+    assert not state.is_ready({"m": 1, "pipe": 1}, {}, served, verified)  # a fresh pod: not yet
+    assert not state.is_ready({"m": 1}, {"m": 1}, {"m": None}, {})  # a good model gone: out of rotation
+    assert state.is_ready({"pipe": 1}, {"m": 1, "pipe": 1}, served, verified)  # m dropped: not required
+    assert state.good_now({"m": 2, "pipe": 1, "new": 1}, {"m": 1, "pipe": 1, "new": None},
+                          {"m": 1, "pipe": 1}) == {"m": 1, "pipe": 1}
+    assert state.keep_loaded(repo, {"pipe": 2}, {"pipe": 1}, {"pipe": 1}) == {"pipe", "pre", "post"}
+    assert state.keep_loaded(repo, {"m": 1}, {"pipe": 1}, {"m": 1}) == {"m"}
+    assert state.keep_loaded(repo, {"pipe": 9}, {}, {"pipe": None}) == {"pipe"}  # not installed: no members
+    assert state.pin_conflict(repo, {"pipe": 2, "pre": 2, "post": 2}) is None
+    assert state.pin_conflict(repo, {"pipe": 2, "pre": 1}) == ("the environment names pre version 1, but pipe "
+                                                               "version 2 pins pre version 2")

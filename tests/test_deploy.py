@@ -4,7 +4,11 @@ No cluster, kubectl, kustomize or container engine exists where these tests run.
 
 - every kustomization renders, with the small kustomize below, and every rendered object (and every plain
   manifest file) validates against the Kubernetes API schemas of named versions (``kubernetes-validate``,
-  strict: unknown fields fail);
+  strict: unknown fields fail); where ``kubectl`` is installed, ``kubectl kustomize`` renders the same;
+- nothing renders until every image is pinned by digest (``pin-images.sh`` writes the component that pins
+  them; here it runs with a stand-in ``crane``, since no registry is reachable where these tests run);
+- Triton's control APIs are restricted to the key the agent holds, and the NetworkPolicy admits only
+  inference traffic to Triton and only Prometheus to the metrics and agent ports;
 - every ``trm`` command line (init container, sidecar, Dockerfile) parses with trm's own click CLI, with the
   ``$(VAR)`` references Kubernetes would expand resolved from the container's env, so they cannot drift
   from the code;
@@ -17,17 +21,24 @@ directories holding a kustomization.yaml), ``patches`` with ``path`` (strategic 
 key; ``containers``/``initContainers``/``env``/``volumes`` lists merged by ``name``; other lists replaced;
 ``$patch: delete`` of a whole object; a patch names its target by kind and name), ``nameSuffix`` (with the
 name references kustomize rewrites for the kinds used here: ConfigMap references in env and volumes,
-``serviceAccountName``, an HPA's ``scaleTargetRef``) and ``namespace``. Any other kustomization field, or a
-patch outside that subset, fails the test rather than being ignored. Not implemented: generators,
-components, replacements, images, label transformers, JSON 6902 patches.
+``serviceAccountName``, an HPA's ``scaleTargetRef``), ``namespace``, and ``components`` whose only field is
+``images`` (name, newName, newTag, digest: ``name:tag@digest``, as kustomize writes it). Any other
+kustomization field, or a patch outside that subset, fails the test rather than being ignored. Not
+implemented: generators, replacements, label transformers, JSON 6902 patches.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
+import functools
 import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,7 +50,8 @@ import yaml
 
 from repo_manager.cli import Context, cli
 from repo_manager.cli.commands import COMMANDS
-from repo_manager.settings import load_settings
+from repo_manager.settings import Settings, load_settings
+from repo_manager.triton.restricted import OPEN_APIS, RESTRICTED_APIS
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -57,7 +69,9 @@ AGENT_XFAIL = pytest.mark.xfail(AGENT_MISSING, strict=True,
 
 # ---------------------------------------------------------------- a minimal, strict kustomize
 
-KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "patches", "namespace", "nameSuffix"}
+KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "patches", "namespace", "nameSuffix", "components"}
+COMPONENT_FIELDS = {"apiVersion", "kind", "images"}
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 MERGE_BY_NAME = {"containers", "initContainers", "env", "volumes"}
 CLUSTER_SCOPED = {"Namespace"}
 
@@ -124,6 +138,28 @@ def rename_references(obj: dict[str, Any], renamed: dict[tuple[str, str], str]) 
                 source["configMapRef"]["name"] = new("ConfigMap", source["configMapRef"]["name"])
 
 
+def split_image(image: str) -> tuple[str, str | None, str | None]:
+    """``name[:tag][@digest]`` -> (name, tag, digest)."""
+    image, _, digest = image.partition("@")
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    return name, tag or None, digest or None
+
+
+def set_images(objects: list[dict[str, Any]], images: list[dict[str, str]]) -> None:
+    """kustomize's images transformer, for the containers of Deployments."""
+    unknown = {key for entry in images for key in entry} - {"name", "newName", "newTag", "digest"}
+    assert not unknown, f"images fields this renderer does not implement: {unknown}"
+    by_name = {entry["name"]: entry for entry in images}
+    for obj in find(objects, "Deployment"):
+        pod = obj["spec"]["template"]["spec"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            name, tag, digest = split_image(container["image"])
+            if name in by_name:
+                entry = by_name[name]
+                name, tag, digest = entry.get("newName", name), entry.get("newTag", tag), entry.get("digest", digest)
+                container["image"] = name + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
+
+
 def render(directory: Path) -> list[dict[str, Any]]:
     """The objects ``kustomize build directory`` would print, for the subset described above."""
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
@@ -133,6 +169,11 @@ def render(directory: Path) -> list[dict[str, Any]]:
     for entry in kustomization.get("resources", []):
         path = (directory / entry).resolve()
         objects += render(path) if path.is_dir() else load_yaml_documents(path)
+    objects = copy.deepcopy(objects)
+    for entry in kustomization.get("components", []):
+        component = yaml.safe_load(((directory / entry).resolve() / "kustomization.yaml").read_text())
+        assert component["kind"] == "Component" and set(component) <= COMPONENT_FIELDS, component
+        set_images(objects, component.get("images", []))
     keys = [key_of(obj) for obj in objects]
     assert len(keys) == len(set(keys)), f"{directory}: the same object twice: {keys}"
     for patch_entry in kustomization.get("patches", []):
@@ -143,7 +184,6 @@ def render(directory: Path) -> list[dict[str, Any]]:
                 del objects[index], keys[index]
             else:
                 objects[index] = strategic_merge(objects[index], patch)
-    objects = copy.deepcopy(objects)
     suffix = kustomization.get("nameSuffix", "")
     if suffix:
         renamed = {key_of(obj): obj["metadata"]["name"] + suffix for obj in objects
@@ -159,8 +199,38 @@ def render(directory: Path) -> list[dict[str, Any]]:
     return objects
 
 
+STAND_IN_CRANE = """#!/bin/sh
+# A stand-in for `crane digest REF` (no registry is reachable where the tests run): a digest made from REF.
+[ "$1" = digest ] && printf 'sha256:%s\\n' "$(printf %s "$2" | sha256sum | cut -c1-64)"
+"""
+PUSHED_TRM = "ghcr.io/example/trm:0.1.0"
+
+
+def pin_images(tree: Path) -> subprocess.CompletedProcess[str]:
+    """Run the tree's pin-images.sh as a user does after pushing the trm image, with the stand-in crane."""
+    bin_dir = tree / ".stand-in-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "crane").write_text(STAND_IN_CRANE)
+    (bin_dir / "crane").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(["sh", str(tree / "pin-images.sh"), PUSHED_TRM], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+@functools.cache
+def pinned_tree() -> Path:
+    """A copy of deploy/kubernetes as a user's checkout is after pin-images.sh: what the tests render."""
+    tree = Path(tempfile.mkdtemp(prefix="trm-deploy-")) / "kubernetes"
+    atexit.register(shutil.rmtree, tree.parent, True)
+    shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("kustomization.yaml.tmp"))
+    (tree / "images" / "kustomization.yaml").unlink(missing_ok=True)  # (one pinned in this checkout)
+    result = pin_images(tree)
+    assert result.returncode == 0, result.stderr
+    return tree
+
+
 def rendered(name: str) -> list[dict[str, Any]]:
-    return render(K8S / name)
+    return render(pinned_tree() / name)
 
 
 def find(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -232,7 +302,7 @@ def parse_trm(argv: list[str], settings_file: Path | None = None) -> tuple[str, 
 def trm_containers(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     return {c["name"]: c for c in pod.get("initContainers", []) + pod["containers"]
-            if c.get("args") and c["image"].rsplit(":", 1)[0].endswith("/trm")}
+            if c.get("args") and split_image(c["image"])[0].endswith("/trm")}
 
 
 def parsed_command(name: str, objects: list[dict[str, Any]], tmp_path: Path) -> tuple[str, dict[str, Any]]:
@@ -408,7 +478,7 @@ def test_agent_and_init_container_agree_with_probes_volumes_triton_and_the_agree
 def test_service_ports_reach_container_ports_and_selectors_match_the_pods() -> None:
     production, canary = rendered("overlays/production"), rendered("overlays/production-canary")
     service = one(production, "Service")
-    assert {p["port"] for p in service["spec"]["ports"]} == {8000, 8001, 8002, 8090}
+    assert {p["port"] for p in service["spec"]["ports"]} == {8000, 8001}, "the Service publishes inference only"
     for objects in (production, canary):
         deployment = one(objects, "Deployment")
         pod = deployment["spec"]["template"]
@@ -478,9 +548,10 @@ def test_security_context_images_and_credentials(name: str) -> None:
     assert pod["automountServiceAccountToken"] is False
     for container in pod["initContainers"] + pod["containers"]:
         image = container["image"]
-        assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), f"unpinned image {image}"
+        assert DIGEST.search(image), f"{container['name']}: image {image} is not pinned by digest"
         security = container["securityContext"]
         assert security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True, f"{container['name']} has a writable root filesystem"
         assert security["capabilities"]["drop"] == ["ALL"]
         if security.get("runAsUser") == 0:  # the one root step: chown of the hostPath cache, nothing else
             assert container["command"][0] == "chown" and security["capabilities"]["add"] == ["CHOWN"]
@@ -524,3 +595,85 @@ def test_dockerignore_sends_only_what_pip_needs() -> None:
     assert copied
     for name in copied:
         assert (f"!{name}/" if (ROOT / name).is_dir() else f"!{name}") in lines, f"{name} is not sent to the build"
+
+
+# ---------------------------------------------------------------- exposure: images, Triton's APIs, the network
+
+def test_nothing_renders_until_every_image_is_pinned_by_digest(tmp_path: Path) -> None:
+    """The checkout as cloned (no images component) does not render, with kustomize or with this renderer;
+    after pin-images.sh every image of every kustomization carries a digest."""
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(K8S, tree)
+    (tree / "images" / "kustomization.yaml").unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError):
+        render(tree / "overlays" / "production")
+    if shutil.which("kubectl"):
+        refused = subprocess.run(["kubectl", "kustomize", str(tree / "overlays" / "production")],
+                                 capture_output=True, text=True, timeout=120, check=False)
+        assert refused.returncode != 0 and "images" in refused.stderr
+    bad = subprocess.run(["sh", str(tree / "pin-images.sh"), "ghcr.io/example/trm"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "usage" in bad.stderr  # a trm image without its tag
+    result = pin_images(tree)
+    assert result.returncode == 0, result.stderr
+    for name in KUSTOMIZATIONS:
+        pod = one(render(tree / name), "Deployment")["spec"]["template"]["spec"]
+        images = [c["image"] for c in pod["initContainers"] + pod["containers"]]
+        assert all(DIGEST.search(image) for image in images), images
+        assert {split_image(image)[0] for image in images} == {"nvcr.io/nvidia/tritonserver", "ghcr.io/example/trm"}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_kubectl_kustomize_renders_what_this_renderer_renders(name: str) -> None:
+    result = subprocess.run(["kubectl", "kustomize", str(pinned_tree() / name)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    theirs = sorted((o for o in yaml.safe_load_all(result.stdout) if o), key=key_of)
+    assert sorted(rendered(name), key=key_of) == theirs
+
+
+def test_triton_restricts_its_control_apis_to_the_key_only_the_agent_holds(tmp_path: Path) -> None:
+    objects = rendered("overlays/production")
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
+    header = Settings().triton_api_header
+    flags = triton_flags(containers["triton"])
+    expected = f"{','.join(RESTRICTED_APIS)}:{header}=$(TRM_TRITON_API_KEY)"
+    assert flags["http-restricted-api"] == flags["grpc-restricted-protocol"] == expected
+    assert not set(OPEN_APIS) & set(RESTRICTED_APIS) and "model-repository" in RESTRICTED_APIS
+    # the key comes from one Secret, required (no pod with an open API), to Triton and the agent only
+    sources = {name: next((e["valueFrom"] for e in c.get("env", []) if e["name"] == "TRM_TRITON_API_KEY"), None)
+               for name, c in containers.items()}
+    required = {"secretKeyRef": {"name": "trm-triton-api-key", "key": "key"}}
+    assert sources == {"cache-owner": None, "sync": None, "triton": required, "agent": required}
+    assert expand(flags["http-restricted-api"], {"TRM_TRITON_API_KEY": "k" * 32}).endswith(f"={'k' * 32}")
+    # trm in the agent container reads the key from that variable
+    assert load_settings(env={"TRM_TRITON_API_KEY": "k" * 32}).triton_api_key == "k" * 32
+    # the agent listens on the pod's address (the kubelet probes it), and talks to Triton over loopback
+    options = agent_args(objects)
+    assert options["listen"].startswith("0.0.0.0:") and options["url"].startswith("http://127.0.0.1:")
+    # Triton's root filesystem is read-only: what it writes goes to emptyDirs
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in ("/tmp", "/dev/shm", "/var/log"):
+        assert "emptyDir" in volumes[volume_at(containers["triton"], path)]
+
+
+def test_network_policy_admits_inference_from_the_cluster_and_metrics_and_agent_only_from_prometheus() -> None:
+    for name in OVERLAYS:
+        objects = rendered(f"overlays/{name}")
+        (policy,) = find(objects, "NetworkPolicy")
+        deployment = one(objects, "Deployment")
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        containers = deployment["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for c in containers for p in c.get("ports", [])}
+        open_to_all, from_prometheus = policy["spec"]["ingress"]
+        assert "from" not in open_to_all and {p["port"] for p in open_to_all["ports"]} == {"http", "grpc"}
+        assert {p["port"] for p in from_prometheus["ports"]} == {"metrics", "agent"}
+        (peer,) = from_prometheus["from"]
+        assert peer["namespaceSelector"]["matchLabels"] and peer["podSelector"]["matchLabels"]
+        assert set(ports) == {"http", "grpc", "metrics", "agent"}, "a container port the policy does not mention"
+    podmonitor = load_yaml_documents(K8S / "prometheus-adapter" / "podmonitor.yaml")[0]
+    assert {e["port"] for e in podmonitor["spec"]["podMetricsEndpoints"]} == {"metrics", "agent"}

@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from helpers import run_cli
+from helpers import FixedAnswers, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import python_config, tree_digest
@@ -149,3 +149,160 @@ def test_any_manifest_in_a_repository_is_reported_by_validate(capsys, manifest, 
         (root / "outside").mkdir()
         _check(capsys, root, ["validate", root / "repo", "--json"], ["validate", root / "repo", "--fix"],
                ["list", "--repo", root / "repo", "--json"], ["show", "m", "--repo", root / "repo", "--json"])
+
+
+# ------------------------------------------------------------------------------------ every reader, every record
+# The records the views and the alert rules read (verification, tuning, source), the config's names and an
+# agent's /status: arbitrary JSON, and near-valid records whose values have the wrong type or are not finite.
+
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(min_value=-2 ** 70, max_value=2 ** 70)
+odd = numbers | st.none() | st.booleans() | nasty | st.lists(st.integers(), max_size=2) | st.just({})
+markup = st.sampled_from(["python", "[/ml]", "[test]", "[bold]x", "\x1b]0;title\x07", "\x1b[2J", "a\x1b[31mb",
+                          ":smile:", "\ud800", "x" * 200]) | nasty
+names = markup.filter(lambda text: "\ud800" not in text)
+"""Names in a config (backend, tensor, parameter): protobuf strings are UTF-8, so no lone surrogates."""
+verifications = json_values | st.fixed_dictionaries({}, optional={
+    "passed": _maybe(odd, True), "skipped": odd, "reason": odd, "samples": odd,
+    "reference": odd | st.fixed_dictionaries({}, optional={"library": odd, "version": odd, "call": odd}),
+    "worst_abs_diff": odd | st.dictionaries(markup, odd, max_size=2),
+    "cases": odd | st.lists(json_values | st.fixed_dictionaries({}, optional={"case": odd, "min_cosine": odd}),
+                            max_size=2)})
+tunings = json_values | st.fixed_dictionaries({}, optional={
+    "slo": odd | st.fixed_dictionaries({}, optional={"p99_ms": odd, "low_rps": odd, "peak_rps": odd}),
+    "chosen": odd | st.fixed_dictionaries({}, optional={
+        "max_batch_size": odd, "instances": odd, "dynamic_batching": odd, "max_queue_delay_microseconds": odd,
+        "preferred_batch_size": odd | st.lists(odd, max_size=2),
+        "queue_policy": odd | st.fixed_dictionaries({}, optional={"default_timeout_microseconds": odd,
+                                                                   "max_queue_size": odd})}),
+    "tuned_from_version": odd, "evidence": odd | st.dictionaries(markup, odd, max_size=2)})
+records_of_a_version = st.fixed_dictionaries({}, optional={
+    "verification": verifications, "tuning": tunings, "created_at": odd,
+    "source": json_values | st.fixed_dictionaries({}, optional={"kind": odd | markup, "path": odd | markup,
+                                                                "from_version": odd})})
+
+
+def _config(backend: str, tensor: str, parameter: str) -> str:
+    from repo_manager import config as cfg  # noqa: PLC0415
+
+    config = cfg.parse_config('name: "m"\nmax_batch_size: 4\n')
+    config.backend = backend
+    config.input.add(name=tensor, data_type=cfg.mc.TYPE_FP32, dims=[2])
+    config.output.add(name=f"out{tensor}", data_type=cfg.mc.TYPE_FP32, dims=[2])
+    config.parameters[parameter].string_value = parameter
+    return cfg.config_to_text(config)
+
+
+def _reader_layout(root: Path, first: dict, second: dict, config: str) -> None:
+    """Versions 1 and 2 of m, with these records, in a repository and in a folder store where prod serves 2."""
+    base = {"schema": "trm.manifest/1", "model": "m", "config": config,
+            "files": [{"path": "x.txt", "size": 3, "sha256": DIGEST}]}
+    store = root / "store"
+    (store / "blobs" / "sha256").mkdir(parents=True)
+    (store / "blobs" / "sha256" / DIGEST).write_bytes(BLOB)
+    (store / "models" / "m" / "versions").mkdir(parents=True)
+    (store / "envs" / "prod.json.revs").mkdir(parents=True)
+    (store / "envs" / "prod.json.revs" / "000000000001.json").write_text(
+        json.dumps({"schema": "trm.env/1", "env": "prod", "models": {"m": 2}}))
+    for version, records in ((1, first), (2, second)):
+        payload = json.dumps({**base, **records, "version": version}).encode()
+        (store / "models" / "m" / "versions" / f"{version}.json").write_bytes(payload)
+        folder = root / "repo" / "m" / str(version)
+        folder.mkdir(parents=True)
+        (folder / "x.txt").write_bytes(BLOB)
+        (folder / "trm-manifest.json").write_bytes(payload)
+    (root / "repo" / "m" / "config.pbtxt").write_text(config)
+    (root / "outside").mkdir()
+
+
+def _reader_commands(root: Path) -> list[list]:
+    repo, store = root / "repo", root / "store"
+    text = [["list", "--repo", repo], ["list", "--repo", repo, "--all", "--store", store],
+            ["show", "m", "--repo", repo],
+            ["show", "m", "--repo", repo, "--version", "1"], ["diff", "m", "1", "2", "--repo", repo],
+            ["diff", "m", "1", "2", "--store", store], ["observe", "rules", "--repo", repo, "--out", root / "dest"],
+            ["observe", "rules", "prod", "--store", store, "--out", root / "dest"]]
+    return text + [[*args, "--json"] for args in text]
+
+
+@settings(PROPERTY, max_examples=60)
+@given(first=records_of_a_version, second=records_of_a_version, backend=names, tensor=names, parameter=names)
+def test_every_reader_of_versions_is_total_over_any_record(capsys, first, second, backend, tensor, parameter):
+    """list, show, diff (repository and store) and observe rules: a documented exit code, one error line at
+    most, no traceback, and nothing the terminal would read as an escape sequence."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        _reader_layout(root, first, second, _config(backend, tensor, parameter))
+        for args in _reader_commands(root):
+            result = run_cli(capsys, *args)
+            assert result.code in DOCUMENTED, (args, result.code, result.err)
+            assert "internal error" not in result.err and "Traceback" not in result.err, (args, result.err)
+            assert "\x1b" not in result.out + result.err, (args, result.out, result.err)
+            assert len([line for line in result.err.splitlines() if line.startswith("error:")]) <= 1
+            if args[0] == "list" or args[0] in ("show", "diff") and result.code != 7:
+                # a record of the wrong type is shown as such; only a manifest trm refuses outright stops a
+                # view of that version (exit 7), never the listing of the others
+                assert result.code == 0, (args, result.err)
+
+
+def test_observe_rules_refuses_an_slo_that_would_never_or_always_fire(capsys, tmp_path):
+    for slo in ("NaN", "Infinity", "-Infinity", "-5", "0", '"25"', "[25]", "null"):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        manifest = {"tuning": {"slo": {"p99_ms": 1}}}
+        _reader_layout(root, manifest, manifest, _config("python", "X", "k"))
+        path = root / "store" / "models" / "m" / "versions" / "2.json"
+        path.write_text(path.read_text().replace('"p99_ms": 1', f'"p99_ms": {slo}'))
+        result = run_cli(capsys, "observe", "rules", "prod", "--store", root / "store", "--out", root / "dest")
+        if slo == "null":  # no SLO recorded: no latency alert, said so
+            assert result.code == 0 and "no p99 SLO" in result.out, result.err
+            continue
+        assert result.code == 7, (slo, result.out, result.err)
+        assert result.err.splitlines()[0] == ("error: manifest of m/2: tuning.slo.p99_ms is not a positive finite "
+                                              "number"), result.err
+        assert not (root / "dest").exists()
+
+
+statuses = json_values | st.fixed_dictionaries({}, optional={
+    "pod": odd | markup, "env": odd | markup, "state": odd | markup, "ready": odd, "reason": odd | markup,
+    "served": odd | st.dictionaries(markup, odd, max_size=2), "wanted": odd | st.dictionaries(markup, odd, max_size=2),
+    "pointer": odd | st.fixed_dictionaries({}, optional={"age_s": odd}),
+    "last_rollout": odd | st.fixed_dictionaries({}, optional={"outcome": odd | markup, "seconds": odd,
+                                                               "reason": odd | markup})})
+
+
+@PROPERTY
+@given(status=statuses, raw=st.none() | st.binary(max_size=40))
+def test_top_reads_any_agent_status_without_an_internal_error(capsys, status, raw):
+    """A stand-in answers /status: a real agent only ever answers documents of the right shape."""
+    with FixedAnswers({"/status": raw if raw is not None else json.dumps(status).encode()}) as server:
+        for args in (["top", "--agent", server.url, "--once"], ["top", "--agent", server.url, "--json"]):
+            result = run_cli(capsys, *args)
+            assert result.code in (0, 6), (args, result.code, result.err)
+            assert "internal error" not in result.err and "Traceback" not in result.err, result.err
+            assert "\x1b" not in result.out + result.err, (result.out, result.err)
+
+
+label_values = markup | st.sampled_from(['a\\"b', "a\\\\", "trm-verify-0a1b2c3d-m", ""])
+metric_lines = st.builds(
+    lambda name, model, version, value: f'{name}{{model="{model}",version="{version}"}} {value}',
+    st.sampled_from(["nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+                     "nv_inference_queue_duration_us", "nv_inference_pending_request_count",
+                     "nv_inference_request_failure", "nv_inference_request_summary_us", "other"]),
+    label_values, label_values | st.sampled_from(["1", "-1", ""]),
+    st.sampled_from(["NaN", "+Inf", "-Inf", "1e308", "-1", "0", "x", "3"]) | st.floats().map(repr)) | nasty
+
+
+@PROPERTY
+@given(before=st.lists(metric_lines, max_size=8), after=st.lists(metric_lines, max_size=8))
+def test_top_renders_any_metrics_text_as_printable_rows(before, after):
+    """Whatever a /metrics endpoint answers: rows with finite figures or none, JSON without NaN/Infinity, and
+    text without escape sequences."""
+    from repo_manager.observe.top import Scrape, Server, View, between, parse_metrics, render  # noqa: PLC0415
+
+    server = Server("http://h:8002/metrics")
+    rows = between(Scrape(server, 0.0, *parse_metrics("\n".join(before))),
+                   Scrape(server, 1.0, *parse_metrics("\n".join(after))))
+    view = View(tuple(rows), 1.0, ())
+    json.dumps(view.to_dict(), allow_nan=False)
+    text = render(view)
+    assert "\x1b" not in text and "\x07" not in text
+    assert not any(r.model.startswith("trm-verify-") for r in rows)

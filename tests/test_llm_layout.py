@@ -404,8 +404,8 @@ def test_generated_ensemble_wires_text_through_all_three_models_on_a_real_triton
                                    "max_tokens": np.array([[8]], dtype=np.int32),
                                    "temperature": np.array([[0.5]], dtype=np.float32)})
         assert out["text_output"].ravel()[0].decode() == "the engine runs"
-        client.load("llm_tensorrt_llm_bls")  # the BLS chain gives the same answer
-        out = client.infer("llm_tensorrt_llm_bls", {"text_input": np.array([b"hello world"], dtype=np.object_),
-                                                    "max_tokens": np.array([2], dtype=np.int32),
-                                                    "top_k": np.array([1], dtype=np.int32)})
+        client.load("llm_tensorrt_llm_bls")  # the BLS chain takes the same request and gives the same answer
+        out = client.infer("llm_tensorrt_llm_bls", {"text_input": np.array([[b"hello world"]], dtype=np.object_),
+                                                    "max_tokens": np.array([[2]], dtype=np.int32),
+                                                    "top_k": np.array([[1]], dtype=np.int32)})
         assert out["text_output"].ravel()[0].decode() == "hello world"

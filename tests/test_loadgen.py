@@ -78,6 +78,18 @@ def test_closed_loop_measures_exactly_the_requested_count(server):
     assert point.requests == 300 and point.errors == 0 and point.achieved_rps > 0
 
 
+def test_closed_loop_warm_up_is_by_time_however_many_requests_a_fast_model_answers_in_it(server):
+    """A 1 ms model answers hundreds of requests in a second of warm-up, more than the few the point
+    measures: the record grows with the warm-up instead of having room for a fixed number (it had 4 x
+    requests + 64 per client, so the warm-up used them all and nothing was measured), and with
+    ``min_duration_s`` the point measures for at least that long too."""
+    load(server)
+    point = measure(target(server), LoadSpec(concurrency=1, requests=10, warmup_s=1.0, min_duration_s=0.5))
+    assert point.valid, point.invalid_reason
+    assert point.requests >= 10 and point.duration_s >= 0.5 and point.errors == 0
+    assert point.server.requests >= point.requests
+
+
 def test_point_is_invalid_when_the_client_cannot_keep_the_offered_rate(server):
     load(server, dynamic_batching=True)
     # no Python client sends 50,000 requests/s on this machine: the point must not be reported as valid

@@ -297,3 +297,38 @@ def test_rules_for_an_environment_take_its_versions_and_their_tuning_records(rul
     assert 'version!="1"' in pinned["expr"] and pinned["labels"]["env"] == "production"
     unknown = run_cli(capsys, "observe", "rules", "staging", "--store", store, "--out", tmp_path / "none")
     assert unknown.code == 4 and not (tmp_path / "none").exists()
+
+
+def test_shipped_alert_and_dashboard_texts_explain_themselves(tmp_path, capsys):
+    """No history an operator cannot know ("the seed's cascade"): each threshold says what it means and why."""
+    from store_helpers import make_version  # noqa: PLC0415
+
+    make_version(tmp_path / "repo", "ranker", {"model.py": b"# stand-in\n"})
+    result = run_cli(capsys, "observe", "rules", "--repo", tmp_path / "repo", "--out", tmp_path / "obs",
+                     "--p99-ms", "50")
+    assert result.code == 0, result.err
+    rules = (tmp_path / "obs" / "trm-rules.yml").read_text()
+    dashboard = json.loads((tmp_path / "obs" / "trm-dashboard.json").read_text())
+    texts = [rules] + [p["description"] for p in dashboard["panels"]] + [p["title"] for p in dashboard["panels"]]
+    assert not [t for t in texts if "seed" in t.lower()]
+    backlog = next(r for g in yaml.safe_load(rules)["groups"] for r in g["rules"] if r["alert"] == "TrmQueueBacklog")
+    assert "queues grow first and p99 follows" in backlog["annotations"]["description"]
+    queue_panel = next(p for p in dashboard["panels"] if p["title"] == "Queue depth per replica")
+    assert "threshold" in queue_panel["description"] and "add replicas" in queue_panel["description"]
+
+
+def test_top_hides_temporary_verification_models_and_shows_labels_as_text():
+    """Two scrapes of Triton's metrics text (as its /metrics answers it): a model trm loads for a moment to
+    verify a version is not a row; a label with escape sequences is shown, never sent to the terminal."""
+    from repo_manager.observe.top import Scrape, Server, View, between, parse_metrics, render  # noqa: PLC0415
+
+    def scrape(at: float, count: int) -> Scrape:
+        text = "\n".join(f'nv_inference_request_success{{model="{m}",version="1"}} {count}'
+                         for m in ("ranker", "trm-verify-0a1b2c3d-ranker", "evil\x1b]0;title\x07[/ml]"))
+        return Scrape(Server("http://h:8002/metrics"), at, *parse_metrics(text))
+
+    rows = between(scrape(0.0, 0), scrape(1.0, 10))
+    assert sorted(r.model for r in rows) == ["evil\x1b]0;title\x07[/ml]", "ranker"]
+    shown = render(View(tuple(rows), 1.0, ()))
+    assert "trm-verify" not in shown and "\x1b" not in shown and "\x07" not in shown
+    assert "evil\\x1b]0;t" in shown and "ranker" in shown

@@ -83,3 +83,38 @@ def test_a_queue_policy_round_trips_through_the_config_schema():
     assert db.priority_levels == 3 and db.default_priority_level == 3 and set(db.priority_queue_policy) == {1, 2, 3}
     assert Candidate.from_config(config).key == candidate.key == "b8-i2-d500-p8-q12000-m32-P3"
     assert candidate.without_queue_policy().key == "b8-i2-d500-p8"
+
+
+def _search_on(exec_ms: dict[int, float], batching: Candidate, slo_ms: float, headroom_rps: float = 100.0):
+    """A policy search over a measured-looking profile: only its plan (timeouts, structures) is used here."""
+    from repo_manager.tuning.candidates import Profile  # noqa: PLC0415
+    from repo_manager.tuning.overload import PolicySearch  # noqa: PLC0415
+
+    profile = Profile(exec_ms, 1.0, max(exec_ms))
+    return PolicySearch(None, profile, batching, 300.0, slo_ms, 2.0, 80.0, headroom_rps)  # type: ignore[arg-type]
+
+
+def test_the_first_queue_timeout_covers_the_batch_in_flight():
+    """Triton checks a queue timeout only when an instance is free (after the batch in flight): a timeout
+    shorter than one full batch sheds normal traffic. 10 ms + 2 ms/item at max batch 4 (18 ms) under 60 ms:
+    0.7 x 60 - 18 - 1 = 23 ms is within [1.2 x 18, 0.9 x 60 - 18 - 1]; under 45 ms the same formula gives
+    12.5 ms, shorter than a batch, so the first try is 21.6 ms instead."""
+    exec_ms = {1: 12.0, 2: 14.0, 4: 18.0, 8: 26.0}
+    search = _search_on(exec_ms, Candidate(4, 1), 60.0)
+    assert search.first_timeout_ms() == pytest.approx(23.0)
+    tight = _search_on(exec_ms, Candidate(4, 1), 45.0)
+    low, high = tight.timeout_range_ms(Candidate(4, 1))
+    assert (low, high) == (pytest.approx(21.6), pytest.approx(21.5))  # (empty by a hair: a smaller batch fits)
+    assert tight.first_timeout_ms() >= 1.2 * 18.0
+
+
+def test_the_policy_search_tries_simpler_structures_where_the_chosen_one_cannot_hold_a_timeout():
+    """3 ms + 3 ms/item, max batch 8 (27 ms), 2 instances and a delay, under 50 ms: no timeout both covers
+    a batch in flight (>= 32 ms) and leaves an accepted request its own batch (<= 17 ms), so the search
+    plans the same without the delay, a smaller max batch whose range is not empty, and one instance."""
+    exec_ms = {1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}
+    search = _search_on(exec_ms, Candidate(8, 2, True, 8330), 50.0, headroom_rps=180.0)
+    planned = [c.key for c in search.structures()]
+    assert planned[:3] == ["b8-i2-d8330", "b8-i2-d0", "b4-i2-d0"] and planned[3].startswith("b4-i1")
+    fits = [key for key, c in zip(planned, search.structures()) if search._range_fits(c)]
+    assert fits and all(not key.startswith("b8") for key in fits)

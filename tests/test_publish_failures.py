@@ -1,5 +1,6 @@
 """Publish failures after staging began leave nothing behind; ONNX sources onnxruntime cannot run are
-bad input (exit 3) naming the operator; external-data ONNX models publish from any working directory."""
+bad input (exit 3) naming the operator; external-data ONNX models publish from any working directory; a
+source folder with a file or folder that cannot be read is refused naming it, never published without it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import onnx_models as om
 import onnxruntime as ort
 import pytest
 from helpers import run_cli
+from unreadable import hide, trm_unprivileged
 
 from repo_manager.publish.core import Staged, run_publish
 from repo_manager.repository import STAGING_PREFIX, LocalRepository
@@ -83,3 +85,23 @@ def test_external_data_outside_the_model_folder_is_refused(capsys, tmp_path, tri
                      "--url", triton.url)
     assert result.code == 3 and "outside" in result.err, result.err
     assert leftovers(tmp_path / "repo") == []
+
+
+@pytest.mark.parametrize("hidden", ["lib", "lib/helper.py", "tokenizer.json"])
+def test_an_unreadable_file_or_folder_in_a_source_fails_the_publish_naming_it(tmp_path, hidden):
+    """No mock: trm runs where the kernel refuses the reads (tests/unreadable.py). `publish --no-verify`
+    of a Python model folder with an unreadable subfolder or file is exit 3 naming it, one line, and no
+    version: rglob passed over the folder in silence and published the version without it (exit 0)."""
+    source = tmp_path / "src"
+    (source / "lib").mkdir(parents=True)
+    (source / "model.py").write_text("import triton_python_backend_utils as pb_utils\n")
+    (source / "lib" / "helper.py").write_text("HELP = 1\n")
+    (source / "tokenizer.json").write_text("{}\n")
+    hide(source / hidden)
+    repo = tmp_path / "repo"
+    code, _, err = trm_unprivileged("publish", "model", source, "--name", "m", "--repo", repo,
+                                    "--input", "X:FP32:4", "--output", "Y:FP32:4", "--no-verify")
+    (source / hidden).chmod(0o755)
+    assert code == 3, err
+    assert err.splitlines()[0] == f"error: {source / hidden} cannot be read (permission denied)", err
+    assert LocalRepository(repo).versions("m") == [] and leftovers(repo) == []

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import boto3
 import pytest
@@ -102,7 +103,8 @@ def test_a_bad_object_in_the_store_is_fetched_again_then_reported_never_installe
 def _wait_for_parts(cache, count: int, process, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = list((cache / "partial").glob("*/done/*")) if (cache / "partial").exists() else []
+        done = [p for p in (cache / "partial").glob("*/done/*") if not p.name.endswith(".synced")] \
+            if (cache / "partial").exists() else []
         if len(done) >= count:
             return
         assert process.poll() is None, f"sync ended before it could be interrupted: {process.stderr.read()}"
@@ -600,3 +602,284 @@ def test_killed_sync_resumes_each_part_from_its_length_and_still_verifies_the_wh
     assert summary["bytes_downloaded"] == expected
     assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
     assert not list((cache / "partial").iterdir())
+
+
+# ------------------------------------------------------------------ the node cache is a trust boundary
+def _poison(path, data: bytes) -> None:
+    """What a process with write access to the node cache can do: rewrite a read-only blob in place."""
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    os.chmod(path, 0o444)
+
+
+@pytest.mark.parametrize("mount, damage", [("same-filesystem", "rewritten"), ("other-filesystem", "rewritten"),
+                                           ("same-filesystem", "symlink"), ("other-filesystem", "directory")])
+def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsys, s3_location, tmp_path, mount,
+                                                                          damage):
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    good = b"def execute(requests):\n    return []\n"
+    evil = b"import os; os.system('id')  # pwned\n".ljust(len(good), b" ")
+    manifest = make_version(src, "m", {"model.py": good, "w.bin": pseudo_random(3 * MB, 7)})
+    _push(capsys, src, s3_location)
+    assert _sync(capsys, s3_location, tmp_path / "pod-a", cache).code == 0
+    digest = next(f.sha256 for f in manifest.files if f.path == "model.py")
+    blob = cache / "blobs" / "sha256" / digest
+    os.unlink(tmp_path / "pod-a" / "m" / "1" / "model.py")  # pod A's copy out of the way (hard links: one inode)
+    if damage == "rewritten":
+        _poison(blob, evil)
+    else:  # the blob's name taken by a link to a file of the same size, or by a folder
+        blob.unlink()
+        if damage == "symlink":
+            (tmp_path / "evil.py").write_bytes(evil)
+            blob.symlink_to(tmp_path / "evil.py")
+        else:
+            (blob / "model.py").mkdir(parents=True)
+    # a second pod on the node; "other-filesystem": its repository on another mount (the Kubernetes layout)
+    other = "/dev/shm" if mount == "other-filesystem" else tmp_path
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(dir=other) as pod_b:
+        result = _sync(capsys, s3_location, pod_b, cache)
+        assert result.code == 0, result.err
+        summary = result.json()
+        assert summary["installed"] == ["m/1"]
+        assert summary["bytes_downloaded"] == len(good)  # the corrupt entry was fetched again from the store
+        assert (Path(pod_b) / "m" / "1" / "model.py").read_bytes() == good
+        assert LocalRepository(pod_b).validate() == []
+    assert blob.read_bytes() == good  # the cache holds the store's bytes again
+
+
+@pytest.mark.parametrize("mount", ["same-filesystem", "other-filesystem"])
+def test_a_new_version_takes_shared_files_from_the_pods_own_copies_or_checks_them(capsys, s3_location, tmp_path,
+                                                                                  mount):
+    """Two mounts (the Kubernetes layout): a file the pod's repository already holds (a copy it checked) is
+    hard-linked from there, so a poisoned cache entry is never even read. One filesystem: the repository's
+    files are the cache's inodes, so the blob is checked and fetched again."""
+    import tempfile  # noqa: PLC0415
+
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    big = pseudo_random(2 * MB, 11)
+    make_version(src, "m", {"w.bin": big, "model.py": b"# v1"})
+    manifest = make_version(src, "m", {"w.bin": big, "model.py": b"# v2"})
+    _push(capsys, src, s3_location, "--model", "m:1")
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if mount == "other-filesystem" else tmp_path) as pod:
+        assert _sync(capsys, s3_location, pod, cache).code == 0
+        digest = next(f.sha256 for f in manifest.files if f.path == "w.bin")
+        if mount == "same-filesystem":  # pod's v1 file is the cache's inode: keep it out of the poisoning
+            os.unlink(Path(pod) / "m" / "1" / "w.bin")
+            os.link(cache / "blobs" / "sha256" / digest, Path(pod) / "m" / "1" / "w.bin")
+            os.unlink(cache / "blobs" / "sha256" / digest)
+            (cache / "blobs" / "sha256" / digest).write_bytes(big)
+        _poison(cache / "blobs" / "sha256" / digest, b"X" * 64)
+        _push(capsys, src, s3_location, "--model", "m:2")
+        result = _sync(capsys, s3_location, pod, cache)
+        assert result.code == 0 and result.json()["installed"] == ["m/2"], result.err
+        assert (Path(pod) / "m" / "2" / "w.bin").read_bytes() == big
+        fetched = result.json()["bytes_downloaded"]
+        if mount == "other-filesystem":
+            assert fetched == len(b"# v2")  # w.bin: linked from the pod's own checked copy of version 1
+            assert (Path(pod) / "m" / "2" / "w.bin").stat().st_ino == (Path(pod) / "m" / "1" / "w.bin").stat().st_ino
+        else:
+            assert fetched == len(b"# v2") + len(big)  # the poisoned entry was fetched again
+        assert LocalRepository(pod).validate() == []
+
+
+def test_a_blob_that_keeps_changing_in_the_cache_fails_the_sync_naming_it(capsys, s3_location, tmp_path,
+                                                                         monkeypatch):
+    from repo_manager.sync import cache as cache_module
+
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    good = b"print('good')\n"
+    manifest = make_version(src, "m", {"model.py": good})
+    _push(capsys, src, s3_location)
+    digest = manifest.files[0].sha256
+    fetch = cache_module.BlobCache.fetch
+
+    def fetch_then_poisoned(self, store, blob, size, **kwargs):
+        # SIMULATED: a process on the node that rewrites the blob right after each download (a race that
+        # cannot be timed for real); the fetch itself is real, from SeaweedFS
+        got = fetch(self, store, blob, size, **kwargs)
+        _poison(self.path(blob), b"print('evil')\n")
+        return got
+    monkeypatch.setattr(cache_module.BlobCache, "fetch", fetch_then_poisoned)
+    result = _sync(capsys, s3_location, tmp_path / "dst", cache)
+    assert result.code == 7, result.err
+    assert f"blob {digest} in the node cache" in result.err and "changed again" in result.err
+    assert not (tmp_path / "dst" / "m" / "1").exists()
+    assert not list((tmp_path / "dst" / "m").glob(".trm-tmp-*")) if (tmp_path / "dst" / "m").exists() else True
+
+
+def test_a_partial_download_changed_on_disk_while_it_downloads_is_never_installed(s3_location, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """The download's sha256 is of the bytes received; a process on the node that writes into the partial
+    file meanwhile (a real write, timed from the progress callback) is caught as the blob enters the
+    version: the cache entry is evicted and fetched again."""
+    from repo_manager.settings import Settings
+    from repo_manager.sync import cache as cache_module
+    from repo_manager.sync import sync
+    from repo_manager.sync.result import SyncProgress
+
+    monkeypatch.setattr(cache_module, "PART_SIZE", 64 * 1024)  # 16 ranged parts in a partial folder
+    monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 128 * 1024)
+    good = pseudo_random(MB, 9)
+    make_version(tmp_path / "src", "m", {"w.bin": good})
+    _push(capsys, tmp_path / "src", s3_location)
+    cache = tmp_path / "cache"
+
+    class Tamper(SyncProgress):
+        done = False
+
+        def advance(self, nbytes: int) -> None:
+            if self.done:
+                return
+            marks = list(cache.glob("partial/*/done/0"))
+            if marks and marks[0].stat().st_size:  # part 0 is written: overwrite its first bytes on disk
+                with open(marks[0].parent.parent / "data", "r+b") as handle:
+                    handle.write(b"import os  # not what the store holds")
+                self.done = True
+    settings = Settings(repository=tmp_path / "dst", cache_dir=cache)
+    tamper = Tamper()
+    result = sync(settings, open_store(s3_location, settings), env="prod", progress=tamper)
+    assert tamper.done and result.installed == ("m/1",)
+    assert (tmp_path / "dst" / "m" / "1" / "w.bin").read_bytes() == good
+    assert result.bytes_downloaded == 2 * len(good)  # the tampered entry was fetched again
+
+
+def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_location, tmp_path):
+    from repo_manager.manifest import MANIFEST_NAME, Manifest
+    from repo_manager.sync.noop import store_id
+
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    make_version(src, "m", {"model.py": b"# m"})
+    _push(capsys, src, s3_location)
+    assert _sync(capsys, s3_location, tmp_path / "pod-a", cache).code == 0
+    stored = open_store(s3_location).get_manifest("m", 1)
+    forged = json.loads(stored.to_json())
+    forged["verification"] = {"passed": True, "reference": "onnxruntime 1.20", "samples": 64}
+    forged["config"] = stored.config + "max_batch_size: 64\n"
+    forged_bytes = json.dumps(forged).encode()
+    # where trm used to keep manifests it had read (and believed them): planted for every pod of the node
+    planted = cache / "manifests" / store_id(open_store(s3_location)) / "m" / "1.json"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(forged_bytes)
+    result = _sync(capsys, s3_location, tmp_path / "pod-b", cache)
+    assert result.code == 0, result.err
+    installed = Manifest.from_json((tmp_path / "pod-b" / "m" / "1" / MANIFEST_NAME).read_bytes(), "installed")
+    assert installed == stored
+    assert "max_batch_size" not in (tmp_path / "pod-b" / "m" / "config.pbtxt").read_text()
+    listed = run_cli(capsys, "list", "--repo", tmp_path / "pod-b", "--json")
+    assert listed.code == 0 and listed.json()["models"][0]["verification"]["verified"] is False
+    # a repository that already holds a forged manifest (same files and config) gets the store's back
+    (tmp_path / "pod-a" / "m" / "1" / MANIFEST_NAME).write_bytes(
+        json.dumps({**json.loads(stored.to_json()), "verification": forged["verification"]}).encode())
+    repaired = _sync(capsys, s3_location, tmp_path / "pod-a", cache)
+    assert repaired.code == 0 and repaired.json()["installed"] == ["m/1"], repaired.err
+    assert Manifest.from_json((tmp_path / "pod-a" / "m" / "1" / MANIFEST_NAME).read_bytes(), "a") == stored
+
+
+# ------------------------------------------------------------------------ resume keeps what was received
+def test_after_a_crash_of_the_machine_only_parts_made_durable_are_kept(capsys, s3_location, tmp_path):
+    """SIMULATED reboot: a test cannot crash the machine, so the partial folder's boot id is changed after a
+    real SIGKILL; the next sync must then keep only the parts that were fdatasynced before their
+    ``.synced`` marker was made (the per-unit records are only true while the machine runs)."""
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    weights = pseudo_random(24 * MB, 21)
+    make_version(src, "m", {"weights.bin": weights})
+    _push(capsys, src, s3_location)
+    part = 2 * MB  # 12 parts of 2 units each, 8 at a time
+    env = {"TRM_SYNC_PART_SIZE": str(part)}
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "6", env=env)
+    deadline = time.monotonic() + 60
+    while len(list(cache.glob("partial/*/done/*.synced"))) < 3:
+        assert process.poll() is None and time.monotonic() < deadline, "sync ended before it could be killed"
+        time.sleep(0.01)
+    process.kill()
+    process.communicate()
+    (folder,) = (cache / "partial").iterdir()
+    synced = len(list(folder.glob("done/*.synced")))
+    recorded = sum((folder / "done" / str(i)).stat().st_size for i in range(12) if (folder / "done" / str(i)).exists())
+    assert recorded > synced * 2  # units of parts in progress were recorded too: what a crash may have lost
+    (folder / "boot").write_text("another-boot")
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json", env=env))
+    assert code == 0, err
+    assert summary["bytes_resumed"] == synced * part and summary["bytes_downloaded"] == len(weights) - synced * part
+    assert (dst / "m" / "1" / "weights.bin").read_bytes() == weights
+    assert list((cache / "partial").iterdir()) == []
+
+
+def _received(pid: int) -> int:
+    """Bytes the process has read from its open TCP connections, measured outside trm (``ss``: the kernel's
+    count of bytes received on each of its sockets, less those still queued in it, unread)."""
+    import subprocess  # noqa: PLC0415
+
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[8:-1])
+    lines = subprocess.run(["ss", "-tieH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    total = 0
+    for line, info in zip(lines, lines[1:]):
+        if " ino:" in line and line.split(" ino:")[1].split()[0] in sockets and "bytes_received:" in info:
+            queued = int(line.split()[1])  # Recv-Q
+            total += int(info.split("bytes_received:")[1].split()[0]) - queued
+    return total
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def test_a_sync_killed_after_most_of_a_large_model_arrived_fetches_again_only_what_was_in_flight(
+        capsys, s3_location, tmp_path):
+    import shutil  # noqa: PLC0415
+
+    from repo_manager.sync.cache import PART_WORKERS, QUEUED_UNITS, UNIT  # noqa: PLC0415
+
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    size = 160 * MB  # 10 ranged parts of 16 MiB, 8 at a time
+    manifest = make_version(src, "m", {"weights.bin": os.urandom(size)})
+    _push(capsys, src, s3_location)
+    shutil.rmtree(src)
+    process = trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json",
+                          "--limit-rate", "40")
+    try:
+        deadline = time.monotonic() + 120
+        while not (cache / "partial").is_dir() or not any((cache / "partial").glob("*/done")):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.005)
+        while _received(process.pid) < 0.7 * size:
+            assert process.poll() is None and time.monotonic() < deadline, "sync ended before it could be killed"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGSTOP)  # freeze it, count what it received, then kill it
+        while not _stopped(process.pid):
+            time.sleep(0.001)
+        received = _received(process.pid)
+    finally:
+        process.kill()
+        process.communicate()
+    assert not (dst / "m" / "1").exists()
+    code, summary, err = finish(trm_process("sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache,
+                                            "--json"))
+    assert code == 0, err
+    # in flight at the kill: per part the unit being received and one waiting for the rate limit, plus the
+    # units queued for the writer (2 MiB of slack: the pointer, the manifest, HTTP headers)
+    bound = PART_WORKERS * 2 * UNIT + QUEUED_UNITS * UNIT + 2 * MB
+    fetched_again = summary["bytes_downloaded"] - (size - received)
+    print(f"received {received / MB:.1f} MiB before the kill, fetched again {fetched_again / MB:.1f} MiB")
+    assert fetched_again <= bound and summary["bytes_downloaded"], (fetched_again / MB, received / MB, summary)
+    assert summary["bytes_resumed"] + summary["bytes_downloaded"] == size
+    with open(dst / "m" / "1" / "weights.bin", "rb") as handle:
+        assert hashlib.file_digest(handle, "sha256").hexdigest() == manifest.files[0].sha256
+    assert list((cache / "partial").iterdir()) == []  # nothing left behind
+    assert not list((dst / "m").glob(".trm-tmp-*"))
+    shutil.rmtree(cache)
+    shutil.rmtree(dst)
+    _raw_client().delete_object(Bucket=BUCKET, Key=_raw_key(s3_location, blob_key(manifest.files[0].sha256)))

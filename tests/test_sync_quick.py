@@ -246,3 +246,22 @@ def test_signed_get_refuses_an_endless_answer(monkeypatch):
             sigv4.signed_get(server.url, {}, timeout=5)
     finally:
         server.stop()
+
+
+def test_a_record_in_the_shared_cache_is_believed_about_nothing_outside_the_repository(s3_location, tmp_path):
+    """The record lives in the node cache, which every pod of the node can write: one that names a file
+    outside the repository is not believed (the full command plans and decides)."""
+    src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
+    make_version(src, "a", {"model.py": b"# a"})
+    assert _run("push", s3_location, "--repo", src, "--env", "prod", "--json").returncode == 0
+    sync = ("-q", "sync", s3_location, "--env", "prod", "--repo", dst, "--cache", cache, "--json")
+    assert _run(*sync).returncode == 0
+    assert json.loads(_run(*sync).stdout)["remote_reads"] == 1  # the quick path believes its own record
+    (record,) = (cache / "state").rglob("*.json")
+    state = json.loads(record.read_text())
+    (tmp_path / "outside").write_bytes(b"0123")
+    state["models"]["a"]["files"].append(["../../../outside", 4])
+    record.write_text(json.dumps(state))
+    again = _run(*sync)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["remote_reads"] > 1  # not the quick path: the full plan read the manifest

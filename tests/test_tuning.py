@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx_models as om
 import pytest
 from cost_model import write_cost_model
 from helpers import run_cli
@@ -42,15 +43,20 @@ def publish_seed_model(settings: Settings, tmp_path, name: str = "ranker") -> No
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, triton):
-    """One tuning run with --write and a report, shared by the tests that inspect its results."""
-    tmp = tmp_path_factory.mktemp("tuned")
-    settings = Settings(repository=tmp / "repo", triton_url=triton.url)
-    publish_seed_model(settings, tmp)
-    embedded = Settings(repository=tmp / "repo")  # tuning on an embedded server on the repository
-    request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=45, write=True, requests=150, warmup_s=0.5,
-                          max_batch_limit=16,
-                          report_dir=tmp / "report")
-    return embedded, tune_batching(embedded, request)
+    """One tuning run with --write and a report, shared by the tests that inspect its results. On a busy
+    shared machine the client may fail to drive 2 x capacity (the overload step's outcome is then
+    "not-measurable", a statement about this machine, not about the queue policy): one more run decides."""
+    for _ in range(2):
+        tmp = tmp_path_factory.mktemp("tuned")
+        settings = Settings(repository=tmp / "repo", triton_url=triton.url)
+        publish_seed_model(settings, tmp)
+        embedded = Settings(repository=tmp / "repo")  # tuning on an embedded server on the repository
+        request = TuneRequest("ranker", SLO_MS, 50, 100, budget_s=45, write=True, requests=150, warmup_s=0.5,
+                              max_batch_limit=16, report_dir=tmp / "report")
+        result = tune_batching(embedded, request)
+        if result.overload is None or result.overload.outcome != "not-measurable":
+            break
+    return embedded, result
 
 
 def test_chosen_config_met_the_slo_at_every_level_in_the_tuners_own_measurements(tuned):
@@ -109,6 +115,10 @@ def test_report_folder_has_table_json_and_plot(tuned):
     assert "**Chosen:**" in text and "| candidate | level | offered/s" in text and result.chosen.key in text
     assert Path(folder["p99_vs_throughput.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## Overload" in text and "**Overload point**" in text
+    assert "Outcome: **policy-held**" in text and "No candidate met the SLO" not in text
+    # every try's row carries the capacity it was relative to and the rate it offered
+    rows = [line for line in text.splitlines() if line.startswith("| b") and "-q" in line.split("|")[1]]
+    assert rows and all(line.split("|")[3].strip() == f"{result.overload.rate:.0f}" for line in rows)
     assert Path(folder["overload.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -181,26 +191,102 @@ def test_impossible_slo_exits_9_names_the_closest_writes_nothing_and_restores_th
     assert cfg.config_to_text(after) == cfg.config_to_text(before)
 
 
-def test_overload_no_policy_can_be_shown_to_keep_exits_9_names_the_closest_and_writes_nothing(
+def test_a_required_queue_policy_that_cannot_be_measured_exits_9_names_what_was_tried_and_writes_nothing(
         triton, tmp_path, capsys):
-    """The batching passes, but no queue policy is shown to keep the SLO at the overload asked for: here
-    100 x capacity, more than any client on this machine can offer, so every overload run is marked not
-    driven as offered. Exit 9, the closest policy and the reason named, nothing written."""
+    """The batching passes, but the overload asked for (100 x capacity) is more than any client on this
+    machine can offer, so no policy can be shown to hold. With --require-overload-policy: exit 9, the
+    policies tried and why named, nothing written."""
     settings = Settings(repository=tmp_path / "repo", triton_url=triton.url)
     publish_seed_model(settings, tmp_path, "spiky")
     repo = LocalRepository(settings.repository)
     result = run_cli(capsys, "-q", "tune-batching", "spiky", "--repo", str(repo.root), "--p99-ms", str(SLO_MS),
-                     *RATES, *FAST, "--overload-factor", "100", "--write", "--json")
+                     *RATES, *FAST, "--overload-factor", "100", "--require-overload-policy", "--write", "--json")
     assert result.code == 9, result.err
-    assert "no queue policy kept p99" in result.err and "100 x capacity" in result.err
-    assert "closest: " in result.err and "could not drive" in result.err
+    assert "could not be driven from this client" in result.err and "100 x capacity" in result.err
+    assert "tried: max_batch" in result.err and "--require-overload-policy" in result.err
     assert len(result.err.strip().splitlines()) <= 2  # one line, and a hint
     data = result.json()
-    assert data["chosen"] is None and data["written_version"] is None
-    assert data["overload"]["chosen"] is None and data["overload"]["closest"]
+    assert data["status"] == "queue-policy-required" and data["chosen"] is None and data["written_version"] is None
+    assert data["batching"] is not None  # the batching met the SLO: only the required policy is missing
+    assert data["overload"]["outcome"] == "not-measurable" and data["overload"]["tried"]
     # the client gave up once far behind instead of sending 100 x capacity late for a minute
     assert all(p["overload"]["unsent"] > 0 and not p["overload"]["valid"] for p in data["overload"]["points"])
     assert repo.versions("spiky") == [1]
+
+
+def _tune_written(capsys, root: Path, model: str, *args: str):
+    """`trm tune-batching --write --report` on an embedded server; the result, its JSON and the record."""
+    for _ in range(2):
+        result = run_cli(capsys, "-q", "tune-batching", model, "--repo", str(root), "--write", "--report",
+                         str(root.parent / "report"), "--json", *args)
+        # a busy shared machine can make every candidate miss the SLO in one run (exit 9, nothing written,
+        # not the behaviour under test): one more run decides
+        if "no candidate met" not in result.err:
+            break
+    assert result.code == 0, result.err
+    data = result.json()
+    return result, data, LocalRepository(root).manifest(model, data["written_version"])
+
+
+def _assert_written_as_recorded(result, data, manifest) -> None:
+    """Whatever the overload step found, the batching choice is written; the config carries a queue policy
+    exactly when one was shown to hold, and a missing one is a warning with the reason, not a failure."""
+    assert data["batching"] is not None and data["written_version"] == 2
+    config = cfg.parse_config(manifest.config)
+    written = Candidate.from_config(config)
+    overload = data["overload"]
+    assert manifest.tuning["status"] == data["status"]
+    assert manifest.tuning["overload"]["outcome"] == overload["outcome"]
+    if overload["outcome"] == "policy-held":
+        assert data["status"] == "chosen" and written.has_queue_policy and written.key == data["chosen"]["key"]
+    else:
+        assert overload["outcome"] in ("no-policy-held", "not-measurable")
+        assert data["status"] == "chosen-without-queue-policy"
+        assert written.key == data["batching"]["key"] and not written.has_queue_policy
+        assert "warning: " in result.err and overload["summary"] in result.err
+    report = (Path(data["report_files"][0]).parent / "tuning.md").read_text()
+    assert "No candidate met the SLO" not in report  # the headline says what happened
+    assert f"**Batching:** `{data['batching']['key']}` met the SLO at every level" in report
+
+
+def test_a_sub_millisecond_model_is_tuned_and_written(tmp_path, triton, capsys):
+    """y = X W + b in ONNX (well under a millisecond a request): the profile is sized by time, so a fast
+    model is measured over many requests instead of none."""
+    settings = Settings(repository=tmp_path / "repo", triton_url=triton.url)
+    publish_model(settings, om.linear(tmp_path / "affine.onnx"), "affine")
+    result, data, manifest = _tune_written(capsys, settings.repository, "affine", "--p99-ms", "20", "--low-rps",
+                                           "100", "--peak-rps", "200", "--requests", "300", "--budget", "75")
+    profile = data["profile"]["exec_ms_by_batch"]
+    assert "1" in profile and all(ms < 20 for ms in profile.values())
+    _assert_written_as_recorded(result, data, manifest)
+
+
+def test_a_3_plus_3_ms_per_item_model_under_a_50_ms_slo_gets_its_batching_written(tmp_path, capsys):
+    """3 ms + 3 ms per item: a full batch of 8 takes 27 ms, so under a 50 ms SLO a queue timeout must
+    cover the batch in flight and still leave the accepted request's own batch: the policy search says
+    which structures it tried; the batching choice is written either way."""
+    source = write_cost_model(tmp_path / "src", name="mid", fixed_ms=3.0, per_item_ms=3.0, max_batch_size=32)
+    publish_model(Settings(repository=tmp_path / "repo"), source, "mid", verify_model=False)
+    result, data, manifest = _tune_written(capsys, tmp_path / "repo", "mid", "--p99-ms", "50", "--low-rps", "40",
+                                           "--peak-rps", "150", "--requests", "300", "--budget", "110")
+    _assert_written_as_recorded(result, data, manifest)
+    assert data["overload"]["points"] and data["overload"]["tried"]
+    if data["overload"]["outcome"] != "policy-held":  # the record lists every policy tried, with its reason
+        assert all(p["note"] for p in data["overload"]["points"])
+
+
+def test_the_batching_choice_is_written_when_the_overload_cannot_be_driven(tmp_path, capsys):
+    """6 ms + 0.75 ms per item under p99 25 ms: capacity is many hundreds per second, and 20 x that is more
+    than any client on this machine sends. That is "not measurable here", not a failure of the batching
+    choice: it is written, with the overload step's outcome in the record and a warning."""
+    source = write_cost_model(tmp_path / "src", name="quick", fixed_ms=6.0, per_item_ms=0.75, max_batch_size=32)
+    publish_model(Settings(repository=tmp_path / "repo"), source, "quick", verify_model=False)
+    result, data, manifest = _tune_written(capsys, tmp_path / "repo", "quick", "--p99-ms", "25", "--low-rps", "50",
+                                           "--peak-rps", "250", "--requests", "300", "--budget", "80",
+                                           "--overload-factor", "20")
+    _assert_written_as_recorded(result, data, manifest)
+    assert data["overload"]["outcome"] == "not-measurable" and data["status"] == "chosen-without-queue-policy"
+    assert "could not be driven from this client" in result.err
 
 
 @pytest.mark.parametrize("factor", ["1", "0.5", "nan", "inf", "101", "-2"])

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager import config as cfg
-from repo_manager.adopt.plan import AdoptPlan, ModelPlan, VersionPlan, model_file
+from repo_manager.adopt.plan import NOT_CONTENT, AdoptPlan, ModelPlan, VersionPlan, model_file
 from repo_manager.errors import InputError, TrmError, VerificationError
 from repo_manager.inputs import verification_samples
 from repo_manager.manifest import (
@@ -32,8 +32,10 @@ from repo_manager.manifest import (
     encode_data,
     now_iso,
     package_versions,
+    scan_files,
     sha256_file,
 )
+from repo_manager.paths import walk_inside
 from repo_manager.progress import Progress, quiet
 from repo_manager.publish.verify import Candidate, verify
 from repo_manager.repository import LocalRepository
@@ -73,10 +75,12 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
     started = time.monotonic()
     refused = plan.problems()
     if refused and not skip_broken:
-        raise InputError(f"{len(refused)} problem(s) in {plan.source}: {refused[0]}",
-                         hint="fix them, or pass --skip-broken to adopt the rest (`--dry-run` lists them)")
+        raise InputError(_listing(f"{len(refused)} problem(s) in {plan.source}, nothing adopted", refused),
+                         hint="fix them, or pass --skip-broken to adopt the rest")
     work = [(m, v) for m in plan.models for v in m.to_adopt()]
     entries = {(m.name, v.version): _entries(m.folder / str(v.version)) for m, v in work}
+    for model, version in work:  # what the plan measured, measured again on the files as they are now
+        _manifest(model, version, entries[(model.name, version.version)], {}).writable_json()
     records: dict[tuple[str, int], dict[str, Any]] = {}
     for model, version in work:
         if not verify_models:
@@ -104,8 +108,8 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
                                                                       progress)
     failed = [f"{m}/{v}: {r['reason']}" for (m, v), r in records.items() if r.get("failed")]
     if failed and not skip_broken:
-        raise VerificationError(f"{len(failed)} version(s) did not answer on Triton: {failed[0]}",
-                                hint="fix the model, or pass --skip-broken to adopt the rest")
+        raise VerificationError(_listing(f"{len(failed)} version(s) did not answer on Triton, nothing adopted",
+                                         failed), hint="fix the model, or pass --skip-broken to adopt the rest")
     adopted: list[AdoptedVersion] = []
     writer = LocalRepository(plan.target if plan.target is not None else plan.source)
     for name in sorted({m.name for m, _ in work}):
@@ -125,6 +129,11 @@ def execute_adoption(plan: AdoptPlan, settings: Settings, *, verify_models: bool
             LocalRepository(plan.target).repair_config(name)
     present = sum(1 for m in plan.models if not m.refused for v in m.versions if v.action == "present")
     return AdoptResult(plan, tuple(adopted), tuple(refused + failed), time.monotonic() - started, present)
+
+
+def _listing(head: str, problems: list[str]) -> str:
+    """One line that says what happened, then every problem on a line of its own (none left to --dry-run)."""
+    return head + ":\n" + "\n".join(problems)
 
 
 # ------------------------------------------------------------------------------------- verification
@@ -209,13 +218,11 @@ def _verify_ensemble(settings: Settings, model: ModelPlan, version: VersionPlan,
 # ------------------------------------------------------------------------------------------- writing
 
 def _entries_paths(folder: Path) -> list[str]:
-    return [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST_NAME and "__pycache__" not in p.relative_to(folder).parts]
+    return [rel for rel in walk_inside(folder, skip_folders=NOT_CONTENT) if rel != MANIFEST_NAME]
 
 
 def _entries(folder: Path) -> tuple[FileEntry, ...]:
-    return tuple(FileEntry(rel, (folder / rel).stat().st_size, sha256_file(folder / rel)).check()
-                 for rel in _entries_paths(folder))
+    return tuple(entry.check() for entry in scan_files(folder, skip_folders=NOT_CONTENT))
 
 
 def _manifest(model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ...],
@@ -232,6 +239,7 @@ def _manifest(model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ..
 def _write(plan: AdoptPlan, model: ModelPlan, version: VersionPlan, files: tuple[FileEntry, ...],
            verification: dict[str, Any]) -> Path:
     manifest = _manifest(model, version, files, verification)
+    manifest.writable_json()  # one trm could not read back is refused before anything is written
     source = model.folder / str(version.version)
     if plan.target is None:
         return _add_manifest(LocalRepository(plan.source), source, manifest)
@@ -257,7 +265,7 @@ def _add_manifest(repo: LocalRepository, folder: Path, manifest: Manifest) -> Pa
     staging folder of the model, then hard-linked into place (a link never replaces an existing file)."""
     staging = repo.stage(manifest.model)
     try:
-        cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json())
+        cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json())  # (checked by _write)
         try:
             os.link(staging / MANIFEST_NAME, folder / MANIFEST_NAME)
         except FileExistsError as exc:

@@ -5,8 +5,14 @@ read the way Triton reads it (config.pbtxt through the ModelConfig schema, versi
 default model file) and each version gets one verdict:
 
 - ``adopt``: a manifest will be written for it (in place) or it will be copied as a trm version (``--into``);
-- ``present``: it already carries a manifest that matches its files (adopting twice changes nothing);
+- ``present``: it already carries a manifest that agrees with what adopting it now would record: its files,
+  its config byte for byte, its label and data files, a verification it could have had (adopting twice
+  changes nothing; a planted or stale manifest is refused, never replaced);
 - ``refused``: with the reason, the file and, for a config, the line.
+
+Everything is read inside the repository (``paths.read_inside`` / ``walk_inside``): a link anywhere on a
+path, an unreadable file or folder and a name a manifest cannot record are refusals naming the path, and
+each version's manifest is measured against what trm reads back, so the dry run and the real run agree.
 
 Anything that Triton would ignore or that trm does not carry (stray files, non-version folders) is a note.
 The plan is a value: ``--dry-run`` prints it, ``execute`` carries out exactly this plan.
@@ -15,9 +21,10 @@ The plan is a value: ``--dry-run`` prints it, ``execute`` carries out exactly th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +35,20 @@ from repo_manager import config as cfg
 from repo_manager.errors import InputError, IntegrityError
 from repo_manager.manifest import (
     MANIFEST_NAME,
+    MANIFEST_RESERVE_BYTES,
+    MAX_CONFIG_BYTES,
     MAX_DATA_BYTES,
     MAX_LABEL_BYTES,
+    MAX_MANIFEST_BYTES,
     Manifest,
     check_label_path,
     check_model_name,
+    encode_data,
     files_and_folders,
     read_manifest,
-    sha256_file,
+    sha256_inside,
 )
+from repo_manager.paths import SourceReadError, read_inside, walk_inside
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 
 # Triton's platform names -> the backend that runs them.
@@ -67,6 +79,10 @@ _SKIPPED_FOLDERS = {"lost+found", "__pycache__"}
 # sequence-batching initial states, and the alternative configs of --model-config-name.
 _TRITON_FOLDERS = {"warmup": "model_warmup data", "initial_state": "sequence initial-state data",
                    "configs": "alternative configs (--model-config-name)"}
+# What a model file is called when it sits beside config.pbtxt, where Triton never looks for one.
+_MODEL_SUFFIXES = {".onnx", ".plan", ".engine", ".pt", ".pth", ".graphdef", ".savedmodel", ".xml", ".bin"}
+NOT_CONTENT = frozenset({"__pycache__"})
+"""What a Python backend writes beside model.py when the server lets it: not part of a version."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +191,7 @@ def plan_adoption(source: str | Path, target: str | Path | None = None) -> Adopt
     notes: list[str] = []
     folders: list[Path] = []
     refused_links: list[ModelPlan] = []
-    for child in sorted(root.iterdir()):
+    for child in _children(root):
         if child.name.startswith(".") or child.name in _SKIPPED_FOLDERS:
             if child.name in _SKIPPED_FOLDERS:
                 notes.append(f"{child.name}: not a model folder, skipped")
@@ -207,6 +223,16 @@ def plan_adoption(source: str | Path, target: str | Path | None = None) -> Adopt
     return AdoptPlan(source=root, target=target_path, models=tuple(ordered), notes=tuple(notes))
 
 
+def _children(folder: Path) -> list[Path]:
+    """The entries of ``folder``, sorted; one that cannot be listed is an error naming it, never empty."""
+    try:
+        return [folder / name for name in sorted(os.listdir(folder))]
+    except OSError as exc:
+        why = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
+        raise SourceReadError(f"{folder} cannot be read ({why})", path=folder, reason="unreadable",
+                              hint="give the user running trm read access to the whole repository") from exc
+
+
 def _check_target(root: Path, target: Path) -> None:
     resolved_root, resolved_target = root.resolve(), target.resolve()
     if resolved_target == resolved_root or resolved_target.is_relative_to(resolved_root) \
@@ -228,17 +254,15 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
     except InputError as exc:
         return ModelPlan(name, folder, refused=exc.message)
     config_path = folder / CONFIG_NAME
-    if config_path.is_symlink():
-        return ModelPlan(name, folder, refused=f"{config_path}: a symbolic link (a model must hold its own config)")
-    if config_path.exists() and not config_path.is_file():
-        return ModelPlan(name, folder, refused=f"{config_path}: not a regular file")
-    if not config_path.is_file():
-        return ModelPlan(name, folder, refused=f"{config_path}: no config.pbtxt (Triton's auto-complete "
-                                               "configs are not adopted: write one)")
     try:
-        text = config_path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        return ModelPlan(name, folder, refused=f"{config_path}: cannot be read ({exc})")
+        text = read_inside(folder, CONFIG_NAME, MAX_CONFIG_BYTES).decode()
+    except SourceReadError as exc:
+        why = {"link": "a symbolic link (a model must hold its own config)", "special": "not a regular file",
+               "missing": "no config.pbtxt (Triton's auto-complete configs are not adopted: write one)",
+               "too_large": f"larger than {MAX_CONFIG_BYTES >> 20} MiB, more than a manifest records"}
+        return ModelPlan(name, folder, refused=f"{config_path}: {why.get(exc.reason, exc.message)}")
+    except UnicodeDecodeError:
+        return ModelPlan(name, folder, refused=f"{config_path}: not UTF-8 text")
     config, problem = _parse(config_path, text)
     if config is None:
         return ModelPlan(name, folder, refused=problem)
@@ -262,8 +286,20 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
                          "as a label file and as warm-up data, or as a file and a folder")
     carried = _model_files(labels, data)
     label_roots = {path.split("/")[0] for path in carried}
+    # every version's manifest carries the config, label and data files: refused here if they alone do not fit
+    base_size = len(Manifest(name, 1, (), text, labels=labels, data=encode_data(data)).to_json())
+    if base_size > MAX_MANIFEST_BYTES - MANIFEST_RESERVE_BYTES:
+        return ModelPlan(name, folder, backend, text, refused=f"{config_path}: its config, label and data files "
+                         f"take {base_size / 2**20:.1f} MiB in a manifest (as JSON), more than the "
+                         f"{(MAX_MANIFEST_BYTES - MANIFEST_RESERVE_BYTES) >> 20} MiB trm records and reads back")
+    try:
+        children = _children(folder)
+    except SourceReadError as exc:
+        return ModelPlan(name, folder, backend, text, refused=exc.message)
+    # the config every version's manifest must record: config.pbtxt's text, unless trm keeps the folder
+    served = None if _kept_by_trm(children, text) else text
     versions: list[VersionPlan] = []
-    for child in sorted(folder.iterdir()):
+    for child in children:
         if child.name == CONFIG_NAME or child.name.startswith(STAGING_PREFIX):
             continue
         if child.name in label_roots:
@@ -274,18 +310,44 @@ def _plan_model(folder: Path, target: Path | None) -> ModelPlan:
             versions.append(VersionPlan(_loose_number(child.name), "refused", f"{child}: a symbolic link "
                                         "(Triton follows it; a trm version must be a real folder)"))
         elif child.is_dir() and not child.is_symlink() and _VERSION.match(child.name):
-            versions.append(_plan_version(name, int(child.name), child, config, backend, target, carried))
+            versions.append(_plan_version(name, int(child.name), child, config, text, served, target, carried,
+                                          base_size))
         elif child.is_dir() and not child.is_symlink() and (child.name[:1].isdigit() or child.name[:1] in " +-"):
             number = _loose_number(child.name)
             versions.append(VersionPlan(number, "refused", f"version folder {child.name!r} is not a canonical "
                                         "version number" + (f" (rename it to {number})" if number else
                                                             " (trm versions start at 1)")))
+        elif _looks_like_model_file(child, config):
+            notes.append(f"{child.name}: a model file outside any version folder: Triton ignores it and trm does "
+                         f"not carry it (to serve it, move it into a version folder, e.g. 1/{child.name})")
         else:
             notes.append(f"{child.name}: ignored by Triton (not config.pbtxt or a version folder), not carried by "
                          "trm")
     if not versions:
         notes.append("no version folder: nothing to adopt")
     return ModelPlan(name, folder, backend, text, tuple(versions), notes=tuple(notes), labels=labels, data=data)
+
+
+def _kept_by_trm(children: list[Path], text: str) -> bool:
+    """Whether trm keeps this model folder: its newest version was published or tuned by trm (not adopted)
+    and config.pbtxt is that version's config, which is what trm writes there. Older versions then record
+    configs and label files of their own (what they were published or tuned with): not a disagreement. In a
+    hand-made or adopted folder every manifest must record config.pbtxt and the label files it holds."""
+    numbered = sorted((int(c.name), c) for c in children if _VERSION.match(c.name) and c.is_dir()
+                      and not c.is_symlink())
+    for number, child in reversed(numbered):
+        if not os.path.lexists(child / MANIFEST_NAME):
+            continue
+        try:
+            manifest = read_manifest(child)
+        except (IntegrityError, OSError):
+            return False
+        return manifest.version == number and manifest.config == text and manifest.source.get("kind") != "adopted"
+    return False
+
+
+def _looks_like_model_file(child: Path, config: cfg.ModelConfig) -> bool:
+    return child.name == model_file(config) or child.name == "model.py" or child.suffix in _MODEL_SUFFIXES
 
 
 def _model_files(labels: dict[str, str], data: dict[str, bytes]) -> dict[str, bytes]:
@@ -307,31 +369,30 @@ def _labels(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, str], str]
         except IntegrityError:
             return {}, (f"{where}: trm carries label files in the model folder only (not outside it, not "
                         "in a version folder, not config.pbtxt)")
-        data, problem = _read_model_file(folder / path, where, MAX_LABEL_BYTES)
+        data, problem = _read_model_file(folder, path, where, MAX_LABEL_BYTES)
         if problem:
             return {}, problem
         try:
             labels[path] = data.decode()
         except UnicodeDecodeError:
             return {}, f"{where}: {folder / path} is not UTF-8 text"
+        if sum(len(text) for text in labels.values()) > MAX_LABEL_BYTES:  # (what the manifest reader allows)
+            return {}, (f"{folder / CONFIG_NAME}: the label files are larger than {MAX_LABEL_BYTES >> 20} MiB in "
+                        "all, more than trm carries in a manifest")
     return labels, ""
 
 
-def _read_model_file(file: Path, where: str, limit: int) -> tuple[bytes, str]:
-    """A regular file of the model folder (not a link), at most ``limit`` bytes, or why not."""
-    if file.is_symlink() or (file.exists() and not file.is_file()):
-        return b"", f"{where}: {file} is not a regular file"
+def _read_model_file(folder: Path, path: str, where: str, limit: int) -> tuple[bytes, str]:
+    """A regular file of the model folder, read without following a link anywhere on its way (a linked
+    folder ``labels/sub -> /elsewhere`` is refused like a linked file), at most ``limit`` bytes, or why not."""
     try:
-        if file.stat().st_size > limit:
-            return b"", f"{where}: {file} is larger than {limit >> 20} MiB"
-        data = file.read_bytes()
-    except FileNotFoundError:
-        return b"", f"{where}: {file} does not exist (Triton fails to load the model)"
-    except OSError as exc:
-        return b"", f"{where}: {file} cannot be read ({exc.strerror})"
-    if len(data) > limit:
-        return b"", f"{where}: {file} is larger than {limit >> 20} MiB"
-    return data, ""
+        return read_inside(folder, path, limit), ""
+    except SourceReadError as exc:
+        if exc.reason == "missing":
+            return b"", f"{where}: {folder / path} does not exist (Triton fails to load the model)"
+        if exc.reason == "special":
+            return b"", f"{where}: {folder / path} is not a regular file"
+        return b"", f"{where}: {exc.message}"
 
 
 def _model_level_data(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, bytes], str]:
@@ -359,7 +420,7 @@ def _model_level_data(folder: Path, config: cfg.ModelConfig) -> tuple[dict[str, 
             return {}, f"{where}: names a file outside {path.split('/')[0]}/ of the model folder"
         if path in data:
             continue
-        content, problem = _read_model_file(folder / path, where, MAX_DATA_BYTES)
+        content, problem = _read_model_file(folder, path, where, MAX_DATA_BYTES)
         if problem:
             return {}, problem
         data[path] = content
@@ -408,31 +469,42 @@ def model_file(config: cfg.ModelConfig) -> str | None:
     return DEFAULT_MODEL_FILES.get(backend_of(config))
 
 
-def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, backend: str,
-                  target: Path | None, carried: dict[str, bytes]) -> VersionPlan:
+def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfig, text: str, served: str | None,
+                  target: Path | None, carried: dict[str, bytes], base_size: int) -> VersionPlan:
+    """``text``: the model's config.pbtxt; ``served``: the config an existing manifest must record (None
+    when trm keeps the model folder, see ``_kept_by_trm``)."""
+    backend = backend_of(config)
     try:
         files = _files(folder)
-    except InputError as exc:
+    except SourceReadError as exc:
         return VersionPlan(version, "refused", exc.message)
+    has_manifest = files.pop(MANIFEST_NAME, None) is not None
     size = sum(s for s in files.values())
     expected = model_file(config)
-    if backend != "ensemble" and expected and not (folder / expected).exists():
+    if backend != "ensemble" and expected and expected not in files \
+            and not any(path.startswith(f"{expected}/") for path in files):
         return VersionPlan(version, "refused", f"{folder}: no model file {expected} (what Triton loads for "
                                                f"backend {backend})", len(files), size)
     if backend != "ensemble" and not files:
         return VersionPlan(version, "refused", f"{folder}: empty version folder", 0, 0)
+    projected = base_size + _files_json_size(files)
+    if projected > MAX_MANIFEST_BYTES - MANIFEST_RESERVE_BYTES:
+        return VersionPlan(version, "refused", f"{folder}: its manifest would take {projected / 2**20:.1f} MiB "
+                           f"({len(files)} files), more than the {(MAX_MANIFEST_BYTES - MANIFEST_RESERVE_BYTES) >> 20} "
+                           "MiB trm records and reads back (pack the files into fewer)", len(files), size)
     manifest_path = folder / MANIFEST_NAME
-    if manifest_path.exists():
+    if has_manifest:
         try:
             manifest = read_manifest(folder)
         except IntegrityError as exc:
             return VersionPlan(version, "refused", f"{manifest_path}: {exc.message}", len(files), size)
-        if manifest.model != model or manifest.version != version or not _matches(manifest, folder, files):
-            return VersionPlan(version, "refused", f"{manifest_path} does not match the files beside it "
-                                                   "(`trm validate` shows how)", len(files), size)
-        if manifest.model_files != carried:
-            return VersionPlan(version, "refused", f"{manifest_path} carries other label or data files than "
-                                                   "the model folder holds now", len(files), size)
+        except OSError as exc:
+            return VersionPlan(version, "refused", f"{manifest_path} cannot be read ({exc.strerror})", len(files),
+                               size)
+        problem = _disagreement(manifest, model, version, folder, files, served, carried, backend)
+        if problem:
+            return VersionPlan(version, "refused", f"{manifest_path} {problem}: adopt refuses it rather than "
+                               "replace it (remove it to adopt the version again)", len(files), size)
         if target is None:
             return VersionPlan(version, "present", "", len(files), size)
     if target is not None:
@@ -442,7 +514,8 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
                 theirs = read_manifest(existing)
             except (IntegrityError, OSError):
                 theirs = None
-            if theirs is not None and _matches(theirs, folder, files) and theirs.model_files == carried:
+            if theirs is not None and not _disagreement(theirs, model, version, folder, files, text, carried,
+                                                        backend):
                 return VersionPlan(version, "present", "", len(files), size)
             return VersionPlan(version, "refused", f"{existing} already holds a different version {version} "
                                                    f"of {model}", len(files), size)
@@ -450,33 +523,48 @@ def _plan_version(model: str, version: int, folder: Path, config: cfg.ModelConfi
 
 
 def _files(folder: Path) -> dict[str, int]:
-    """relative path -> size of every regular file, refusing links and special files; the manifest and
-    Python's __pycache__ (what a Python backend writes beside model.py) are not content."""
-    found: dict[str, int] = {}
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in [*dirnames, *sorted(filenames)]:
-            path = Path(dirpath) / name
-            info = path.lstat()
-            rel = path.relative_to(folder).as_posix()
-            if stat.S_ISLNK(info.st_mode):
-                raise InputError(f"{path} is a symbolic link; a version must hold real files")
-            if stat.S_ISDIR(info.st_mode):
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                raise InputError(f"{path} is not a regular file")
-            if any(ord(c) < 32 for c in rel):
-                raise InputError(f"{path!r}: a file name with a control character")
-            if rel != MANIFEST_NAME:
-                found[rel] = info.st_size
-    return found
+    """relative path -> size of every regular file, read inside the folder (``paths.walk_inside``: links,
+    special files, unreadable files and folders and unrecordable names are refused, naming the path);
+    Python's __pycache__ is not content. The manifest is listed too, when there is one."""
+    return walk_inside(folder, skip_folders=NOT_CONTENT)
+
+
+def _files_json_size(files: dict[str, int]) -> int:
+    """How many bytes ``files`` add to a manifest (``Manifest.to_json``: the list sits at the same depth)."""
+    entries = [{"path": path, "sha256": "0" * 64, "size": size} for path, size in files.items()]
+    return len(json.dumps({"files": entries}, indent=2, sort_keys=True)) - len(json.dumps({"files": []}, indent=2))
+
+
+def _disagreement(manifest: Manifest, model: str, version: int, folder: Path, files: dict[str, int],
+                  config: str | None, carried: dict[str, bytes], backend: str) -> str:
+    """Why an existing manifest is not what adopting this version would record now ("" when it is): its
+    files (sizes and sha256), its config (byte for byte, as adopt records it), its label and data files,
+    and a verification it could not have had. A manifest found in a repository is a claim, not a proof."""
+    if manifest.model != model or manifest.version != version or not _matches(manifest, folder, files):
+        return "does not match the files beside it (`trm validate` shows how)"
+    if config is not None and manifest.config != config:
+        return "records another config than the model's config.pbtxt (Triton serves the version with that one)"
+    if config is not None and manifest.model_files != carried:
+        return "carries other label or data files than the model folder holds now"
+    record, source = manifest.verification, manifest.source
+    if not isinstance(record.get("passed"), bool) and record.get("skipped") is not True:
+        return "records no verification result"  # (neither a result nor a verification skipped, as publish records)
+    if source.get("kind") == "adopted" and \
+            source.get("config_sha256") != hashlib.sha256(manifest.config.encode()).hexdigest():
+        return "says adopt wrote it, but its source record does not match its config"
+    if record.get("passed") is True:
+        if source.get("kind") == "adopted" and backend not in RUNNABLE_BACKENDS and backend != "ensemble":
+            return f"says the version was verified, but adopt cannot run backend {backend} to verify it"
+        if not all(key in record for key in ("server", "samples", "outputs_checked")):
+            return "says the version was verified but holds no verification report"
+    return ""
 
 
 def _matches(manifest: Manifest, folder: Path, files: dict[str, int]) -> bool:
     listed = {f.path: f for f in manifest.files}
     if set(listed) != set(files):
         return False
-    return all(files[p] == f.size and sha256_file(folder / p) == f.sha256 for p, f in listed.items())
+    return all(files[p] == f.size and sha256_inside(folder, p) == (f.sha256, f.size) for p, f in listed.items())
 
 
 # ----------------------------------------------------------------------------------------- ensembles

@@ -5,12 +5,17 @@ It composes trm's one-node operations rather than repeating them:
 * **sync** (``repo_manager.sync.sync_versions``): the versions the pointer names are installed into the
   node repository through the node cache (blobs verified, each version folder appears complete or not at
   all; a second pod on the node downloads nothing);
-* **rollout** (``repo_manager.rollout``): per model, the plan ``trm rollout`` makes for one server and its
-  executor (pre-check under a temporary name, load beside, smoke check, switch, unload; rolled back on
-  failure); the drain strategy is wrapped by the agent's own drain (readiness false, a slot in the
-  environment's drain lease, in-flight requests finished) instead of operator commands;
-* **the store's conditional read** (``Store.get_env_if_changed``): every interval (plus jitter) one
+* **rollout** (``repo_manager.rollout``, through ``agent/rollout.py``): per model, the plan ``trm rollout``
+  makes for one server and its executor (pre-check under a temporary name, load beside, smoke check,
+  switch, unload; rolled back on failure); the drain strategy is wrapped by the agent's own drain
+  (readiness false, a slot in the environment's drain lease renewed by a heartbeat, in-flight requests
+  finished) instead of operator commands, and is never pre-checked beside the old copy;
+* **the store's conditional read** (``agent/pointer.py``): every interval (plus jitter) one
   If-None-Match GET of the pointer, no listing; an unchanged pointer costs a 304.
+
+Readiness comes from the last good set (``agent/state.py``): a model the environment adds, loading or
+refused, never takes the pod out of rotation. What the agent loaded is recorded in the repository
+(``agent/record.py``), so models the environment drops are unloaded, also after a restart.
 
 A version that fails (it does not load, does not answer, is corrupt in the store, cannot run on the
 node) is *refused*: whatever was moved is rolled back, the server keeps serving the last good versions,
@@ -46,10 +51,15 @@ from typing import Any
 
 from repo_manager import config as cfg
 from repo_manager import metrics
-from repo_manager.agent.lease import DrainLease
+from repo_manager.agent import state
+from repo_manager.agent.lease import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, DrainLease
+from repo_manager.agent.pointer import PointerWatch
+from repo_manager.agent.record import RECORD_NAME, AgentRecord, read_record, write_record
+from repo_manager.agent.rollout import LocalRollout
 from repo_manager.errors import (
     CompatibilityError,
     ConflictError,
+    InputError,
     IntegrityError,
     ModelLoadError,
     NotFoundError,
@@ -61,12 +71,11 @@ from repo_manager.errors import (
 )
 from repo_manager.manifest import now_iso
 from repo_manager.repository import LocalRepository
-from repo_manager.rollout import RolloutOptions, execute
-from repo_manager.rollout.checks import precheck, smoke_cases, smoke_live
-from repo_manager.rollout.plan import DRAIN, SKIP, build_plan, served_versions, with_settings
-from repo_manager.serving import dependencies, load_version
+from repo_manager.rollout.checks import smoke_cases, smoke_live
+from repo_manager.rollout.plan import served_versions
+from repo_manager.serving import dependencies
 from repo_manager.settings import Settings
-from repo_manager.storage import EnvPointer, Store, open_store
+from repo_manager.storage import Store, open_store
 from repo_manager.sync import loaded_versions, sync_versions
 from repo_manager.sync.cache import Cancelled
 from repo_manager.sync.executor import prune_version
@@ -74,8 +83,9 @@ from repo_manager.sync.plan import prune_actions
 from repo_manager.triton.client import TritonClient
 
 # what makes a version refused (until the pointer moves) rather than retried
+# (InputError: the pointer names models a node repository cannot hold, e.g. two that differ only in case)
 REFUSALS = (RolledBackError, ModelLoadError, VerificationError, IntegrityError, CompatibilityError,
-            ConflictError, NotFoundError, UsageError)
+            ConflictError, NotFoundError, UsageError, InputError)
 VERIFY_PREFIX = "trm-verify-"  # publish.verify.temporary_names
 
 
@@ -87,7 +97,7 @@ class AgentOptions:
     cache: Path
     url: str
     grpc_url: str | None = None
-    listen: str = "0.0.0.0:8090"
+    listen: str = "127.0.0.1:8090"
     interval_s: float = 5.0
     jitter: float = 0.2
     max_unavailable: int = 1
@@ -97,7 +107,7 @@ class AgentOptions:
     drain_grace_s: float = 5.0
     """After readiness goes false, time for the load balancer to stop sending (readiness probe period)."""
     drain_timeout_s: float = 120.0
-    lease_ttl_s: float = 120.0
+    lease_ttl_s: float = DEFAULT_TTL_S
     backoff_s: float = 5.0
     backoff_max_s: float = 300.0
 
@@ -109,6 +119,8 @@ class Agent:
     def __init__(self, options: AgentOptions, settings: Settings, store: Store | None = None) -> None:
         if options.interval_s <= 0 or not 0 <= options.jitter <= 1 or options.max_unavailable < 1:
             raise UsageError("--interval must be > 0, --jitter between 0 and 1, --max-unavailable >= 1")
+        if not MIN_TTL_S <= options.lease_ttl_s <= MAX_TTL_S:
+            raise UsageError(f"--lease-ttl must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds")
         self.options = options
         self.settings = settings.replace(repository=options.repository, cache_dir=options.cache)
         self.store = store or open_store(options.store, self.settings)
@@ -119,21 +131,12 @@ class Agent:
         self.state, self.reason = "starting", "not converged yet"
         self.ready = False
         self.draining = False
-        self.pointer: EnvPointer | None = None
-        self.pointer_read_at: float | None = None
-        self.pointer_error: str | None = None
-        self.reads: Counter[str] = Counter()
+        self.watch = PointerWatch(self.store, options.env, self.log)
         self.wanted: dict[str, int] = {}
         self.served: dict[str, int | None] = {}
         self.verified: dict[str, int] = {}
         """model -> version smoke-checked on this server (cleared when Triton restarts)."""
-        self.refused: dict[str, Any] | None = None
-        self.failures: Counter[str] = Counter()
-        self.refused_until: dict[str, float] = {}
-        """Per refused set: before this (monotonic) time, a pointer naming it again is not retried."""
-        self.retry_at = 0.0
-        """After a transient failure: no new attempt before this (monotonic) time."""
-        self.transient = 0
+        self.backoff = state.Backoff(options.backoff_s, options.backoff_max_s)
         self.last_rollout: dict[str, Any] | None = None
         self.rollouts: Counter[str] = Counter()
         self.sync_totals = {"bytes_downloaded": 0, "bytes_reused": 0, "syncs": 0}
@@ -141,9 +144,18 @@ class Agent:
         self.lease_holders: list[str] = []
         self._cleaned = False
         self._pruned_for: str | None = None
-        self._managed: set[str] = set()
         self._reported: str | None = None
-        self.report_name = _object_name(options.pod)
+        self._kept_for: str | None = None
+        self.record_path = options.repository / RECORD_NAME
+        self.record, note = read_record(self.record_path)
+        if note:
+            self.log(note)
+        self.identity = _object_name(f"{options.pod}-{self.record.agent_id}")
+        """Unique per agent (two pods may share a host name): its drain slot and its report's name."""
+        self.lease = DrainLease(self.store, options.env, self.identity, options.max_unavailable,
+                                options.lease_ttl_s, pod=options.pod)
+        self.rollout = LocalRollout(self.repo, options.url, options.grpc_url, options.side_by_side,
+                                    self.settings.rollout, self.log, self._drained)
 
     # ------------------------------------------------------------------------------------- output
     def log(self, message: str, **facts: Any) -> None:
@@ -171,15 +183,16 @@ class Agent:
         a fleet of 10,000 pods must not cost a PUT per pod per interval). ``trm promote`` reads the
         reports of a canary environment (promote/waves.py)."""
         with self._lock:
-            refused = {"models": self.refused["models"], "reason": self.refused["reason"]} if self.refused else None
+            last = self.backoff.refused
+            refused = {"models": last["models"], "reason": last["reason"]} if last else None
             body = {"schema": "trm.agent-report/1", "env": self.options.env, "pod": self.options.pod,
-                    "state": self.state, "ready": self.ready, "served": dict(self.served),
+                    "agent": self.identity, "state": self.state, "ready": self.ready, "served": dict(self.served),
                     "wanted": dict(self.wanted), "refused": refused}
         signature = json.dumps(body, sort_keys=True)
         if signature == self._reported:
             return
         try:
-            self.store.put_report(self.options.env, self.report_name,
+            self.store.put_report(self.options.env, self.identity,
                                   json.dumps(body | {"at": now_iso()}, sort_keys=True).encode())
             self._reported = signature
         except TrmError as exc:
@@ -188,25 +201,22 @@ class Agent:
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot (what /status returns and /metrics renders)."""
         with self._lock:
-            age = None if self.pointer_read_at is None else round(time.monotonic() - self.pointer_read_at, 3)
-            pointer = self.pointer
             return {
-                "pod": self.options.pod, "env": self.options.env, "store": self.store.location,
+                "pod": self.options.pod, "agent": self.identity, "env": self.options.env,
+                "store": self.store.location,
                 "server": {"url": self.options.url, "grpc_url": self.options.grpc_url},
                 "state": self.state, "reason": self.reason, "ready": self.ready, "draining": self.draining,
-                "degraded_reason": self.refused["reason"] if self.refused else None,
-                "wanted": dict(self.wanted), "served": dict(self.served),
-                "refused": dict(self.refused) if self.refused else None,
+                "degraded_reason": self.backoff.refused["reason"] if self.backoff.refused else None,
+                "wanted": dict(self.wanted), "served": dict(self.served), "last_good": dict(self.record.good),
+                "refused": dict(self.backoff.refused) if self.backoff.refused else None,
                 "last_rollout": dict(self.last_rollout) if self.last_rollout else None,
                 "rollouts": dict(self.rollouts),
-                "pointer": {"etag": pointer.etag if pointer else None,
-                            "updated_at": pointer.updated_at if pointer else None, "age_s": age,
-                            "changed": self.reads["changed"], "unchanged": self.reads["unchanged"],
-                            "errors": self.reads["errors"], "last_error": self.pointer_error},
+                "pointer": self.watch.status(),
                 "sync": dict(self.sync_totals) | {"last": self.last_sync},
                 "lease_holders": list(self.lease_holders), "started_at": self.started_at,
                 "options": {"interval_s": self.options.interval_s, "side_by_side": self.options.side_by_side,
-                            "max_unavailable": self.options.max_unavailable},
+                            "max_unavailable": self.options.max_unavailable,
+                            "lease_ttl_s": self.options.lease_ttl_s},
             }
 
     # --------------------------------------------------------------------------------------- loop
@@ -226,7 +236,7 @@ class Agent:
             self.stop_event.wait(interval + random.uniform(0, self.options.jitter * interval))
 
     def _client(self) -> TritonClient:
-        return TritonClient(self.options.url, timeout_s=60.0, grpc_url=self.options.grpc_url)
+        return self.rollout.client()
 
     def tick(self) -> None:
         with self._client() as client:
@@ -237,55 +247,32 @@ class Agent:
                 return
             if not self._cleaned:
                 self._clean_leftovers(client)
-            self._poll_pointer()
-            if self.pointer is None:
-                self._set("waiting", f"the pointer of {self.options.env} was never read: {self.pointer_error}",
+            self.watch.poll()
+            if self.watch.pointer is None:
+                self._set("waiting", f"the pointer of {self.options.env} was never read: {self.watch.error}",
                           ready=False)
                 return
-            wanted = dict(self.pointer.models)
+            wanted = dict(self.watch.pointer.models)
             with self._lock:
                 self.wanted = wanted
             served = self._read_served(client, wanted)
+            self._unload_dropped(client, wanted)
             if all(served.get(m) == v for m, v in wanted.items()):
                 if self._verify_served(client):
                     with self._lock:
-                        self.refused = None
-                    self._set("ready", None, ready=True)
+                        self.backoff.refused = None
+                    self._converged(wanted)
                     if self._pruned_for != _key(wanted):
                         self._prune(wanted)
                 return
-            if self.refused is not None and self.refused["etag"] == self.pointer.etag and not (
-                    self.refused["stage"] == "store" and time.monotonic() >= self.refused_until[_key(wanted)]):
+            if self.backoff.holds(_key(wanted), self.watch.etag):
                 self._verify_served(client)
-                self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
+                self._set("degraded", _refusal_text(self.backoff.refused), ready=self._ready_now())
                 return
-            if time.monotonic() < max(self.retry_at, self.refused_until.get(_key(wanted), 0.0)):
+            if self.backoff.waiting(_key(wanted)):
                 return
+            self._verify_served(client)  # a restarted agent: what it served keeps the pod ready meanwhile
         self.converge(wanted)
-
-    def _poll_pointer(self) -> None:
-        etag = self.pointer.etag if self.pointer else None
-        try:
-            with metrics.operation("pointer_read") as op:
-                pointer = self.store.get_env_if_changed(self.options.env, etag)
-                op.outcome = "unchanged" if pointer is None else "changed"
-        except TrmError as exc:
-            with self._lock:
-                self.reads["errors"] += 1
-                self.pointer_error = exc.message.splitlines()[0]
-            if self.pointer is not None:
-                self.log("pointer read failed; serving what was converged", error=self.pointer_error)
-            return
-        with self._lock:
-            self.pointer_read_at, self.pointer_error = time.monotonic(), None
-            if pointer is None:
-                self.reads["unchanged"] += 1
-                return
-            self.reads["changed"] += 1
-            moved = self.pointer is not None
-            self.pointer = pointer
-        if moved:
-            self.log("pointer moved", models=pointer.models, etag=pointer.etag)
 
     def _read_served(self, client: TritonClient, wanted: dict[str, int]) -> dict[str, int | None]:
         """Per model of the environment: the one READY version, or None (absent, or several loaded)."""
@@ -300,7 +287,7 @@ class Agent:
 
     def _verify_served(self, client: TritonClient) -> bool:
         """Smoke-check every served version not checked yet (after a restart of the agent). True when
-        every model of the environment is served and answered."""
+        every served model answered."""
         for model, version in sorted(self.served.items()):
             if version is None or self.verified.get(model) == version:
                 continue
@@ -310,16 +297,36 @@ class Agent:
             except (TrmError, ValueError, TypeError) as exc:
                 text = exc.message.splitlines()[0] if isinstance(exc, TrmError) else f"{type(exc).__name__}: {exc}"
                 self._set("degraded", f"{model} version {version} is loaded but does not answer: {text}",
-                          ready=False)
+                          ready=self._ready_now())
                 return False
             with self._lock:
                 self.verified[model] = version
-        return self._serving_complete()
+        return True
 
-    def _serving_complete(self) -> bool:
+    def _ready_now(self) -> bool:
+        """Readiness from the last good set (``state.is_ready``)."""
         with self._lock:
-            return bool(self.wanted) and all(self.served.get(m) is not None
-                                             and self.verified.get(m) == self.served.get(m) for m in self.wanted)
+            return not self.draining and state.is_ready(self.wanted, self.record.good, self.served, self.verified)
+
+    def _converged(self, wanted: dict[str, int]) -> None:
+        """Every model of ``wanted`` served and answering: it is the last good set."""
+        self._remember(good=wanted, add=set(wanted) | state.members(self.repo, wanted))
+        self._set("ready", None, ready=True)
+
+    def _remember(self, *, good: dict[str, int] | None = None, add: set[str] = frozenset(),
+                  drop: set[str] = frozenset()) -> None:
+        """Update the record (record.py) when it changes: on disk first, so that what /status shows was
+        written (only this thread changes it)."""
+        record = AgentRecord(self.record.agent_id, dict(self.record.good if good is None else good),
+                             (self.record.loaded | add) - drop)
+        if record == self.record:
+            return
+        try:
+            write_record(self.record_path, record, self.options.env)
+        except OSError as exc:
+            self.log("could not write the agent record", path=str(self.record_path), error=str(exc))
+        with self._lock:
+            self.record = record
 
     def _clean_leftovers(self, client: TritonClient) -> None:
         """Unload pre-check models an agent killed mid-rollout left loaded under temporary names, and
@@ -349,10 +356,10 @@ class Agent:
     def converge(self, wanted: dict[str, int]) -> None:
         """Sync ``wanted`` into the node repository, then roll every model that differs out on this
         server; refuse the whole set (rolling back what moved) when any model fails."""
-        pointer_tag = self.pointer.etag if self.pointer else None
+        pointer_tag = self.watch.etag
         started, t0 = now_iso(), time.monotonic()
         record: dict[str, Any] = {"wanted": dict(wanted), "started_at": started, "models": []}
-        self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._serving_complete())
+        self._set("syncing", f"installing {_fmt(wanted)} from {self.store.location}", ready=self._ready_now())
         try:
             with metrics.operation("sync"):
                 result = sync_versions(self.settings, self.store, wanted, stop=self.stop_event)
@@ -376,158 +383,72 @@ class Agent:
             self.last_sync = {"installed": list(result.installed), "bytes_downloaded": result.bytes_downloaded,
                               "bytes_reused": result.bytes_reused, "seconds": round(result.seconds, 3)}
         record["sync"] = self.last_sync
-        self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._serving_complete())
+        conflict = state.pin_conflict(self.repo, wanted)
+        if conflict:
+            self._refuse(wanted, pointer_tag, conflict, record, t0, stage="sync")
+            return
+        # recorded before anything loads, so that an agent killed mid-way still unloads what it loaded
+        self._remember(add=state.keep_loaded(self.repo, wanted, self.record.good, self.served))
+        self._set("rolling_out", f"moving to {_fmt(wanted)}", ready=self._ready_now())
         moved: list[tuple[str, int | None]] = []
         try:
-            prechecked = self._precheck_first(wanted)
-            for model in self._top_level(wanted):
+            prechecked = self.rollout.precheck_first(wanted)
+            for model in self.rollout.top_level(wanted):
                 with metrics.operation("rollout", model=model) as op:
-                    outcome = self._roll_one(model, wanted[model], prechecked=model in prechecked)
+                    outcome = self.rollout.roll_one(model, wanted[model], prechecked=model in prechecked)
                     op.outcome = "skipped" if outcome is None else ("ok" if outcome["outcome"] == "done"
                                                                     else outcome["outcome"])
                 if outcome is not None:
+                    with self._lock:
+                        self.verified[model] = wanted[model]
                     moved.append((model, outcome["previous"]))
                     record["models"].append(outcome)
         except REFUSALS as exc:
-            self._undo(moved)
+            self.rollout.undo(moved)
             self._refuse(wanted, pointer_tag, exc.message.splitlines()[0], record, t0)
             return
         except TrmError as exc:
-            self._undo(moved)
+            self.rollout.undo(moved)
             self._transient(exc)
             return
         with self._lock:
-            self.failures.pop(_key(wanted), None)
-            self.refused_until.pop(_key(wanted), None)
-            self.refused = None
-            self.transient = 0
-            self.retry_at = 0.0
+            self.backoff.succeeded(_key(wanted))
             self.rollouts["done"] += 1
             self.last_rollout = record | {"outcome": "done", "reason": None,
                                           "seconds": round(time.monotonic() - t0, 3)}
         self.log("converged", models=wanted, seconds=round(time.monotonic() - t0, 3),
                  bytes_downloaded=result.bytes_downloaded)
-        self._unload_dropped(wanted)
         with self._client() as client:
-            self._read_served(client, wanted)
-            if self._verify_served(client):
-                self._set("ready", None, ready=True)
+            served = self._read_served(client, wanted)
+            self._unload_dropped(client, wanted)
+            if self._verify_served(client) and all(served.get(m) == v for m, v in wanted.items()):
+                self._converged(wanted)
 
-    def _unload_dropped(self, wanted: dict[str, int]) -> None:
-        """Models this agent loaded for the environment that it no longer names are unloaded (models
-        loaded by anyone else are left alone)."""
-        keep = set(wanted) | {m for model, v in wanted.items() for m, _ in dependencies(self.repo, model, v)}
-        dropped = sorted(self._managed - keep)
-        self._managed = keep
-        if not dropped:
+    def _unload_dropped(self, client: TritonClient, wanted: dict[str, int]) -> None:
+        """Models this agent loaded (its record, so also those of an agent before a restart) that the
+        environment no longer needs are unloaded, ensembles before their members; models loaded by anyone
+        else are left alone."""
+        if not self.record.loaded - set(wanted):
             return
-        with self._client() as client:
-            for model in dropped:
-                try:
-                    client.unload(model)
-                    self.log("unloaded a model the environment no longer serves", model=model)
-                except TrmError as exc:
-                    self.log("could not unload", model=model, error=exc.message)
-
-    def _top_level(self, wanted: dict[str, int]) -> list[str]:
-        """Models of the environment that are not members of another one's version (those move with
-        their ensemble)."""
-        members = {m for model, version in wanted.items() for m, _ in dependencies(self.repo, model, version)}
-        return sorted(m for m in wanted if m not in members)
-
-    def _precheck_first(self, wanted: dict[str, int]) -> set[str]:
-        """When one change moves several models, pre-check (under temporary names) every one that can
-        be before any of them switches, so that a set with a bad model is refused before clients get an
-        answer from any of its versions; a failure past this point still rolls back what moved. Only
-        side-by-side moves of models without members: an ensemble is pre-checked once its new members
-        are loaded, and a drain-swap model may not fit twice. Returns the models checked."""
-        grpc = [self.options.grpc_url] if self.options.grpc_url else None
-        candidates = []
-        with self._client() as client:
-            for model in self._top_level(wanted):
-                before = served_versions(client, [model])[model]
-                if not before or before == (wanted[model],):
-                    continue
-                options = RolloutOptions(side_by_side=self.options.side_by_side, drain_cmd="true",
-                                         restore_cmd="true")
-                try:
-                    plan = build_plan(self.repo, model, wanted[model], [self.options.url],
-                                      with_settings(options, model, self.settings.rollout), grpc_urls=grpc)
-                except UsageError:
-                    continue  # loaded by someone else: _roll_one loads it directly
-                candidates.append((model, plan))
-            if len(candidates) < 2:
-                return set()  # one model moves: its rollout pre-checks it first anyway
-            checked = set()
-            for model, plan in candidates:
-                if plan.servers[0].strategy in (SKIP, DRAIN) or plan.target.members:
-                    continue
-                config = cfg.parse_config(self.repo.manifest(model, wanted[model]).config)
-                started = time.monotonic()
-                count = precheck(client, self.repo, [(model, wanted[model])], model, smoke_cases(config, None))
-                self.log("pre-checked before any model moves", model=model, version=wanted[model],
-                         requests=count, seconds=round(time.monotonic() - started, 3))
-                checked.add(model)
-        return checked
-
-    def _roll_one(self, model: str, version: int, *, prechecked: bool = False) -> dict[str, Any] | None:
-        """Roll ``model`` to ``version`` on this server; None when it already serves it."""
-        with self._client() as client:
-            before = served_versions(client, [model])[model]
-        options = RolloutOptions(side_by_side=self.options.side_by_side, precheck=bool(before) and not prechecked,
-                                 # the agent drains itself around the whole transition (``_drained``)
-                                 drain_cmd="true", restore_cmd="true")
-        options = with_settings(options, model, self.settings.rollout)
-        grpc = [self.options.grpc_url] if self.options.grpc_url else None
-        try:
-            plan = build_plan(self.repo, model, version, [self.options.url], options, grpc_urls=grpc)
-        except UsageError as exc:
-            # the server serves versions this node repository does not hold (loaded by someone else):
-            # nothing to roll back to, so a plain load, which Triton swaps in once the new one is ready
-            self.log("no rollout plan; loading directly", model=model, reason=exc.message)
-            with self._client() as client:
-                load_version(client, self.repo, model, version)
-                config = cfg.parse_config(self.repo.manifest(model, version).config)
-                smoke_live(client, model, version, config, smoke_cases(config, None))
-            return {"model": model, "version": version, "previous": None, "strategy": "load",
-                    "outcome": "done"}
-        server = plan.servers[0]
-        if server.strategy == SKIP:
-            return None
-        self.log("rolling out", model=model, version=version, strategy=server.strategy, reason=server.reason)
-        progress = self.log
-        if server.strategy == DRAIN:
-            with self._drained([model, *(m for m, _ in plan.target.members)]):
-                result = execute(plan, self.repo, progress)
-        else:
-            result = execute(plan, self.repo, progress)
-        with self._lock:
-            self.verified[model] = version
-        previous = max(server.before.get(model, ()) or (0,)) or None
-        return {"model": model, "version": version, "previous": previous, "strategy": server.strategy,
-                "outcome": result.outcome, "seconds": round(result.seconds, 3)}
-
-    def _undo(self, moved: list[tuple[str, int | None]]) -> None:
-        """Models already moved in a refused set go back to what they served (newest first)."""
-        for model, previous in reversed(moved):
+        # members of the environment's ensembles stay loaded: judged once per change, not every tick
+        seen = json.dumps([sorted(self.record.loaded), wanted, self.record.good, self.served], sort_keys=True)
+        if seen == self._kept_for:
+            return
+        dropped = self.record.loaded - state.keep_loaded(self.repo, wanted, self.record.good, self.served)
+        if not dropped:
+            self._kept_for = seen
+            return
+        loaded = {m: v for m, v in served_versions(client, sorted(dropped)).items() if v}
+        inner = state.members(self.repo, {m: max(v) for m, v in loaded.items()})
+        done = set(dropped - set(loaded))
+        for model in sorted(loaded, key=lambda m: (m in inner, m)):
             try:
-                if previous is None:
-                    with self._client() as client:
-                        client.unload(model)
-                    continue
-                options = RolloutOptions(side_by_side=self.options.side_by_side, drain_cmd="true",
-                                         restore_cmd="true", precheck=False)
-                plan = build_plan(self.repo, model, previous, [self.options.url],
-                                  with_settings(options, model, self.settings.rollout),
-                                  grpc_urls=[self.options.grpc_url] if self.options.grpc_url else None)
-                if plan.servers[0].strategy == DRAIN:
-                    with self._drained([model]):
-                        execute(plan, self.repo, self.log)
-                else:
-                    execute(plan, self.repo, self.log)
-                self.log("rolled back", model=model, version=previous)
+                client.unload(model)
+                done.add(model)
+                self.log("unloaded a model the environment no longer serves", model=model)
             except TrmError as exc:
-                self.log("could not roll back", model=model, version=previous, error=exc.message)
+                self.log("could not unload", model=model, error=exc.message.splitlines()[0])
+        self._remember(drop=done)
 
     def _refuse(self, wanted: dict[str, int], etag: str | None, reason: str, record: dict[str, Any],
                 t0: float, *, stage: str = "rollout") -> None:
@@ -537,11 +458,8 @@ class Agent:
         not for this node) and "rollout" (failed on the server) are tried again only when the pointer moves."""
         key = _key(wanted)
         with self._lock:
-            self.failures[key] += 1
-            delay = min(self.options.backoff_s * 2 ** (self.failures[key] - 1), self.options.backoff_max_s)
-            self.refused_until[key] = time.monotonic() + delay  # a pointer moving back here waits this long
-            self.refused = {"models": dict(wanted), "etag": etag, "reason": reason, "at": now_iso(),
-                            "failures": self.failures[key], "retry_after_s": delay, "stage": stage}
+            refused = self.backoff.refuse(key, {"models": dict(wanted), "etag": etag, "reason": reason,
+                                                "at": now_iso(), "stage": stage})
             self.rollouts["refused"] += 1
             self.last_rollout = record | {"outcome": "refused", "reason": reason,
                                           "seconds": round(time.monotonic() - t0, 3)}
@@ -551,16 +469,17 @@ class Agent:
                 self._verify_served(client)
             except TrmError:
                 pass
-        self._set("degraded", _refusal_text(self.refused), ready=self._serving_complete())
+        with self._lock:
+            kept = state.good_now(wanted, self.served, self.verified)
+        self._remember(good=kept)
+        self._set("degraded", _refusal_text(refused), ready=self._ready_now())
 
     def _transient(self, exc: TrmError) -> None:
         with self._lock:
-            self.transient += 1
-            delay = min(self.options.backoff_s * 2 ** (self.transient - 1), self.options.backoff_max_s)
-            self.retry_at = time.monotonic() + delay
+            delay = self.backoff.transient()
             self.rollouts["failed"] += 1 if self.state in ("syncing", "rolling_out") else 0
         self._set("error", f"{exc.message.splitlines()[0]} (retrying in {delay:.0f} s)",
-                  ready=self._serving_complete() and not isinstance(exc, ServerError))
+                  ready=self._ready_now() and not isinstance(exc, ServerError))
 
     def _prune(self, wanted: dict[str, int]) -> None:
         """Remove version folders the environment no longer serves and the server has not loaded (the
@@ -582,65 +501,45 @@ class Agent:
     # ------------------------------------------------------------------------------------- drain
     @contextmanager
     def _drained(self, models: list[str]) -> Iterator[None]:
-        """Out of rotation for the body: a slot in the drain lease, readiness false, in-flight requests
-        finished; back in rotation (and the slot freed) after."""
-        lease = DrainLease(self.store, self.options.env, self.options.pod, self.options.max_unavailable,
-                           self.options.lease_ttl_s)
+        """Out of rotation for the body: a slot in the drain lease, renewed by a heartbeat the whole time
+        (lease.py), readiness false, in-flight requests finished; back in rotation (and the slot freed)
+        after."""
+        max_unavailable = self.options.max_unavailable
 
         def waiting(holders: list[str]) -> None:
             with self._lock:
                 self.lease_holders = holders
-            self._set("waiting_for_slot", f"{len(holders)} of {self.options.max_unavailable} pod(s) out of "
-                      f"rotation: {', '.join(holders)}", ready=self._serving_complete())
+            self._set("waiting_for_slot", f"{len(holders)} of {max_unavailable} pod(s) out of "
+                      f"rotation: {', '.join(holders)}", ready=self._ready_now())
 
-        if not lease.acquire(self.stop_event, waiting):
+        if not self.lease.acquire(self.stop_event, waiting):
             raise ServerError("stopping before a drain slot was free; nothing changed")
-        try:
-            with self._lock:
-                self.draining, self.ready = True, False
-                self.lease_holders = lease.holders()
-            self._set("draining", f"out of rotation to swap {', '.join(models)}")
-            self.stop_event.wait(self.options.drain_grace_s)
-            self._wait_idle(models, lease)
-            yield
-        finally:
-            with self._lock:
-                self.draining = False
-            with self._client() as client:
+        with self.lease.held(lambda problem: self.log("could not renew the drain slot", error=problem)):
+            try:
                 try:
-                    self._read_served(client, self.wanted)
-                    self._verify_served(client)
+                    holders = self.lease.holders()
                 except TrmError:
-                    pass
-            self._set("rolling_out", "back in rotation", ready=self._serving_complete())
-            time.sleep(min(self.options.drain_grace_s, 5.0))  # the load balancer sees the pod ready again
-            lease.release()
-            with self._lock:
-                self.lease_holders = []
-
-    def _wait_idle(self, models: list[str], lease: DrainLease) -> None:
-        """Until Triton's request counters of ``models`` stop moving for a second (in-flight requests
-        done), or the drain timeout."""
-        deadline = time.monotonic() + self.options.drain_timeout_s
-        last, quiet_since, renewed = None, time.monotonic(), time.monotonic()
-        with self._client() as client:
-            while time.monotonic() < deadline:
-                total = 0
-                for model in models:
-                    for entry in client.statistics(model):
-                        stats = entry.get("inference_stats", {})
-                        total += int(stats.get("success", {}).get("count", 0))
-                        total += int(stats.get("fail", {}).get("count", 0))
-                now = time.monotonic()
-                if total != last:
-                    last, quiet_since = total, now
-                elif now - quiet_since >= 1.0:
-                    return
-                if now - renewed > self.options.lease_ttl_s / 3:
-                    lease.renew()
-                    renewed = now
-                time.sleep(0.2)
-        self.log("drain timeout: swapping with requests still arriving", timeout_s=self.options.drain_timeout_s)
+                    holders = [self.options.pod]
+                with self._lock:
+                    self.draining, self.ready = True, False
+                    self.lease_holders = holders
+                self._set("draining", f"out of rotation to swap {', '.join(models)}")
+                self.stop_event.wait(self.options.drain_grace_s)
+                self.rollout.wait_idle(models, self.options.drain_timeout_s)
+                yield
+            finally:
+                with self._lock:
+                    self.draining = False
+                with self._client() as client:
+                    try:
+                        self._read_served(client, self.wanted)
+                        self._verify_served(client)
+                    except TrmError:
+                        pass
+                self._set("rolling_out", "back in rotation", ready=self._ready_now())
+                time.sleep(min(self.options.drain_grace_s, 5.0))  # the load balancer sees the pod ready again
+        with self._lock:
+            self.lease_holders = []
 
 
 def _fmt(models: dict[str, int]) -> str:

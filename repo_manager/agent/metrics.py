@@ -22,6 +22,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from repo_manager import metrics
 
+STATES = ("starting", "waiting", "syncing", "rolling_out", "draining", "waiting_for_slot", "ready", "degraded",
+          "error")
+"""Every state the agent reports (``Agent.status()["state"]``)."""
+
 _RENDER = threading.Lock()
 """Scrapes run in parallel threads; ``set_serving`` then rendering must not interleave."""
 
@@ -44,11 +48,18 @@ class StatusCollector:
                                    labels=[*base, "model"])
         for model, version in sorted(status["wanted"].items()):
             wanted.add_metric([*values, model], float(version))
+        current = GaugeMetricFamily("trm_agent_state", "1 for the agent's current state (/status state): a pod "
+                                    "can be ready while syncing, rolling out or degraded", labels=[*base, "state"])
+        for name in STATES:
+            current.add_metric([*values, name], float(status["state"] == name))
+        behind = GaugeMetricFamily("trm_agent_pending_models", "Models of the environment not served at the "
+                                   "version it names (loading, or refused)", labels=base)
+        behind.add_metric(values, float(sum(status["served"].get(m) != v for m, v in status["wanted"].items())))
         rollouts = CounterMetricFamily("trm_agent_rollouts", "Local rollouts of the environment's set by outcome "
                                        "(done, refused, failed)", labels=[*base, "outcome"])
         for outcome, count in sorted(status["rollouts"].items()):
             rollouts.add_metric([*values, outcome], float(count))
-        yield from (ready, degraded, wanted, rollouts)
+        yield from (ready, degraded, current, behind, wanted, rollouts)
 
 
 def render(status: dict[str, Any]) -> bytes:

@@ -50,9 +50,9 @@ class Context:
         elif isinstance(text, str):
             click.echo(printable(text))
         else:
-            from rich.console import Console  # noqa: PLC0415 - only commands that draw tables pay for rich
+            from repo_manager.cli.terminal import console  # noqa: PLC0415 - only tables pay for rich
 
-            Console(highlight=False).print(text)
+            console().print(text)  # data, not markup: see repo_manager/cli/terminal.py
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -157,6 +157,18 @@ class LazyGroup(click.Group):
             importlib.import_module(f"repo_manager.cli.commands.{COMMANDS[cmd_name]}")
         return self.commands.get(cmd_name)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                            list[str]]:
+        name = click.utils.make_str(args[0])
+        if not ctx.resilient_parsing and not name.startswith("-") and self.get_command(ctx, name) is None:
+            # click suggests only among the commands imported so far; `trm lst` should hear of `list`
+            import difflib  # noqa: PLC0415
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx))
+            ctx.fail(f"No such command {name!r}." + (f" Did you mean {close[0]!r}?" if len(close) == 1 else
+                                                     f" Did you mean one of: {', '.join(close)}?" if close else ""))
+        return super().resolve_command(ctx, args)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="TRM_CONFIG",
@@ -169,6 +181,9 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, config_file: str | None, json_output: bool, verbose: bool, quiet: bool) -> None:
     """trm: publish, tune, store, sync and roll out versioned Triton models."""
     ctx.obj = Context(load_settings(config_file), json=json_output, verbose=verbose, quiet=quiet)
+    from repo_manager.triton.restricted import process_key  # noqa: PLC0415 - off the import path of --help
+
+    ctx.with_resource(process_key(ctx.obj.settings))  # Triton's restricted-API key, for this command
 
 
 # ------------------------------------------------------------------------------------ shell completion

@@ -56,6 +56,8 @@ class EngineConfig:
     quant_algo: str | None
     kv_cache_quant_algo: str | None
     shape: ModelShape
+    logits_dtype: str = "float32"
+    """``pretrained_config.logits_dtype``: the data type of the context and generation logits outputs."""
 
     @property
     def world_size(self) -> int:
@@ -104,7 +106,7 @@ def parse_engine_config(data: dict[str, Any], path: Path, origin: str = "config.
         gpt_attention_plugin=plugins.get("gpt_attention_plugin") not in (None, False, "disable"),
         tokens_per_block=int(plugins.get("tokens_per_block", 64)),
         quant_algo=quant.get("quant_algo"), kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
-        shape=shape_from_config(data, origin))
+        shape=shape_from_config(data, origin), logits_dtype=str(pretrained.get("logits_dtype", "float32")))
 
 
 def read_engine(engine_dir: str | Path) -> EngineConfig:

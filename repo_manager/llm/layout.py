@@ -20,7 +20,9 @@ from typing import Any
 
 from repo_manager import config as cfg
 from repo_manager.errors import InputError
+from repo_manager.llm import trtllm_interface as io
 from repo_manager.llm.engine import EngineConfig
+from repo_manager.llm.triton_models import common as route
 
 mc = cfg.mc
 BATCHING_STRATEGIES = ("inflight_fused_batching", "v1")
@@ -68,8 +70,8 @@ def names(name: str) -> dict[str, str]:
     return {role: f"{name}_{role}" for role in ROLES} | {"ensemble": name}
 
 
-def _tensor(target, name: str, dtype: str, dims: list[int], *, optional: bool = False, ragged: bool = False,
-            scalar: bool = False) -> None:
+def _tensor(target, name: str, dtype: str, dims: list[int] | tuple[int, ...], *, optional: bool = False,
+            ragged: bool = False, scalar: bool = False) -> None:
     tensor = target.add()
     tensor.name = name
     tensor.data_type = cfg.data_type(dtype)
@@ -80,6 +82,27 @@ def _tensor(target, name: str, dtype: str, dims: list[int], *, optional: bool = 
         tensor.allow_ragged_batch = True
     if scalar:  # the backend takes a scalar per request: [1] -> []
         tensor.reshape.SetInParent()
+
+
+_TORCH_TO_TRITON = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}
+
+
+def _engine_dtype(name: str, origin: str) -> str:
+    if name not in _TORCH_TO_TRITON:
+        raise InputError(f"{origin}: data type {name!r} is not one of {', '.join(_TORCH_TO_TRITON)}")
+    return _TORCH_TO_TRITON[name]
+
+
+def _tensors(inputs, outputs, config: cfg.ModelConfig, engine: EngineConfig | None = None) -> None:
+    """Inputs and outputs from the tables of ``trtllm_interface``; their stand-in data types resolved."""
+    resolve = {}
+    if engine is not None:
+        resolve = {io.LOGITS: _engine_dtype(engine.logits_dtype, f"{engine.path} logits_dtype"),
+                   io.ENCODER_FEATURES: _engine_dtype(engine.dtype, f"{engine.path} dtype")}
+    for target, table in ((config.input, inputs), (config.output, outputs)):
+        for t in table:
+            _tensor(target, t.name, resolve.get(t.dtype, t.dtype), t.dims, optional=t.optional, ragged=t.ragged,
+                    scalar=t.scalar)
 
 
 def _parameters(config: cfg.ModelConfig, values: dict[str, Any]) -> None:
@@ -95,32 +118,22 @@ def _instances(config: cfg.ModelConfig, count: int, kind: str = "KIND_CPU") -> N
 
 
 def preprocessing_config(name: str, engine: EngineConfig, options: ServingOptions) -> cfg.ModelConfig:
+    """Tokenizes the prompt, the stop/bad words and the embedding bias words (upstream's inputs and outputs)."""
     config = cfg.ModelConfig(name=name, backend="python", max_batch_size=engine.max_batch_size)
-    _tensor(config.input, "QUERY", "STRING", [1])
-    _tensor(config.input, "REQUEST_OUTPUT_LEN", "INT32", [1])
-    _tensor(config.output, "INPUT_ID", "INT32", [-1])
-    for output in ("REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "OUT_END_ID", "OUT_PAD_ID"):
-        _tensor(config.output, output, "INT32", [1])
+    _tensors(io.PREPROCESSING_INPUTS, io.PREPROCESSING_OUTPUTS, config)
     _parameters(config, {"tokenizer_dir": "tokenizer", "add_special_tokens": True,
-                         "max_input_len": engine.max_input_len, "max_seq_len": engine.max_seq_len})
+                         "max_input_len": engine.max_input_len, "max_seq_len": engine.max_seq_len,
+                         "vocab_size": engine.shape.vocab_size})
     _instances(config, options.instances)
     return config
 
 
 def postprocessing_config(name: str, engine: EngineConfig, options: ServingOptions) -> cfg.ModelConfig:
     config = cfg.ModelConfig(name=name, backend="python", max_batch_size=engine.max_batch_size)
-    _tensor(config.input, "TOKENS_BATCH", "INT32", [-1, -1])
-    _tensor(config.input, "SEQUENCE_LENGTH", "INT32", [-1])
-    _tensor(config.output, "OUTPUT", "STRING", [-1])
+    _tensors(io.POSTPROCESSING_INPUTS, io.POSTPROCESSING_OUTPUTS, config)
     _parameters(config, {"tokenizer_dir": "tokenizer", "skip_special_tokens": True})
     _instances(config, options.instances)
     return config
-
-
-# (name, dtype) of the optional per-request inputs of the tensorrt_llm model; a subset of the backend's.
-_ENGINE_OPTIONAL = [("end_id", "INT32"), ("pad_id", "INT32"), ("beam_width", "INT32"), ("temperature", "FP32"),
-                    ("runtime_top_k", "INT32"), ("runtime_top_p", "FP32"), ("repetition_penalty", "FP32"),
-                    ("len_penalty", "FP32"), ("random_seed", "UINT64"), ("return_log_probs", "BOOL")]
 
 
 def tensorrt_llm_config(name: str, engine: EngineConfig, options: ServingOptions,
@@ -131,18 +144,7 @@ def tensorrt_llm_config(name: str, engine: EngineConfig, options: ServingOptions
     config.model_transaction_policy.decoupled = options.decoupled
     config.dynamic_batching.preferred_batch_size.append(engine.max_batch_size)
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_microseconds
-    _tensor(config.input, "input_ids", "INT32", [-1], ragged=True)
-    _tensor(config.input, "input_lengths", "INT32", [1], scalar=True)
-    _tensor(config.input, "request_output_len", "INT32", [1])
-    for input_name, dtype in _ENGINE_OPTIONAL:
-        _tensor(config.input, input_name, dtype, [1], optional=True, scalar=True)
-    _tensor(config.input, "stop_words_list", "INT32", [2, -1], optional=True, ragged=True)
-    _tensor(config.input, "bad_words_list", "INT32", [2, -1], optional=True, ragged=True)
-    _tensor(config.input, "streaming", "BOOL", [1], optional=True)
-    _tensor(config.output, "output_ids", "INT32", [-1, -1])
-    _tensor(config.output, "sequence_length", "INT32", [-1])
-    _tensor(config.output, "cum_log_probs", "FP32", [-1])
-    _tensor(config.output, "output_log_probs", "FP32", [-1, -1])
+    _tensors(io.ENGINE_INPUTS, io.ENGINE_OUTPUTS, config, engine)
     # the backend places the engine on GPUs itself (gpu_device_ids); Triton's instance is a CPU one
     _instances(config, 1)
     params: dict[str, Any] = {
@@ -170,45 +172,28 @@ def _step(config: cfg.ModelConfig, model: str, inputs: dict[str, str], outputs: 
     return step
 
 
-# ensemble input -> (tensorrt_llm input, dtype): sampling parameters passed straight through
-_ENSEMBLE_SAMPLING = {"temperature": ("temperature", "FP32"), "top_k": ("runtime_top_k", "INT32"),
-                      "top_p": ("runtime_top_p", "FP32"), "beam_width": ("beam_width", "INT32"),
-                      "random_seed": ("random_seed", "UINT64"), "stream": ("streaming", "BOOL")}
-
-
-def _text_io(config: cfg.ModelConfig, *, with_sampling: bool = True) -> None:
-    _tensor(config.input, "text_input", "STRING", [1])
-    _tensor(config.input, "max_tokens", "INT32", [1])
-    if with_sampling:
-        for input_name, (_, dtype) in _ENSEMBLE_SAMPLING.items():
-            _tensor(config.input, input_name, dtype, [1], optional=True)
-    _tensor(config.output, "text_output", "STRING", [-1])
-
-
 def ensemble_config(name: str, engine: EngineConfig) -> cfg.ModelConfig:
-    """text_input + max_tokens → text_output through the three models, as upstream's ensemble."""
+    """Upstream's ensemble: its inputs, outputs and wiring, with trm's member names."""
     member = names(name)
     config = cfg.ModelConfig(name=name, platform="ensemble", max_batch_size=engine.max_batch_size)
-    _text_io(config)
-    _step(config, member["preprocessing"], {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens"},
-          {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
-           "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID"})
+    _tensors(io.ENSEMBLE_INPUTS, io.ENSEMBLE_OUTPUTS, config, engine)
+    _step(config, member["preprocessing"], route.PREPROCESSING_FROM_REQUEST,
+          {output: wire for output, wire in route.ENGINE_FROM_PREPROCESSING.values()})
     _step(config, member["tensorrt_llm"],
-          {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-           "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_END_ID", "pad_id": "_PAD_ID",
-           **{target: source for source, (target, _) in _ENSEMBLE_SAMPLING.items()}},
-          {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
-    _step(config, member["postprocessing"], {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+          {target: wire for target, (_, wire) in route.ENGINE_FROM_PREPROCESSING.items()} | route.ENGINE_FROM_REQUEST,
+          route.ENGINE_TOKENS | {output: output for output in route.RESPONSE_OUTPUTS})
+    _step(config, member["postprocessing"], {"TOKENS_BATCH": route.ENGINE_TOKENS["output_ids"],
+                                             "SEQUENCE_LENGTH": route.ENGINE_TOKENS["sequence_length"]},
           {"OUTPUT": "text_output"})
     return config
 
 
-def bls_config(name: str, options: ServingOptions) -> cfg.ModelConfig:
-    """The BLS alternative to the ensemble: one request in, (streamed) text out."""
+def bls_config(name: str, engine: EngineConfig, options: ServingOptions) -> cfg.ModelConfig:
+    """The BLS alternative to the ensemble: the same request in, (streamed) text out."""
     member = names(name)
-    config = cfg.ModelConfig(name=member["tensorrt_llm_bls"], backend="python", max_batch_size=0)
+    config = cfg.ModelConfig(name=member["tensorrt_llm_bls"], backend="python", max_batch_size=engine.max_batch_size)
     config.model_transaction_policy.decoupled = options.decoupled
-    _text_io(config)
+    _tensors(io.BLS_INPUTS, io.BLS_OUTPUTS, config, engine)
     _instances(config, options.instances)
     _parameters(config, {"preprocessing_model_name": member["preprocessing"],
                          "tensorrt_llm_model_name": member["tensorrt_llm"],
@@ -218,11 +203,18 @@ def bls_config(name: str, options: ServingOptions) -> cfg.ModelConfig:
 
 # ----------------------------------------------------------------------------------------- LLM API
 
+_LLMAPI_INPUTS = [t for t in io.ENSEMBLE_INPUTS
+                  if t.name in ("text_input", "max_tokens", "temperature", "top_k", "top_p", "random_seed", "stream")]
+"""what trm's llmapi model.py reads (a subset of the ensemble's, same names and types)"""
+
+
 def llmapi_config(name: str, decoupled: bool) -> cfg.ModelConfig:
     """One Python model (trm's llmapi model.py); TensorRT-LLM batches inside, so max_batch_size is 0."""
     config = cfg.ModelConfig(name=name, backend="python", max_batch_size=0)
     config.model_transaction_policy.decoupled = decoupled
-    _text_io(config)
+    for tensor in _LLMAPI_INPUTS:
+        _tensor(config.input, tensor.name, tensor.dtype, tensor.dims, optional=tensor.optional)
+    _tensor(config.output, "text_output", "STRING", [-1])
     # the LLM places itself on the GPUs (tensor_parallel_size); KIND_MODEL leaves device choice to it
     _instances(config, 1, "KIND_MODEL")
     return config

@@ -34,6 +34,7 @@ import tritonclient.http.aio as http_aio
 from repo_manager.errors import ServerError, UsageError
 from repo_manager.loadgen.stats import ServerStats, StatsSnapshot
 from repo_manager.loadgen.transport import AsyncTriton, Workload, error_text, is_rejection
+from repo_manager.triton import restricted
 from repo_manager.triton.client import TritonClient, normalize_url
 
 ARRIVALS = ("poisson", "constant")
@@ -69,6 +70,7 @@ class LoadSpec:
     requests: int = 2000
     """Measured requests (after warm-up); at least ``rate * min_duration_s`` in open loop."""
     min_duration_s: float = 0.0
+    """Closed loop: measure at least this long too (a fast model answers ``requests`` in milliseconds)."""
     warmup_s: float = 1.0
     windows: int = 3
     max_lag_ms: float = 10.0
@@ -173,6 +175,8 @@ class _Snapshots:
     def __init__(self, url: str, model: str) -> None:
         self.url, self.model = url, model
         self._client = http_aio.InferenceServerClient(normalize_url(url))
+        key = restricted.current()  # statistics are one of Triton's restricted groups
+        self._headers = key.http_headers() if key else None
         self.taken: dict[str, asyncio.Future] = {}
 
     def __call__(self, key: str) -> None:
@@ -180,7 +184,7 @@ class _Snapshots:
 
     async def _read(self) -> StatsSnapshot:
         try:
-            data = await self._client.get_inference_statistics(self.model)
+            data = await self._client.get_inference_statistics(self.model, headers=self._headers)
         except Exception as exc:  # noqa: BLE001 - any transport failure is the server's
             raise ServerError(f"Triton at {self.url} refused statistics of {self.model}: {error_text(exc)}",
                               url=self.url) from exc
@@ -199,6 +203,17 @@ class _Recorder:
         """Shed by the server's queue policy: counted apart from errors (an answer refused, not a fault)."""
         self.errors: dict[str, int] = {}
         self.in_flight = 0
+
+    def reserve(self, index: int) -> None:
+        """Room for request ``index`` (closed loop: how many requests a warm-up of ``warmup_s`` seconds
+        takes depends on the model's speed, so the record grows instead of having a fixed size)."""
+        if index < len(self.sent_at):
+            return
+        grow = max(len(self.sent_at), index + 1)
+        self.sent_at = np.concatenate([self.sent_at, np.full(grow, np.nan)])
+        self.done_at = np.concatenate([self.done_at, np.full(grow, np.nan)])
+        self.ok = np.concatenate([self.ok, np.zeros(grow, dtype=bool)])
+        self.rejected = np.concatenate([self.rejected, np.zeros(grow, dtype=bool)])
 
     async def send(self, sender: AsyncTriton, index: int) -> None:
         self.in_flight += 1
@@ -269,30 +284,33 @@ async def _open_loop(sender: AsyncTriton, spec: LoadSpec, snapshot: _Snapshots) 
 
 
 async def _closed_loop(sender: AsyncTriton, spec: LoadSpec, snapshot: _Snapshots) -> _LoopResult:
+    """``concurrency`` clients, each sending its next request when its answer came: ``warmup_s`` seconds
+    of traffic (however many requests that is), then at least ``requests`` measured requests and at least
+    ``min_duration_s`` seconds of them."""
     assert spec.concurrency is not None
-    rec = _Recorder(spec.requests * 4 + spec.concurrency * 64)
-    state = {"next": 0, "first_measured": -1}
+    rec = _Recorder(spec.requests + spec.concurrency * 16)
+    state = {"next": 0, "first_measured": -1, "measuring_since": 0.0}
     warm_end = time.perf_counter() + spec.warmup_s
+
+    def done() -> bool:
+        measured = state["next"] - state["first_measured"]
+        return measured >= spec.requests and time.perf_counter() - state["measuring_since"] >= spec.min_duration_s
 
     async def worker() -> None:
         while True:
             if state["first_measured"] < 0 and time.perf_counter() >= warm_end:
                 state["first_measured"] = state["next"]
+                state["measuring_since"] = time.perf_counter()
                 snapshot("before")
-            if state["first_measured"] >= 0 and state["next"] - state["first_measured"] >= spec.requests:
+            if state["first_measured"] >= 0 and done():
                 return
             index = state["next"]
-            if index >= len(rec.sent_at):
-                return
             state["next"] += 1
+            rec.reserve(index)
             await rec.send(sender, index)
 
     await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
-    first = state["first_measured"]
-    if first < 0:
-        first = state["next"]
-        snapshot("before")
-    return rec, first, np.zeros(0), False
+    return rec, state["first_measured"], np.zeros(0), False
 
 
 def _summarize(target: Target, spec: LoadSpec, rec: _Recorder, first: int, lags: np.ndarray, saturated: bool,

@@ -2,8 +2,10 @@
 
 Per model (thresholds from the version's tuning record where it has one):
 
-* ``TrmQueueBacklog``: queued requests per replica (Triton server) above ``queue_per_replica`` (1, the
-  seed's scale-up rule of thumb) for ``queue_for``: the cascade starts here, before p99 moves;
+* ``TrmQueueBacklog``: queued requests per replica (Triton server) above ``queue_per_replica`` (default 1)
+  for ``queue_for``. A request that waits in the queue means the servers are busier than they can serve:
+  queues grow first and p99 follows once they do, so this fires before the latency alert, while adding
+  replicas still helps;
 * ``TrmLatencyAboveSLO``: p99 (Triton's ``nv_inference_request_summary_us``) above the SLO recorded by
   ``trm tune-batching`` for ``samples`` evaluations in a row;
 * ``TrmRequestsRejected``: the share of requests the queue policy sheds above ``max_rejected``;
@@ -22,8 +24,10 @@ environment's ``env`` label where one is named):
 * ``TrmAgentPointerStale``: no successful read of the environment pointer for ``pointer_stale_s`` (the
   store is unreachable: the pod keeps serving what it has, but will not follow a promotion).
 
-The dashboard has the seed's three panels (queue depth per replica, pending batch ratio, utilisation
-slope) plus latency (p50/p99, queue vs compute) and executed batch size, rejections and failures.
+The dashboard shows queue depth per replica (against the backlog threshold), the pending batch ratio
+(queued requests as a share of a full batch on every instance), the utilisation slope (how fast the
+instances' busy share grows) plus latency (p50/p99, queue vs compute) and executed batch size, rejections
+and failures.
 """
 
 from __future__ import annotations
@@ -35,10 +39,9 @@ from typing import Any
 
 import yaml
 
-from repo_manager import config as cfg
 from repo_manager.config import atomic_write_bytes
 from repo_manager.errors import InputError, UsageError
-from repo_manager.manifest import Manifest
+from repo_manager.manifest import Manifest, read_config, read_tuning
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,11 @@ class ModelWatch:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, p99_ms: float | None = None) -> ModelWatch:
-        config = cfg.parse_config(manifest.config, f"manifest of {manifest.model}/{manifest.version}")
+        config = read_config(manifest)
         instances = config.instance_group[0].count if config.instance_group else 1
-        tuned = ((manifest.tuning or {}).get("slo") or {}).get("p99_ms")
+        # a tuning record's SLO must be a positive finite number: NaN or a negative SLO would make an alert
+        # that never fires, 0 one that always does; read_tuning refuses them (IntegrityError, exit 7)
+        tuned = read_tuning(manifest).p99_ms if p99_ms is None and manifest.tuning else None
         slo = p99_ms if p99_ms is not None else tuned
         source = "--p99-ms" if p99_ms is not None else ("tuning record" if tuned is not None else "")
         return cls(manifest.model, manifest.version, float(slo) if slo is not None else None,
@@ -139,8 +144,9 @@ def model_rules(m: ModelWatch, t: Thresholds, env: str | None) -> list[dict[str,
         "for": t.queue_for, "labels": {**labels, "severity": "warning"},
         "annotations": {"summary": f"{m.name}: more than {t.queue_per_replica:g} queued request(s) per replica",
                         "description": "{{ $value | printf \"%.1f\" }} requests queued per Triton server for "
-                                       f"{t.queue_for}: add replicas before p99 follows (the seed's cascade "
-                                       "started at a queue depth of 12)."}}]
+                                       f"{t.queue_for}. Requests wait because the servers are busier than they "
+                                       "can serve: queues grow first and p99 follows once they do, so add "
+                                       "replicas now, before the latency SLO is missed."}}]
     if m.p99_ms is not None:
         rules.append({
             "alert": "TrmLatencyAboveSLO",
@@ -264,7 +270,9 @@ def dashboard(models: list[ModelWatch], t: Thresholds, env: str | None) -> dict[
         _panel(1, "Queue depth per replica", [(f"sum by (model) ({pending}) / {replicas}", "{{model}}"),
                                                (f"{t.queue_per_replica:g} + 0 * sum by (model) ({pending})",
                                                 "alert threshold")], "short", 0, 0,
-               "Queued requests per Triton server; the seed's rule: scale up at one per replica."),
+               "Queued requests per Triton server. Above the threshold line (one per replica by default) "
+               "requests wait for a busy server: queues grow before p99 does, so it is the signal to add "
+               "replicas."),
         _panel(2, "Pending batch ratio", [(f"sum by (model) ({pending}) / on (model) group_left () "
                                            f"({replicas} * on (model) ({constant(capacity)}))", "{{model}}")],
                "percentunit", 12, 0, "Queued requests as a share of one full batch on every instance."),

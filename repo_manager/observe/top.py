@@ -13,7 +13,6 @@ served vs wanted versions, the pointer's age and the last rollout.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -24,7 +23,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from repo_manager.errors import ServerError
+from repo_manager import documents
+from repo_manager.errors import IntegrityError, ServerError
+from repo_manager.redact import printable
 
 LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -33,8 +34,12 @@ COUNTERS = {"nv_inference_request_success": "success", "nv_inference_count": "in
             "nv_inference_queue_duration_us": "queue_us", "nv_inference_compute_input_duration_us": "compute_us",
             "nv_inference_compute_infer_duration_us": "compute_us", "nv_inference_compute_output_duration_us":
             "compute_us"}
+MAX_METRICS_BYTES = 64 * 1024 * 1024
+"""Read at most this much of a /metrics answer (Triton's is about 1 KB per model and version)."""
 Key = tuple[str, str]
 """(model, version)."""
+TEMPORARY_PREFIX = "trm-verify-"
+"""Models trm loads for a moment to check a version (publish.verify.temporary_names): not shown."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ def parse_metrics(text: str) -> tuple[dict[Key, dict[str, float]], dict[Key, flo
             value = float(value_text)
         except ValueError:
             continue
+        if not math.isfinite(value):  # a summary with no observations yet says NaN: no figure, not a number
+            continue
         if name in COUNTERS:
             counters[key][COUNTERS[name]] += value
         elif name == "nv_inference_request_failure":
@@ -98,7 +105,7 @@ def scrape(server: Server, timeout_s: float = 3.0) -> Scrape:
     """One read of a server's metrics (and statistics). ServerError when metrics are off or unreachable."""
     try:
         with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as response:
-            text = response.read().decode(errors="replace")
+            text = response.read(MAX_METRICS_BYTES).decode(errors="replace")
     except (urllib.error.URLError, OSError) as exc:
         raise ServerError(f"{server.http_url or server.metrics_url}: no metrics at {server.metrics_url} "
                           f"(metrics disabled, or not reachable: {getattr(exc, 'reason', exc)})",
@@ -144,7 +151,7 @@ class Row:
     rejected_rps: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -167,23 +174,81 @@ class AgentRow:
         return dict(self.__dict__)
 
 
+MAX_STATUS_BYTES = 4 * 1024 * 1024
+"""An agent's /status is a few KB (tens of models); more is not an agent answering."""
+MAX_FIELD = 200
+"""Longest text shown from an agent's /status field."""
+
+
 def read_agent(url: str, timeout_s: float = 3.0) -> AgentRow:
-    """One read of an agent's ``/status`` (``http://pod:8090``). ServerError when it does not answer."""
+    """One read of an agent's ``/status`` (``http://pod:8090``). ServerError when it does not answer, or
+    answers with something other than an agent's status (read bounded, every field used checked for its type)."""
     base = (url if "://" in url else f"http://{url}").rstrip("/").removesuffix("/status")
     try:
         with urllib.request.urlopen(base + "/status", timeout=timeout_s) as response:
-            status = json.loads(response.read())
+            payload = response.read(MAX_STATUS_BYTES + 1)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ServerError(f"{base}: no agent status at {base}/status ({getattr(exc, 'reason', exc)})",
                           hint="pass the agent's --listen address", url=base) from exc
-    last = status.get("last_rollout") or None
+    try:
+        return agent_row(base, documents.parse(payload, f"{base}/status", limit=MAX_STATUS_BYTES))
+    except IntegrityError as exc:
+        raise ServerError(f"{base}: not an agent status ({exc.message})",
+                          hint="pass the --listen address of a `trm agent`", url=base) from exc
+
+
+def agent_row(base: str, status: Any) -> AgentRow:
+    """The row of one agent from its parsed ``/status``; IntegrityError naming the first field of the wrong
+    type (an agent of another trm version may add fields: those are left alone)."""
+    def bad(where: str, wanted: str) -> IntegrityError:
+        return IntegrityError(f"{where} is not {wanted}")
+
+    def text(value: Any, where: str, default: str = "-") -> str:
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise bad(where, "a text")
+        return value[:MAX_FIELD]
+
+    def seconds(value: Any, where: str) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise bad(where, "a number of seconds")
+        return float(value)
+
+    def versions(value: Any, where: str, *, optional: bool) -> dict[str, int | None]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or len(value) > 10_000:
+            raise bad(where, "a mapping of model -> version")
+        for model, version in value.items():
+            if not (version is None and optional) and (isinstance(version, bool) or not isinstance(version, int)):
+                raise bad(f"{where}[{model[:40]!r}]", "a version number")
+        return {model[:MAX_FIELD]: version for model, version in value.items()}
+
+    if not isinstance(status, dict):
+        raise bad("the document", "a mapping")
+    ready = status.get("ready", False)
+    if not isinstance(ready, bool):
+        raise bad("ready", "true or false")
+    pointer, last = status.get("pointer") or {}, status.get("last_rollout") or None
+    if not isinstance(pointer, dict):
+        raise bad("pointer", "a mapping")
     summary = None
-    if last:
-        summary = f"{last.get('outcome')} {last.get('seconds', 0):.1f}s" + (f": {last['reason']}"
-                                                                          if last.get("reason") else "")
-    return AgentRow(base, str(status.get("pod")), str(status.get("env")), str(status.get("state")),
-                    bool(status.get("ready")), dict(status.get("served") or {}), dict(status.get("wanted") or {}),
-                    (status.get("pointer") or {}).get("age_s"), summary, status.get("reason"))
+    if last is not None:
+        if not isinstance(last, dict):
+            raise bad("last_rollout", "a mapping")
+        took = seconds(last.get("seconds"), "last_rollout.seconds")
+        reason = text(last.get("reason"), "last_rollout.reason", "")
+        summary = " ".join(x for x in (text(last.get("outcome"), "last_rollout.outcome", "?"),
+                                       f"{took:.1f}s" if took is not None else "")) + (f": {reason}" if reason else "")
+    return AgentRow(base, text(status.get("pod"), "pod"), text(status.get("env"), "env"),
+                    text(status.get("state"), "state"), ready,
+                    versions(status.get("served"), "served", optional=True),
+                    versions(status.get("wanted"), "wanted", optional=False),  # type: ignore[arg-type]
+                    seconds(pointer.get("age_s"), "pointer.age_s"), summary,
+                    text(status.get("reason"), "reason", "") or None)
 
 
 @dataclass(frozen=True)
@@ -205,6 +270,8 @@ def between(before: Scrape, after: Scrape) -> list[Row]:
     dt = max(after.at - before.at, 1e-6)
     rows = []
     for key in sorted(after.counters):
+        if key[0].startswith(TEMPORARY_PREFIX):  # a version trm loads for a moment to verify it
+            continue
         now, then = after.counters[key], before.counters.get(key, {})
 
         def delta(name: str, now: dict = now, then: dict = then) -> float:
@@ -288,8 +355,14 @@ def _versions(versions: dict[str, Any]) -> str:
     return " ".join(f"{m}:{'-' if v is None else v}" for m, v in sorted(versions.items())) or "-"
 
 
+def _fit(value: Any, width: int) -> str:
+    """``value`` as printable text (escape sequences from a metric label or an agent's field shown, never
+    sent to the terminal), cut to ``width``."""
+    return printable(str(value))[:width]
+
+
 def render(view: View) -> str:
-    """Plain text table (one line per server, model and version)."""
+    """Plain text table (one line per server, model and version); every value is made printable."""
     head = (f"{'server':<24} {'model':<18} {'ver':>3} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'queue ms':>8} "
             f"{'compute':>8} {'pending':>7} {'batch':>5} {'rej/s':>6} {'fail/s':>6}  batch sizes")
     lines = [head]
@@ -299,10 +372,11 @@ def render(view: View) -> str:
 
     for r in view.rows:
         sizes = " ".join(f"{s}:{c}" for s, c in r.batch_sizes.items())
-        server = r.server.split("://")[-1][:24]
-        lines.append(f"{server:<24} {r.model[:18]:<18} {r.version:>3} {r.rate_rps:>7.1f} {cell(r.p50_ms, 7)} "
-                     f"{cell(r.p99_ms, 7)} {cell(r.queue_ms, 8, '.2f')} {cell(r.compute_ms, 8, '.2f')} "
-                     f"{r.pending:>7.0f} {cell(r.mean_batch, 5)} {r.rejected_rps:>6.1f} {r.failed_rps:>6.1f}  {sizes}")
+        server = _fit(r.server.split("://")[-1], 24)
+        lines.append(f"{server:<24} {_fit(r.model, 18):<18} {_fit(r.version, 8):>3} {r.rate_rps:>7.1f} "
+                     f"{cell(r.p50_ms, 7)} {cell(r.p99_ms, 7)} {cell(r.queue_ms, 8, '.2f')} "
+                     f"{cell(r.compute_ms, 8, '.2f')} {r.pending:>7.0f} {cell(r.mean_batch, 5)} "
+                     f"{r.rejected_rps:>6.1f} {r.failed_rps:>6.1f}  {sizes}")
     if not view.rows and view.agents:
         lines = []
     if view.agents:
@@ -311,9 +385,10 @@ def render(view: View) -> str:
     for a in view.agents:
         age = "-" if a.pointer_age_s is None else f"{a.pointer_age_s:.0f}s"
         state = a.state + ("" if a.ready else " (unready)")
-        lines.append(f"{a.pod[:24]:<24} {a.env[:12]:<12} {state[:16]:<16} {_versions(a.served)[:20]:<20} "
-                     f"{_versions(a.wanted)[:20]:<20} {age:>7}  {a.last_rollout or '-'}")
-    lines += [f"{p}" for p in view.problems]
-    lines += [f"{s}: no latency summaries (start tritonserver with --metrics-config=summary_latencies=true)"
+        lines.append(f"{_fit(a.pod, 24):<24} {_fit(a.env, 12):<12} {_fit(state, 16):<16} "
+                     f"{_fit(_versions(a.served), 20):<20} {_fit(_versions(a.wanted), 20):<20} {age:>7}  "
+                     f"{_fit(a.last_rollout or '-', 200)}")
+    lines += [_fit(p, 2000) for p in view.problems]
+    lines += [f"{_fit(s, 200)}: no latency summaries (start tritonserver with --metrics-config=summary_latencies=true)"
               for s in view.summaries_off]
     return "\n".join(lines)

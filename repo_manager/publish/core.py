@@ -36,6 +36,7 @@ from repo_manager.manifest import (
     scan_files,
     sha256_file,
 )
+from repo_manager.paths import open_inside
 from repo_manager.progress import Progress, quiet
 from repo_manager.publish.verify import Candidate, Check, Reference, verify
 from repo_manager.repository import LocalRepository
@@ -99,6 +100,14 @@ def copy_into(staging: Path, source: Path, relative: str) -> None:
     shutil.copyfile(source, target)
 
 
+def copy_inside(staging: Path, root: Path, relative: str) -> None:
+    """Copy ``root/relative`` into ``staging`` as ``paths.open_inside`` reads it (no link on the way)."""
+    target = staging / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open_inside(root, relative) as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out)
+
+
 def source_record(path: Path, kind: str, **extra: Any) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": kind, "path": str(path.resolve())}
     if path.is_file():
@@ -125,6 +134,7 @@ def commit_staged(repo: LocalRepository, staged: Staged, verification: dict[str,
             verification=verification, tuning=staged.tuning, members=staged.members, labels=staged.labels,
             data=staged.data,
             created_at=now_iso())
+        manifest.writable_json()  # a manifest trm could not read back is refused before it is written
         try:
             return version, repo.commit(staged.folder, manifest)
         except ConflictError:

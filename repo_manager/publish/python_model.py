@@ -33,17 +33,18 @@ def python_config(name: str, source: Path, inputs: list[cfg.TensorSpec], outputs
 
 def build_python(source: Path, inputs: list[cfg.TensorSpec], outputs: list[cfg.TensorSpec],
                  options: cfg.ConfigOptions):
-    from repo_manager.publish.core import Staged, copy_into  # noqa: PLC0415
+    from repo_manager.publish.core import Staged, copy_inside  # noqa: PLC0415
 
     if not (source / "model.py").is_file():
         raise InputError(f"{source} has no model.py")
-    files = [e for e in scan_files(source) if e.path != "config.pbtxt" and "__pycache__" not in e.path]
+    # every file, read inside the folder: a link anywhere or an unreadable file or folder is refused (exit 3)
+    files = [e for e in scan_files(source, skip_folders=frozenset({"__pycache__"})) if e.path != "config.pbtxt"]
 
     def build(repo, name: str) -> list[Staged]:
         config = python_config(name, source, inputs, outputs, options)
         staging = repo.stage(name)
         for entry in files:
-            copy_into(staging, source / entry.path, entry.path)
+            copy_inside(staging, source, entry.path)
         record = {"kind": "python", "path": str(source.resolve()),
                   "files": {e.path: e.sha256 for e in files}}
         return [Staged(name, staging, config, record)]

@@ -225,7 +225,7 @@ def prepare_tensorrt_llm(source: str | Path, name: str, options: TrtllmOptions, 
             bls = repo.stage(member["tensorrt_llm_bls"])
             copy_into(bls, MODELS_DIR / "bls.py", "model.py")
             copy_into(bls, MODELS_DIR / "common.py", "trm_common.py")
-            staged.append(Staged(member["tensorrt_llm_bls"], bls, triton_layout.bls_config(name, serving),
+            staged.append(Staged(member["tensorrt_llm_bls"], bls, triton_layout.bls_config(name, built, serving),
                                  _base_source(source, name, "tensorrt_llm_bls", digest)))
         ensemble = repo.stage(name)
         staged.append(Staged(name, ensemble, triton_layout.ensemble_config(name, built),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -20,10 +21,11 @@ from pathlib import Path
 
 from repo_manager import config as cfg
 from repo_manager import paths
-from repo_manager.errors import ConflictError, NotFoundError
+from repo_manager.errors import ConflictError, IntegrityError, NotFoundError, TrmError
+from repo_manager.manifest import Manifest
 from repo_manager.repository import CONFIG_NAME, STAGING_PREFIX, LocalRepository
 from repo_manager.storage import Store
-from repo_manager.sync.cache import PART_WORKERS, BlobCache, Cancelled, RateLimit, settle
+from repo_manager.sync.cache import PART_WORKERS, BlobCache, Cancelled, CorruptBlobError, RateLimit, settle
 from repo_manager.sync.noop import record
 from repo_manager.sync.plan import (
     INSTALL,
@@ -113,18 +115,112 @@ def _exchange(a: Path, b: Path) -> None:
     os.rename(aside, a)
 
 
+CHECK_WORKERS = max(1, min(8, os.cpu_count() or 1))
+"""Files placed (and hashed) at once: hashlib releases the GIL, so a node's cores share the check."""
+
+
+class Refetched:
+    """Bytes fetched again while a version was assembled (a blob collected or found corrupt meanwhile)."""
+
+    def __init__(self) -> None:
+        self.bytes = self.blobs = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.blobs += 1 if nbytes else 0
+
+
+def place_checked(store: Store, cache: BlobCache, digest: str, size: int, target: Path, limit: RateLimit,
+                  refetched: Refetched, progress: SyncProgress) -> None:
+    """``cache.place`` (which hashes the blob as it enters the version); a blob gone from the cache or
+    no longer matching its sha256 is fetched again (from the store, verified) and placed once more."""
+    try:
+        cache.place(digest, size, target)
+        return
+    except NotFoundError:  # collected by a concurrent `sync --prune` since we planned: fetch again
+        pass
+    except CorruptBlobError as exc:  # changed in the cache since it was verified: never installed
+        progress.message(f"blob {digest[:12]}… in the node cache does not match its sha256: fetching it again")
+        cache.evict(exc)
+    refetched.add(cache.fetch(store, digest, size, limit=limit)[0])
+    try:
+        cache.place(digest, size, target)
+    except CorruptBlobError as exc:
+        raise IntegrityError(f"blob {digest} in the node cache ({exc.facts['path']}) changed again right after "
+                             "it was fetched and verified", hint="something on this node keeps writing into the "
+                             "node cache (--cache): stop it; nothing was installed from it",
+                             path=exc.facts["path"]) from exc
+
+
+def own_copies(repo: LocalRepository, cache: BlobCache, manifest: Manifest) -> dict[str, tuple[Path, int]]:
+    """sha256 -> (file, size) of the installed versions of ``manifest``'s model, when the repository is on
+    another filesystem than the cache (the Kubernetes layout: two mounts). Each is then this repository's
+    own copy, checked when it was copied in and out of reach of the other pods, so a new version that
+    shares it is hard-linked to it: no second copy, no second hash. On one filesystem the repository's
+    files may be the cache's inodes, and nothing is taken from them."""
+    try:
+        if os.stat(repo.root).st_dev == os.stat(cache.root).st_dev:
+            return {}
+        versions = repo.versions(manifest.model)
+    except OSError:
+        return {}
+    found: dict[str, tuple[Path, int]] = {}
+    for version in versions:
+        if version == manifest.version:
+            continue
+        try:
+            local = repo.manifest(manifest.model, version)
+        except TrmError:
+            continue  # a version trm cannot read is not a source
+        folder = repo.version_dir(manifest.model, version)
+        for entry in local.files:
+            found.setdefault(entry.sha256, (folder / entry.path, entry.size))
+    return found
+
+
+def link_own_copy(source: tuple[Path, int] | None, size: int, target: Path) -> bool:
+    """Hard-link ``source`` (see ``own_copies``) at ``target`` if it is a regular file of the size; False
+    when it cannot be used (then the blob comes from the cache, checked)."""
+    if source is None or source[1] != size:
+        return False
+    try:
+        info = os.lstat(source[0])
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(source[0], target, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 def materialize(store: Store, cache: BlobCache, repo: LocalRepository, action: ModelAction,
-                limit: RateLimit) -> bool:
+                limit: RateLimit, refetched: Refetched | None = None, progress: SyncProgress | None = None) -> bool:
     """Put one version folder in place from the cache. True if this call installed it."""
     manifest = action.manifest
+    refetched = refetched or Refetched()
+    progress = progress or SyncProgress()
+    sources = own_copies(repo, cache, manifest)
     staging = repo.stage(manifest.model)
     try:
-        for entry in manifest.files:
-            try:
-                cache.place(entry.sha256, staging / entry.path)
-            except NotFoundError:  # collected by a concurrent `sync --prune` since we planned: fetch again
-                cache.fetch(store, entry.sha256, entry.size, limit=limit)
-                cache.place(entry.sha256, staging / entry.path)
+        def one(entry) -> None:
+            if not link_own_copy(sources.get(entry.sha256), entry.size, staging / entry.path):
+                place_checked(store, cache, entry.sha256, entry.size, staging / entry.path, limit, refetched,
+                              progress)
+        if len(manifest.files) > 1 and CHECK_WORKERS > 1:
+            with ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="trm-place") as pool:
+                futures = [pool.submit(one, entry) for entry in manifest.files]
+                try:
+                    settle(futures)
+                except BaseException:  # SIGTERM/SIGINT too: what has not started never starts
+                    for future in futures:
+                        future.cancel()
+                    raise
+        else:
+            for entry in manifest.files:
+                one(entry)
         target = repo.version_dir(manifest.model, manifest.version)
         state = local_state(repo, manifest)  # again: a concurrent sync may have installed it meanwhile
         if state == PRESENT:
@@ -191,13 +287,15 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     with paths.node_writes("this sync", cache.root):
         downloaded, resumed, blobs, by_others = fetch_blobs(store, cache, plan, progress, limit, stop)
     installed, configs = [], []
+    refetched = Refetched()
     with paths.node_writes("this sync", repo.root):
         for model in sorted({a.model for a in plan.models if a.action in (INSTALL, REPLACE)}):
             # what a sync killed while assembling a version left: its owner is gone, or it had this pid (a
             # container restarted as pid 1); this sync has written no staging folder yet
             repo.clean_staging(model, ours=True)
         for action in plan.models:
-            if action.action in (INSTALL, REPLACE) and materialize(store, cache, repo, action, limit):
+            if action.action in (INSTALL, REPLACE) and \
+                    materialize(store, cache, repo, action, limit, refetched, progress):
                 installed.append(f"{action.model}/{action.version}")
                 progress.message(f"installed {action.model}/{action.version}")
             if (action.config_change or action.action != PRESENT) and config_differs(repo, action.manifest):
@@ -218,7 +316,7 @@ def execute(plan: SyncPlan, store: Store, *, progress: SyncProgress | None = Non
     return SyncResult(
         store=plan.store, env=plan.env, repository=str(plan.repository),
         models={a.model: a.version for a in plan.models}, installed=tuple(installed), configs_replaced=tuple(configs),
-        pruned=tuple(pruned), kept_loaded=tuple(kept), bytes_downloaded=downloaded, bytes_resumed=resumed,
-        bytes_reused=plan.reuse_bytes + by_others, files=files, blobs_downloaded=blobs,
-        remote_reads=plan.remote_reads + blobs,
+        pruned=tuple(pruned), kept_loaded=tuple(kept), bytes_downloaded=downloaded + refetched.bytes,
+        bytes_resumed=resumed, bytes_reused=max(0, plan.reuse_bytes + by_others - refetched.bytes), files=files,
+        blobs_downloaded=blobs + refetched.blobs, remote_reads=plan.remote_reads + blobs + refetched.blobs,
         gc_removed=removed, gc_freed_bytes=freed, seconds=time.monotonic() - started, unchanged=plan.unchanged)

@@ -13,6 +13,14 @@ environment into the same repository first asks the store for the pointer with `
 The checks are the planner's own for a version it finds ``present`` (size per file, the manifest it was
 installed with, the config it serves), so both paths agree on what "unchanged" means.
 
+What it trusts: the record lives in the node cache, which every pod of the node can write, so it is
+believed only to skip work. It installs nothing and reads nothing from the cache into the repository;
+the repository must still hold exactly what the record says, byte for byte in its manifests and
+configs, and those were written by a full sync from manifests it read from the store. A forged record
+can at most make this node keep what it already serves until the environment's pointer moves again; a
+repository new at every pod start (the Kubernetes layout) always plans in full, and the agent never
+comes here. File contents are trusted by size, as the planner does for a present version.
+
 ``quick`` is the same check before anything else of trm is imported (`repo_manager/entry.py` calls it for
 a plain ``trm sync s3://… --env E``): keys from the environment, one GET signed by ``storage.sigv4`` on a
 socket of its own, and the record says which object the pointer is. It answers the result as a dict,
@@ -38,13 +46,16 @@ if TYPE_CHECKING:
     from repo_manager.sync.plan import SyncPlan
     from repo_manager.sync.result import SyncResult
 
-STATE_SCHEMA = "trm.sync-state/3"  # /2 names the pointer's key, /3 the model-folder files; older: one full sync
+STATE_SCHEMA = "trm.sync-state/4"
+"""/2 names the pointer's key, /3 the model-folder files, /4 was recorded by a sync that read every manifest
+from the store (earlier ones believed manifests kept in the shared cache): an older record means one full
+sync, which also replaces a forged manifest such a sync may have installed."""
 MANIFEST_NAME = "trm-manifest.json"  # repository.MANIFEST_NAME, without importing the repository module
 CONFIG_NAME = "config.pbtxt"
 
 
 def store_id(store: Store) -> str:
-    """Names a store in the node cache (manifests and records of different stores never mix)."""
+    """Names a store in the node cache (records of different stores never mix)."""
     return _store_id(store.location, getattr(store, "endpoint_url", None))
 
 
@@ -131,7 +142,9 @@ def _serves(repo: str | Path, models: dict[str, Any]) -> bool:
                     return False
             prefix = folder + os.sep
             for relative, size in entry["files"]:
-                info = os.lstat(prefix + relative)  # (relative paths were checked when the manifest was read)
+                if relative.startswith("/") or "/../" in f"/{relative}/":  # a record is believed about nothing
+                    return False  # outside the repository (it is in the shared cache: see the docstring)
+                info = os.lstat(prefix + relative)
                 if not stat.S_ISREG(info.st_mode) or info.st_size != size:
                     return False
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

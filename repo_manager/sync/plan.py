@@ -25,7 +25,6 @@ from repo_manager.manifest import MANIFEST_NAME, Manifest, check_model_name
 from repo_manager.repository import CONFIG_NAME, LocalRepository
 from repo_manager.storage import Store
 from repo_manager.sync.cache import BlobCache
-from repo_manager.sync.noop import store_id
 
 if TYPE_CHECKING:
     from repo_manager.llm.node import NodeFacts
@@ -79,7 +78,7 @@ class SyncPlan:
     prune: tuple[PruneAction, ...]
     gc: bool
     remote_reads: int
-    """Objects read from the store to build this plan (the pointer and uncached manifests)."""
+    """Objects read from the store to build this plan (the pointer and the manifests)."""
     pointer_etag: str | None = None
     """The store's tag of the environment pointer this plan was built from (the no-op path's key)."""
     selection: tuple[str, ...] = ()
@@ -142,16 +141,16 @@ def wanted_versions(store: Store, env: str | None,
     return dict(pointer.models), 1, pointer.etag
 
 
-def load_manifest(store: Store, cache: BlobCache, model: str, version: int) -> tuple[Manifest, bytes, int]:
-    """The verified manifest (from the node cache when seen before), its canonical bytes (what trm writes
-    as trm-manifest.json) and the remote reads it cost."""
-    sid = store_id(store)
-    cached = cache.cached_manifest(sid, model, version)
-    if cached is not None:
-        return store.parse_manifest(cached, model, version), cached, 0
+def load_manifest(store: Store, model: str, version: int) -> tuple[Manifest, bytes, int]:
+    """The manifest as the store holds it, checked (its config parsed), its canonical bytes (what trm
+    writes as trm-manifest.json) and the remote reads it cost (1).
+
+    Always read from the store, never from the node cache: the cache is shared by every pod of the node,
+    so a manifest kept there would be believed on the word of whoever can write that folder (a forged
+    ``verification``, another config). A manifest is one small GET; the blobs it names are what the
+    cache saves."""
     manifest = store.get_manifest(model, version)
     check_manifest_config(manifest)
-    cache.save_manifest(sid, manifest)
     return manifest, manifest.to_json(), 1
 
 
@@ -186,6 +185,8 @@ def local_state(repo: LocalRepository, manifest: Manifest, payload: bytes | None
                                  "than the store; it is never replaced",
                                  hint="move it away (versions are immutable), or sync into another --repo",
                                  model=manifest.model, version=manifest.version, path=str(folder))
+    if local != manifest:  # the same files and config, other facts (a forged `verification`): the store's
+        return REPLACE
     for entry in manifest.files:
         path = folder / entry.path
         try:
@@ -294,7 +295,7 @@ def build_plan(store: Store, repo: LocalRepository, cache: BlobCache, *, env: st
     while queue:
         model, version = queue.pop(0)
         check_target(repo, model, version, wanted, local)
-        manifest, payload, cost = load_manifest(store, cache, model, version)
+        manifest, payload, cost = load_manifest(store, model, version)
         reads += cost
         for member, member_version in sorted(manifest.members.items()):
             if member not in wanted:

@@ -1,7 +1,9 @@
 """The one Triton client wrapper (HTTP/REST, KServe v2 protocol plus Triton's repository extension).
 
 Every call to a Triton server in trm goes through ``TritonClient``, which turns transport failures and
-server refusals into ``ServerError`` / ``ModelLoadError`` with the server URL in the message.
+server refusals into ``ServerError`` / ``ModelLoadError`` with the server URL in the message. The calls of
+Triton's restricted groups (repository index, load, unload, statistics) carry the restricted-API key
+(``restricted.ApiKey``: the one given, else the command's); health, metadata, config and inference never do.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from repo_manager import config as cfg
 from repo_manager.errors import ModelLoadError, NotFoundError, ServerError
+from repo_manager.triton import restricted
+from repo_manager.triton.restricted import ApiKey
 
 
 def normalize_url(url: str) -> str:
@@ -33,8 +37,9 @@ class TritonClient:
     1.5-2 s for a small Python model); its gRPC frontend handles model control apart from inference."""
 
     def __init__(self, url: str, *, timeout_s: float = 60.0, concurrency: int = 1,
-                 grpc_url: str | None = None) -> None:
+                 grpc_url: str | None = None, api_key: ApiKey | None = None) -> None:
         self.url = url if url.startswith("http") else f"http://{url}"
+        self.api_key = api_key or restricted.current()
         self._client = httpclient.InferenceServerClient(
             normalize_url(url), connection_timeout=timeout_s, network_timeout=timeout_s,
             concurrency=concurrency)
@@ -46,6 +51,14 @@ class TritonClient:
         if self._grpc is not None:
             self._grpc.close()
             self._grpc = None
+
+    def _restricted_headers(self, grpc: bool = False) -> dict[str, str] | None:
+        if self.api_key is None:
+            return None
+        return self.api_key.grpc_headers() if grpc else self.api_key.http_headers()
+
+    def _control_headers(self) -> dict[str, str] | None:
+        return self._restricted_headers(grpc=self.grpc_url is not None)
 
     def _control(self) -> Any:
         """The client that loads and unloads: gRPC when its address is known, else HTTP."""
@@ -68,11 +81,21 @@ class TritonClient:
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
+            self._raise_if_restricted(what, exc)
             raise ServerError(f"Triton at {self.url} refused {what}: {exc.message()}", url=self.url) from exc
         except (TimeoutError, ConnectionError, OSError) as exc:
             raise ServerError(f"Triton at {self.url} is not reachable ({what}): {exc}",
                               hint="start one with `trm serve`, or pass --url of a running server",
                               url=self.url) from exc
+
+    def _raise_if_restricted(self, what: str, exc: InferenceServerException) -> None:
+        """A call refused for want of the restricted-API key: the setting, not the server or the model."""
+        if not restricted.is_restricted_refusal(exc.message() or str(exc)):
+            return
+        given = "the key trm sent is not the server's" if self.api_key else "trm sent no key"
+        raise ServerError(f"Triton at {self.url} refused {what}: that API is restricted and {given}",
+                          hint="set $TRM_TRITON_API_KEY (and triton_api_header) to the key the server was "
+                               "started with", url=self.url) from exc
 
     # ------------------------------------------------------------------------------------ health
     def is_ready(self) -> bool:
@@ -100,7 +123,8 @@ class TritonClient:
 
     # -------------------------------------------------------------------------------- repository
     def repository_index(self) -> list[dict[str, Any]]:
-        return self._call("the repository index", self._client.get_model_repository_index)
+        return self._call("the repository index", self._client.get_model_repository_index,
+                          headers=self._restricted_headers())
 
     def loaded_versions(self, name: str) -> list[int]:
         """Versions of ``name`` that are READY on the server."""
@@ -116,8 +140,9 @@ class TritonClient:
         config_json = cfg.config_to_json(config) if config is not None else None
         overrides = {f"file:{path}": data for path, data in (files or {}).items()} or None
         try:
-            self._control().load_model(name, config=config_json, files=overrides)
+            self._control().load_model(name, headers=self._control_headers(), config=config_json, files=overrides)
         except InferenceServerException as exc:
+            self._raise_if_restricted(f"the load of {name}", exc)
             if _unreachable(exc):
                 raise ServerError(f"Triton at {self.url} is not reachable (load {name}): {_first_line(exc)}",
                                   url=self.url) from exc
@@ -128,7 +153,7 @@ class TritonClient:
                               url=self.url) from exc
 
     def unload(self, name: str, *, unload_dependents: bool = False) -> None:
-        self._call(f"unload of {name}", self._control().unload_model, name,
+        self._call(f"unload of {name}", self._control().unload_model, name, headers=self._control_headers(),
                    unload_dependents=unload_dependents)
 
     def model_config(self, name: str, version: int | None = None) -> cfg.ModelConfig:
@@ -143,7 +168,7 @@ class TritonClient:
 
     def statistics(self, name: str = "", version: int | None = None) -> list[dict[str, Any]]:
         data = self._call("statistics", self._client.get_inference_statistics, name,
-                          str(version) if version else "")
+                          str(version) if version else "", headers=self._restricted_headers())
         return list(data.get("model_stats", []))
 
     # ------------------------------------------------------------------------------------ infer

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
+from repo_manager.triton.restricted import key_from
 from repo_manager.triton.server import TritonServer
 
 
@@ -18,7 +19,7 @@ def triton_client(settings: Settings, repository: Path | None = None,
     """A ready client. With ``settings.triton_url`` it talks to that server; otherwise it starts an
     embedded server on ``repository`` (an empty scratch folder when None) for the ``with`` block."""
     if settings.triton_url:
-        client = TritonClient(settings.triton_url)
+        client = TritonClient(settings.triton_url, api_key=key_from(settings))
         try:
             client.require_ready()
             yield client
@@ -28,8 +29,8 @@ def triton_client(settings: Settings, repository: Path | None = None,
     with tempfile.TemporaryDirectory(prefix="trm-scratch-") as scratch:
         repo = repository if repository is not None else Path(scratch)
         with TritonServer(repo, binary=settings.tritonserver, models=models,
-                          start_timeout_s=settings.server_start_timeout_s) as server:
-            client = TritonClient(server.url)
+                          start_timeout_s=settings.server_start_timeout_s, api_key=key_from(settings)) as server:
+            client = TritonClient(server.url, api_key=server.api_key)
             try:
                 yield client
             finally:

@@ -12,6 +12,10 @@ if trm dies (its Python stubs notice their parent is gone and exit within a seco
 file whose tail goes into any start-up error. Stopping drains first (every model unloaded, so in-flight
 requests finish and nothing else holds the server), then SIGTERM (Triton's short exit timeout only
 covers idle connections by then), then SIGKILL.
+
+With a restricted-API key (``api_key``, else the command's: ``restricted.current()``) the server answers
+its control groups (``restricted.RESTRICTED_APIS``: load, unload, index, shared memory, statistics, trace,
+logging) only to requests carrying the key; trm's own calls to it (readiness, drain) carry it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pathlib import Path
 
 from repo_manager.errors import ServerStartError, TrmError
 from repo_manager.process import ManagedProcess
+from repo_manager.triton import restricted
+from repo_manager.triton.restricted import ApiKey
 
 BACKENDS_SRC = Path(__file__).parent / "backends"
 
@@ -136,7 +142,7 @@ class TritonServer:
                  address: str = "127.0.0.1", models: list[str] | tuple[str, ...] = (),
                  start_timeout_s: float = 120.0, log_verbose: int = 0,
                  extra_args: list[str] | tuple[str, ...] = (), drain_timeout_s: float = 30.0,
-                 exit_timeout_s: int = 3) -> None:
+                 exit_timeout_s: int = 3, api_key: ApiKey | None = None) -> None:
         repos = repository if isinstance(repository, list) else [repository]
         self.repositories = [Path(r).resolve() for r in repos]
         self.binary = find_tritonserver(binary)
@@ -148,6 +154,7 @@ class TritonServer:
         self.extra_args = list(extra_args)
         self.drain_timeout_s = drain_timeout_s
         self.exit_timeout_s = exit_timeout_s
+        self.api_key = api_key or restricted.current()
         self._process: ManagedProcess | None = None
         self._workdir: Path | None = None
         self.log_path: Path | None = None
@@ -197,7 +204,14 @@ class TritonServer:
         if self._workdir and self.binary.bundled:
             cmd.append(f"--backend-directory={self._workdir / 'backends'}")
         cmd += [f"--load-model={m}" for m in self.models]
+        if self.api_key is not None:
+            cmd += self.api_key.server_args()
         return cmd + self.extra_args
+
+    @property
+    def restricted_apis(self) -> tuple[str, ...]:
+        """The API groups that need the key on this server (none without one)."""
+        return restricted.RESTRICTED_APIS if self.api_key is not None else ()
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -252,7 +266,7 @@ class TritonServer:
         from repo_manager.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
 
         # closed on the way out: an open keep-alive connection holds tritonserver's shutdown
-        with TritonClient(self.url, timeout_s=2.0) as client:
+        with TritonClient(self.url, timeout_s=2.0, api_key=self.api_key) as client:
             deadline = time.monotonic() + self.start_timeout_s
             while time.monotonic() < deadline:
                 assert self._process is not None
@@ -281,7 +295,7 @@ class TritonServer:
             return
         deadline = time.monotonic() + (self.drain_timeout_s if timeout_s is None else timeout_s)
         try:
-            with TritonClient(self.url, timeout_s=5.0) as client:
+            with TritonClient(self.url, timeout_s=5.0, api_key=self.api_key) as client:
                 ready = {e["name"] for e in client.repository_index() if e.get("state") == "READY"}
                 for model in sorted(ready):
                     client.unload(model)

@@ -80,6 +80,9 @@ class TuneRequest:
     overload_s: float = 3.0
     """Seconds of overload per queue-policy try (then ``recover_s`` at the peak rate)."""
     recover_s: float = 2.0
+    require_overload_policy: bool = False
+    """Without a queue policy shown to hold under the overload, write nothing and fail (by default the
+    batching choice is written, recorded as having no queue policy)."""
 
     def check(self) -> None:
         if not self.p99_ms > 0:
@@ -168,18 +171,35 @@ class TuneResult:
     overload: OverloadOutcome | None = None
     """The queue-policy choice under overload (None: ``overload_factor`` 0, or no batching choice)."""
 
+    require_overload_policy: bool = False
+
     @property
     def chosen(self) -> Candidate | None:
-        """The whole choice: batching settings plus the queue policy (None when either part failed)."""
-        if self.overload is not None:
+        """The whole choice: the batching settings, with the queue policy when one was shown to hold (None:
+        no batching met the SLO, or a policy was required and none held)."""
+        if self.overload is not None and self.overload.chosen is not None:
             return self.overload.chosen
+        if self.require_overload_policy and self.overload is not None:
+            return None
         return self.outcome.chosen
+
+    @property
+    def status(self) -> str:
+        """What happened, in one word: ``chosen`` (batching, and the queue policy when one was asked for and
+        held), ``chosen-without-queue-policy`` (the batching met the SLO, no queue policy held or the
+        overload could not be driven: see ``overload.outcome``), ``queue-policy-required`` (that, with
+        ``--require-overload-policy``: nothing chosen), ``no-candidate`` (no batching met the SLO)."""
+        if self.outcome.chosen is None:
+            return "no-candidate"
+        if self.overload is None or self.overload.chosen is not None:
+            return "chosen"
+        return "queue-policy-required" if self.require_overload_policy else "chosen-without-queue-policy"
 
     def record(self) -> dict[str, Any]:
         """The tuning record stored in a written version's manifest (and the JSON report)."""
         o = self.outcome
         return {
-            "tool": "trm tune-batching", "created_at": now_iso(), "model": self.model,
+            "tool": "trm tune-batching", "created_at": now_iso(), "model": self.model, "status": self.status,
             "tuned_from_version": self.version, "server": self.server, "slo": self.slo,
             "environment": self.environment, "search_seconds": round(self.seconds, 1),
             "chosen": self.chosen.to_dict() if self.chosen else None,
@@ -258,14 +278,19 @@ def _gpus() -> list[str]:
 
 # ---------------------------------------------------------------------------------------- tuning
 
+POLICY_TRIES_RESERVED = 4
+"""Queue-policy tries the batching search leaves budget for (at most a third of the budget, at least one)."""
+
+
 def policy_reserve_s(request: TuneRequest, prober: Prober) -> float:
-    """Budget the batching search leaves for the queue-policy search: one policy try (overload, recovery,
-    normal traffic), at most a third of the budget. The policy search stops trying when the budget is
-    spent (its first try is always made), so ``--budget`` bounds the whole run to within about one try."""
+    """Budget the batching search leaves for the queue-policy search: ``POLICY_TRIES_RESERVED`` policy tries
+    (overload, recovery, normal traffic), at most a third of the budget but at least one try. The policy
+    search stops trying when the budget is spent (its first try is always made), so ``--budget`` bounds the
+    whole run to within about one try."""
     if not request.overload_factor:
         return 0.0
     one_try = try_cost_s(request.overload_s, request.recover_s, request.point_s(request.rates()[-1]))
-    return min(one_try, request.budget_s / 3)
+    return min(POLICY_TRIES_RESERVED * one_try, max(one_try, request.budget_s / 3))
 
 
 def tune_batching(settings: Settings, request: TuneRequest, progress: Progress = _quiet) -> TuneResult:
@@ -301,9 +326,11 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
             prober.restore(served.original)
         slo = {"p99_ms": request.p99_ms, "low_rps": request.low_rps, "peak_rps": request.peak_rps,
                "headroom": request.headroom, "headroom_rps": request.peak_rps * request.headroom,
-               "overload_factor": request.overload_factor}
+               "overload_factor": request.overload_factor,
+               "require_overload_policy": request.require_overload_policy}
         result = TuneResult(request.model, served.version, served.client.url, slo, env, outcome,
-                            time.monotonic() - started, overload=overload)
+                            time.monotonic() - started, overload=overload,
+                            require_overload_policy=request.require_overload_policy)
     if request.write and result.chosen is not None:
         version = write_tuned_version(LocalRepository(settings.repository), result)
         result = dataclasses.replace(result, written_version=version)

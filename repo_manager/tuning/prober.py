@@ -33,8 +33,10 @@ Progress = Callable[[str, float, float], None]
 
 LOAD_S = 1.5
 """Allowance for loading one candidate (Triton's load API with a config override)."""
-PROFILE_REQUESTS = 24
-"""Requests per profiled batch size."""
+PROFILE_REQUESTS = 8
+"""Requests per profiled batch size, at least (and at least ``PROFILE_MEASURE_S`` of them)."""
+PROFILE_WARMUP_S = 0.2
+PROFILE_MEASURE_S = 0.3
 
 
 def point_count(rate: float, *, requests: int, max_point_s: float) -> int:
@@ -53,10 +55,10 @@ def config_cost_s(point_cost: Callable[[float], float], rates: Iterable[float]) 
 
 
 def profile_cost_s(max_batch_size: int) -> float:
-    """Seconds the execution-time profile takes at least: a load, then batch sizes 1, 2, 4 … (0.2 s of
-    warm-up and a few requests each)."""
+    """Seconds the execution-time profile takes at least: a load, then batch sizes 1, 2, 4 … (warm-up and
+    measurement by time each, and the wind-down)."""
     sizes = max(max_batch_size, 1).bit_length()
-    return LOAD_S + sizes * 0.4
+    return LOAD_S + sizes * (PROFILE_WARMUP_S + PROFILE_MEASURE_S + 0.1)
 
 
 @dataclass(frozen=True)
@@ -201,9 +203,9 @@ class Prober:
         """One load point on what is loaded, as measured (no SLO judgement, nothing recorded)."""
         return self._measure(spec)
 
-    def _measure(self, spec: LoadSpec) -> Measurement:
+    def _measure(self, spec: LoadSpec, workload: Workload | None = None) -> Measurement:
         try:
-            return measure(self.target, spec, self._workload)
+            return measure(self.target, spec, workload or self._workload)
         except TrmError:
             raise
         except Exception as exc:  # noqa: BLE001 - the transport's own failures name the server
@@ -226,7 +228,12 @@ class Prober:
 
     # ------------------------------------------------------------------------------------ profile
     def profile(self, current: Candidate, limit: int, per_size: int = PROFILE_REQUESTS) -> Profile:
-        """Execution time per batch size, dynamic batching off, one request at a time."""
+        """Execution time per batch size, dynamic batching off, one request at a time.
+
+        Each size gets ``PROFILE_WARMUP_S`` of warm-up and then at least ``per_size`` requests and at least
+        ``PROFILE_MEASURE_S`` of them: sized by time, so a sub-millisecond model is measured over
+        hundreds of requests and a slow one over a few. Sizes stop once a batch alone executes past the
+        SLO (no larger batch can be part of a config that meets it)."""
         probe = Candidate(max(limit, current.max_batch_size), 1, dynamic=False, origin="profile")
         if not self.load(probe):
             probe = Candidate(current.max_batch_size, 1, dynamic=False, origin="profile")
@@ -236,17 +243,40 @@ class Prober:
         exec_ms: dict[int, float] = {}
         overhead = 0.0
         size = 1
+        why = ""
         while size <= probe.max_batch_size:
             self.say(f"profiling execution time at batch size {size}")
             workload = Workload.from_config(self.base, batch_size=size, variants=2)
-            result = measure(self.target, LoadSpec(concurrency=1, requests=per_size, warmup_s=0.2), workload)
-            if result.errors or size not in (result.server.exec_ms_by_batch if result.server else {}):
+            result = self._measure(LoadSpec(concurrency=1, requests=per_size, warmup_s=PROFILE_WARMUP_S,
+                                            min_duration_s=PROFILE_MEASURE_S), workload)
+            why = profile_problem(result, size)
+            if why:
                 break
+            assert result.server is not None
             exec_ms[size] = result.server.exec_ms_by_batch[size]
             if size == 1:
                 overhead = max(result.p50_ms - result.server.server_ms, 0.0)
+            if exec_ms[size] > self.slo_ms:
+                break
             size *= 2
         if not exec_ms:
-            raise ServerError(f"{self.target.model} did not answer a single request while profiling",
+            raise ServerError(f"{self.target.model} could not be profiled at batch size 1: {why}",
                               url=self.target.url)
+        if why:
+            self.say(f"profile stopped at batch size {size}: {why}")
         return Profile(exec_ms, round(overhead, 3), max(exec_ms))
+
+
+def profile_problem(result: Measurement, size: int) -> str:
+    """Why a profiled batch size gave no execution time ("" when it did)."""
+    if result.errors:
+        return f"{result.errors} of {result.requests} requests failed ({'; '.join(result.error_samples)})"
+    if result.requests == 0:
+        return "no request was measured after the warm-up"
+    if result.server is None or result.server.requests == 0:
+        return (f"{result.requests} requests were answered but Triton's statistics counted none of them "
+                "(another client or a reload reset them?)")
+    if size not in result.server.exec_ms_by_batch:
+        executed = ", ".join(map(str, result.server.batch_histogram)) or "none"
+        return f"Triton executed no batch of {size} (executed batch sizes: {executed})"
+    return ""

@@ -49,19 +49,11 @@ def markdown_table(rows: list[list[str]], columns: tuple[str, ...] = COLUMNS) ->
 
 def render_markdown(record: dict[str, Any], points: list[Point]) -> str:
     slo = record["slo"]
-    chosen = record.get("chosen")
     out = [f"# Batching tuning of `{record['model']}`", "",
            f"SLO: p99 <= {slo['p99_ms']:g} ms at low {slo['low_rps']:g}/s, peak {slo['peak_rps']:g}/s and "
            f"peak x headroom {slo['headroom_rps']:g}/s. Server {record['server']}, search took "
            f"{record['search_seconds']:g} s.", ""]
-    if chosen:
-        out += [f"**Chosen:** `{chosen['key']}`", ""]
-        out += [f"- **{name}**: {text}" for name, text in record["evidence"].items()]
-    else:
-        closest = record.get("closest")
-        out += ["**No candidate met the SLO at every level.** Nothing was written.", ""]
-        if closest:
-            out += [f"Closest: `{closest['key']}` ({closest['origin']})."]
+    out += headline(record)
     out += overload_section(record.get("overload"), slo["p99_ms"])
     out += ["", "## Candidates", "",
             markdown_table([[e["key"], e["origin"], "yes" if e["eligible"] else "no",
@@ -88,6 +80,30 @@ def render_markdown(record: dict[str, Any], points: list[Point]) -> str:
     return "\n".join(out)
 
 
+def headline(record: dict[str, Any]) -> list[str]:
+    """What happened, first: the choice (batching, queue policy), or why there is none."""
+    chosen, batching, overload = record.get("chosen"), record.get("batching"), record.get("overload")
+    written = record.get("written_version")
+    out: list[str] = []
+    if chosen:
+        out += [f"**Chosen:** `{chosen['key']}`" + (f" (written as version {written})." if written else "."), ""]
+    if batching and overload and overload.get("outcome") != "policy-held":
+        out += [f"**Batching:** `{batching['key']}` met the SLO at every level. **Queue policy:** none; "
+                f"{overload['summary']}." + ("" if chosen else " Nothing was written (a queue policy was required)."),
+                ""]
+    elif batching and overload:
+        out += [f"**Batching:** `{batching['key']}` met the SLO at every level. **Queue policy:** "
+                f"{overload['summary']}.", ""]
+    if batching:
+        out += [f"- **{name}**: {text}" for name, text in record["evidence"].items()]
+    else:
+        closest = record.get("closest")
+        out += ["**No candidate met the SLO at every level.** Nothing was written.", ""]
+        if closest:
+            out += [f"Closest: `{closest['key']}` ({closest['origin']})."]
+    return out
+
+
 def _opt_ms(value: float | None) -> str:
     return "-" if value is None else _ms(value)
 
@@ -95,19 +111,23 @@ def _opt_ms(value: float | None) -> str:
 def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str]:
     if not overload:
         return []
+    offered = sorted({p["offered_rps"] for p in overload["points"]}) or [overload["offered_rps"]]
+    rates = " and ".join(f"{r:.0f}/s" for r in offered)
     out = ["", "## Overload", "",
-           f"Open-loop Poisson traffic at {overload['factor']:g} x the measured capacity "
-           f"({overload['capacity_rps']:.0f}/s): {overload['offered_rps']:.0f}/s, then "
-           f"{overload['recover_rps']:.0f}/s (the load drops). Goodput: answers within the SLO per second.", ""]
+           f"Outcome: **{overload.get('outcome', '-')}**: {overload.get('summary', '')}.", "",
+           f"Each try: open-loop Poisson traffic at {overload['factor']:g} x the measured capacity ({rates} "
+           f"offered; the capacity of each try is in its row), then {overload['recover_rps']:.0f}/s (the load "
+           "drops). Goodput: answers within the SLO per second.", ""]
     rows = []
     for p in overload["points"]:
         o = p["overload"]
-        rows.append([p["candidate"], f"{o['offered_rps']:.0f}", f"{o['send_rps']:.0f}", _opt_ms(o["accepted_p99_ms"]),
+        rows.append([p["candidate"], f"{p.get('capacity_rps', 0):.0f}", f"{o['offered_rps']:.0f}",
+                     f"{o['send_rps']:.0f}", _opt_ms(o["accepted_p99_ms"]),
                      f"{o['rejected_fraction']:.1%}", _opt_ms(o["rejection_p50_ms"]), _opt_ms(o["rejection_p99_ms"]),
                      f"{o['goodput_rps']:.0f}", str(o["errors"]),
                      "-" if p["recover_s"] is None else f"{p['recover_s']:.2f}",
                      "yes" if p["meets"] else "no", p["note"]])
-    out.append(markdown_table(rows, ("policy", "offered/s", "sent/s", "accepted p99 ms", "rejected",
+    out.append(markdown_table(rows, ("policy", "capacity/s", "offered/s", "sent/s", "accepted p99 ms", "rejected",
                                      "rejection p50 ms", "rejection p99 ms", "goodput/s", "errors",
                                      "recover s", "keeps SLO", "note")))
     point = overload.get("overload_point")
@@ -118,7 +138,12 @@ def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str
                     f" ms (p99), goodput {point['goodput_rps']:.0f}/s, recovered {point['time_to_recover_s']:.2f} s "
                     "after the load dropped."]
     elif overload.get("closest"):
-        out += ["", f"**No queue policy kept the SLO under overload.** Closest: `{overload['closest']['key']}`."]
+        verdict = ("**The overload could not be driven from this client**, so no policy was judged."
+                   if overload.get("outcome") == "not-measurable" else
+                   "**No queue policy kept the SLO under overload.**")
+        out += ["", f"{verdict} Tried: "
+                    + "; ".join(f"`{k}`" for k in dict.fromkeys(p["candidate"] for p in overload["points"]))
+                    + f". Closest: `{overload['closest']['key']}`."]
     out += [f"- {n}" for n in overload.get("notes", [])]
     return out
 
@@ -131,7 +156,7 @@ def plot_overload(overload: OverloadOutcome, slo_ms: float, path: Path, title: s
 
     traced = [p for p in overload.points if p.trace is not None]
     fig, axes = plt.subplots(len(traced), 1, figsize=(9, 2.6 * len(traced) + 0.6), squeeze=False, sharex=True)
-    for ax, point in zip(axes[:, 0], traced):
+    for number, (ax, point) in enumerate(zip(axes[:, 0], traced), 1):
         trace = point.trace
         assert trace is not None
         for code, colour, label in ((0, "tab:blue", "answered"), (1, "tab:orange", "rejected"),
@@ -144,10 +169,12 @@ def plot_overload(overload: OverloadOutcome, slo_ms: float, path: Path, title: s
         ax.axvline(trace.starts[2], color="grey", linestyle=":", linewidth=1)
         ax.set_yscale("log")
         ax.set_ylabel("latency ms")
-        ax.set_title(f"{point.candidate.key}: {'keeps' if point.meets else 'misses'} the SLO", fontsize=9)
+        verdict = "keeps the SLO" if point.meets else f"misses: {point.note}"[:110]
+        ax.set_title(f"try {number}: {point.candidate.key} at {point.rate:.0f}/s ({overload.factor:g} x "
+                     f"{point.capacity_rps:.0f}/s): {verdict}", fontsize=8)
         ax.legend(fontsize=7, loc="upper right", markerscale=3)
-    axes[-1, 0].set_xlabel(f"seconds ({overload.recover_rps:.0f}/s warm-up, {overload.rate:.0f}/s between the dotted "
-                           f"lines, then {overload.recover_rps:.0f}/s)")
+    axes[-1, 0].set_xlabel(f"seconds from the first request ({overload.recover_rps:.0f}/s warm-up, the overload "
+                           f"between the dotted lines, then {overload.recover_rps:.0f}/s)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
@@ -169,7 +196,7 @@ def plot(points: list[Point], slo_ms: float, path: Path, title: str) -> None:
             p99 = min(p.measurement.p99_ms, slo_ms * 20)  # saturated points: clipped, still visibly failing
             by_candidate.setdefault(p.candidate, []).append((p.measurement.achieved_rps, p99))
     for name, values in sorted(by_candidate.items()):
-        values.sort()
+        values.sort(key=lambda v: v[0])  # by throughput: a line never runs backwards
         ax.plot([v[0] for v in values], [v[1] for v in values], marker="o", label=name)
     ax.axhline(slo_ms, color="red", linestyle="--", label=f"SLO p99 {slo_ms:g} ms")
     ax.set_yscale("log")
@@ -185,6 +212,12 @@ def plot(points: list[Point], slo_ms: float, path: Path, title: str) -> None:
     tmp.replace(path)
 
 
+def plot_title(record: dict[str, Any]) -> str:
+    chosen = record.get("batching")
+    what = f"batching chosen: {chosen['key']}" if chosen else "no candidate met the SLO at every level"
+    return f"{record['model']}: p99 vs achieved throughput per candidate ({what})"
+
+
 def write_report(folder: Path, record: dict[str, Any], points: list[Point],
                  overload: OverloadOutcome | None = None) -> tuple[str, ...]:
     """Write the files into ``folder`` (created); returns their paths."""
@@ -192,11 +225,11 @@ def write_report(folder: Path, record: dict[str, Any], points: list[Point],
     json_path, md_path, png_path = folder / "tuning.json", folder / "tuning.md", folder / "p99_vs_throughput.png"
     atomic_write_bytes(json_path, (json.dumps(record, indent=2, default=str) + "\n").encode())
     atomic_write_bytes(md_path, render_markdown(record, points).encode())
-    plot(points, record["slo"]["p99_ms"], png_path, f"{record['model']}: p99 vs throughput per candidate")
+    plot(points, record["slo"]["p99_ms"], png_path, plot_title(record))
     files = [str(json_path), str(md_path), str(png_path)]
     if overload is not None and any(p.trace is not None for p in overload.points):
         overload_png = folder / "overload.png"
         plot_overload(overload, record["slo"]["p99_ms"], overload_png,
-                      f"{record['model']}: every request under {overload.factor:g} x capacity, then peak")
+                      f"{record['model']}: every request of each queue-policy try ({overload.outcome})")
         files.append(str(overload_png))
     return tuple(files)

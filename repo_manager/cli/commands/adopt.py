@@ -42,6 +42,9 @@ def adopt_command(ctx: Context, repo_dir: str, target: str | None, dry_run: bool
         lines.append(f"  {item.model}/{item.version}: " + (f"verified ({item.detail})" if item.verified
                                                            else f"unverified: {item.detail}"))
     lines += [f"  refused {p}" for p in result.refused]
+    # what Triton ignores (a model file beside config.pbtxt, a stray folder) is said here too, not only by --dry-run
+    lines += [f"  note: {m.name}: {n}" for m in result.plan.models for n in m.notes]
+    lines += [f"  note: {n}" for n in result.plan.notes]
     ctx.emit(data, "\n".join(lines))
 
 

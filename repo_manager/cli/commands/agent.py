@@ -25,8 +25,9 @@ SECONDS = Number(0, DAY_S)
 @click.option("--url", "triton_url", required=True,
               help="The Triton server beside the agent (HTTP, explicit model-control mode).")
 @click.option("--grpc-url", help="Its gRPC endpoint (HOST:PORT): loads and unloads go there, as `trm rollout`.")
-@click.option("--listen", default="0.0.0.0:8090", show_default=True,
-              help="Agent HTTP: /healthz /readyz /status /metrics.")
+@click.option("--listen", default="127.0.0.1:8090", show_default=True,
+              help="Agent HTTP (/healthz /readyz /status /metrics), HOST:PORT; 0.0.0.0:PORT only where "
+                   "something off the host must reach it (the kubelet's probes).")
 @click.option("--interval", type=Number(0, DAY_S, low_open=True), default=5.0, show_default=True,
               help="Seconds between pointer checks (one conditional GET each).")
 @click.option("--jitter", type=Number(0, 1), default=0.2, show_default=True,
@@ -41,6 +42,9 @@ SECONDS = Number(0, DAY_S)
                    "probe's period).")
 @click.option("--drain-timeout", type=SECONDS, default=120.0, show_default=True,
               help="Longest wait for in-flight requests to finish before swapping anyway.")
+@click.option("--lease-ttl", type=Number(2, 600), default=60.0, show_default=True,  # agent/lease.py's bounds
+              help="Seconds a drain slot lives without renewal (renewed every third of it while out of "
+                   "rotation; a killed pod's slot frees after it).")
 @click.option("--backoff", type=SECONDS, default=5.0, show_default=True,
               help="First retry delay after a failure (doubles, at most 300 s).")
 @click.option("--json", "json_logs", is_flag=True, help="JSON log lines on stderr.")
@@ -49,7 +53,8 @@ SECONDS = Number(0, DAY_S)
 def agent_command(ctx: Context, store: str | None, env: str, repository: str | None, cache_dir: str | None,
                   triton_url: str, grpc_url: str | None, listen: str, interval: float, jitter: float,
                   max_unavailable: int, no_side_by_side: bool, pod_name: str | None, drain_grace: float,
-                  drain_timeout: float, backoff: float, json_logs: bool, s3_endpoint_url: str | None) -> None:
+                  drain_timeout: float, lease_ttl: float, backoff: float, json_logs: bool,
+                  s3_endpoint_url: str | None) -> None:
     """Keep the Triton server at --url serving what ENV in STORE says: sync through the node cache, roll
     out with zero failed requests, refuse versions that fail. Runs until SIGTERM."""
     from repo_manager.agent import AgentOptions, run_agent  # noqa: PLC0415
@@ -69,7 +74,7 @@ def agent_command(ctx: Context, store: str | None, env: str, repository: str | N
         interval_s=interval, jitter=jitter, max_unavailable=max_unavailable, side_by_side=not no_side_by_side,
         pod=_check_pod_name(pod_name) or os.environ.get("HOSTNAME") or socket.gethostname(),
         json_logs=json_logs or ctx.json,
-        drain_grace_s=drain_grace, drain_timeout_s=drain_timeout, backoff_s=backoff)
+        drain_grace_s=drain_grace, drain_timeout_s=drain_timeout, lease_ttl_s=lease_ttl, backoff_s=backoff)
     run_agent(options, settings)
 
 

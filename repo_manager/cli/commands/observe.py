@@ -9,6 +9,7 @@ import click
 from repo_manager.cli import FRACTION, POSITIVE, Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
 from repo_manager.errors import ServerError, UsageError
+from repo_manager.redact import printable
 from repo_manager.settings import check_server_url
 
 
@@ -112,9 +113,10 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
         view = snapshot(parsed, interval_s, list(agents))
         ctx.emit(view.to_dict(), render(view))
         return
-    from rich.console import Console  # noqa: PLC0415
     from rich.live import Live  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
+
+    from repo_manager.cli.terminal import console  # noqa: PLC0415
 
     watcher = Watcher(parsed, list(agents))
     first = watcher.view()
@@ -122,10 +124,11 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
         raise ServerError("; ".join(first.problems))
     import time  # noqa: PLC0415
 
-    with Live(Text("reading metrics ..."), console=Console(), refresh_per_second=4, screen=False) as live:
+    with Live(Text("reading metrics ..."), console=console(), refresh_per_second=4, screen=False) as live:
         try:
             while True:
                 time.sleep(interval_s)
-                live.update(Text(render(watcher.view()) + "\n(Ctrl-C to quit)"))
+                # render() made every value printable: metric labels and agent fields are data
+                live.update(Text(printable(render(watcher.view())) + "\n(Ctrl-C to quit)"))
         except KeyboardInterrupt:
             return

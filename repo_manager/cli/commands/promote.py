@@ -92,11 +92,20 @@ def history_command(ctx: Context, env: str, name: str | None, store: str | None,
     location, records = view.store, view.records
     lines = [f"{r.at}  {r.action:8} {r.model} {r.from_version or '-'} -> {r.to_version}"
              f"  gates: {', '.join(g['gate'] + ('' if g['passed'] else ' FAILED') for g in r.gates) or '-'}"
-             f"  by {r.pipeline.get('github_run_id') or r.pipeline.get('ci_pipeline_id') or r.pipeline.get('user')}"
-             for r in records]
-    lines += [f"note: {m} is served at version {v['serving']} but its last record says {v['last_recorded']} "
-              "(moved outside `trm promote`)" for m, v in view.unrecorded.items()]
+             f"  by {_by(r.pipeline)}" for r in records]
+    lines += [f"note: {m} is {_served(v['serving'])} but "
+              + (f"its last record says version {v['last_recorded']}" if v["last_recorded"] is not None
+                 else "no promotion recorded it") + " (moved outside `trm promote`, e.g. by `trm push --env`)"
+              for m, v in view.unrecorded.items()]
     ctx.emit({"env": env, **view.to_dict()}, "\n".join(lines) if lines else f"no history for {env} in {location}")
+
+
+def _by(pipeline: dict) -> str:
+    return str(pipeline.get("github_run_id") or pipeline.get("ci_pipeline_id") or pipeline.get("user") or "unknown")
+
+
+def _served(version: int | None) -> str:
+    return f"served at version {version}" if version is not None else "not served"
 
 
 @cli.command("specs")

@@ -23,9 +23,16 @@ def _created(stamp: str) -> str:
 
 
 def _verified(summary: dict[str, Any], key: str):
-    from rich.text import Text  # noqa: PLC0415
+    from repo_manager.cli.terminal import cell  # noqa: PLC0415
 
-    return Text(summary[key], style="green" if summary["verified"] else "yellow")
+    return cell(summary[key], style="green" if summary["verified"] else "yellow")
+
+
+def _cells(*values: Any) -> list[Any]:
+    """Every value of a row as data (never rich markup, control characters shown as escapes)."""
+    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+
+    return [value if not isinstance(value, str | int | float) else cell(value) for value in values]
 
 
 def _envs_cell(envs: list[str] | dict[str, int]) -> str:
@@ -38,13 +45,18 @@ def _table(title: str | None = None):
     from rich import box  # noqa: PLC0415 - rich only for the commands that draw tables
     from rich.table import Table  # noqa: PLC0415
 
-    return Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+
+    return Table(title=cell(title) if title is not None else None, box=box.SIMPLE_HEAD, title_justify="left",
+                 pad_edge=False)
 
 
 def _group(*renderables):
     from rich.console import Group  # noqa: PLC0415
 
-    return Group(*renderables)
+    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+
+    return Group(*(cell(r) if isinstance(r, str) else r for r in renderables))
 
 
 @cli.command("list")
@@ -74,16 +86,21 @@ def list_command(ctx: Context, repository: str | None, all_versions: bool, store
     if with_envs:
         table.add_column("environments", overflow="fold", min_width=12)
     for row in data["models"]:
-        if not row["versions"]:
-            table.add_row(row["model"], "-", "-", "no complete version", "-", *(["-"] if with_envs else []))
+        if not row["versions"] or "unreadable" in row:
+            table.add_row(*_cells(row["model"], "-", str(row["latest"] or "-"),
+                                  "manifest unreadable" if row["versions"] else "no complete version", "-",
+                                  *(["-"] if with_envs else [])))
             continue
         for item in row["all"] if all_versions else [row]:
             version = item["version"] if all_versions else row["latest"]
             envs = item["environments"] if all_versions else row["served"] if with_envs else []
-            table.add_row(row["model"], row["backend"], str(version), _verified(item["verification"], "short"),
-                          human_size(item["bytes_with_members"] or item["bytes"]),
-                          *([_envs_cell(envs)] if with_envs else []))
+            table.add_row(*_cells(row["model"], row["backend"], str(version), _verified(item["verification"], "short"),
+                                  human_size(item["bytes_with_members"] or item["bytes"]),
+                                  *([_envs_cell(envs)] if with_envs else [])))
     notes = [f"note: {n}" for n in data.get("notes", [])]
+    if data["unreadable"]:
+        notes += [f"note: {n}" for n in data["unreadable"]] + [f"note: `trm validate {settings.repository}` "
+                                                               "lists every problem"]
     if any(row.get("bytes_with_members") is not None for row in data["models"]):
         notes.append("an ensemble's size includes the member versions it pins")
     ctx.emit(data, _group(table, *notes) if notes else table)
@@ -120,13 +137,13 @@ def _show_renderable(info: dict[str, Any]):
         versions.add_column(header, justify="right" if header in ("version", "size") else "left", overflow="fold",
                             no_wrap=header in _NO_WRAP)
     if with_envs:
-        versions.add_column("environments", overflow="fold")
+        versions.add_column("environments", overflow="fold", min_width=12)
     for row in info["version_rows"]:
         mark = f"{row['version']}*" if row["version"] == shown else str(row["version"])
         tuning = row["tuning"]["text"] if row["tuning"] else "-"
-        versions.add_row(mark, _created(row["created_at"]), row["source_text"], size_text(row),
-                         _verified(row["verification"], "text"), tuning,
-                         *([_envs_cell(row["environments"])] if with_envs else []))
+        versions.add_row(*_cells(mark, _created(row["created_at"]), row["source_text"], size_text(row),
+                                 _verified(row["verification"], "text"), tuning,
+                                 *([_envs_cell(row["environments"])] if with_envs else [])))
     config = _table(f"config of version {shown}")
     config.add_column("field", style="bold")
     config.add_column("value", overflow="fold")
@@ -137,27 +154,21 @@ def _show_renderable(info: dict[str, Any]):
             value = "\n".join(map(str, value)) or "-"
         elif isinstance(value, dict):
             value = "\n".join(f"{k}: {v}" for k, v in value.items()) or "-"
-        config.add_row(key.replace("_", " "), str(value))
+        config.add_row(*_cells(key.replace("_", " "), str(value)))
     parts: list[Any] = [versions, config]
     if "steps" in essentials:
         steps = _table("ensemble steps")
         for header in ("step", "model", "version", "inputs", "outputs"):
             steps.add_column(header, overflow="fold")
         for i, step in enumerate(essentials["steps"], 1):
-            steps.add_row(str(i), step["model"], str(step["version"]),
-                          "\n".join(f"{k} <- {v}" for k, v in step["inputs"].items()),
-                          "\n".join(f"{k} -> {v}" for k, v in step["outputs"].items()))
+            steps.add_row(*_cells(str(i), step["model"], str(step["version"]),
+                                  "\n".join(f"{k} <- {v}" for k, v in step["inputs"].items()),
+                                  "\n".join(f"{k} -> {v}" for k, v in step["outputs"].items())))
         parts.append(steps)
-    verification = info["manifest"]["verification"] or {}
-    details = [f"{out}: worst abs diff {diff:.3g}" for out, diff in (verification.get("worst_abs_diff") or {}).items()]
-    details += [f"{c.get('case')}: cosine {c['min_cosine']:.6f}" for c in verification.get("cases", [])
-                if "min_cosine" in c]
-    if details:
-        parts.append(f"verification of version {shown}: " + "; ".join(details))
-    tuning = info["manifest"]["tuning"]
-    if tuning:
-        evidence = tuning.get("evidence") or {}
-        parts.append(f"tuning of version {shown}: " + "; ".join(f"{k}: {v}" for k, v in evidence.items()))
+    if info["verification_details"]:
+        parts.append(f"verification of version {shown}: " + "; ".join(info["verification_details"]))
+    if info["tuning_evidence"]:
+        parts.append(f"tuning of version {shown}: " + "; ".join(info["tuning_evidence"]))
     parts += [f"note: {n}" for n in info.get("notes", [])]
     return _group(*parts)
 

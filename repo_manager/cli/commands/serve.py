@@ -29,6 +29,7 @@ def serve_command(ctx: Context, repository: str | None, http_port: int | None, g
                   trm_metrics_port: int | None) -> None:
     """Start a real tritonserver (explicit model control) on the repository until Ctrl-C / SIGTERM."""
     from repo_manager.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
+    from repo_manager.triton.restricted import RESTRICTED_APIS  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
     ports = {"--http-port": settings.http_port if http_port is None else http_port,
@@ -52,12 +53,15 @@ def serve_command(ctx: Context, repository: str | None, http_port: int | None, g
                                                        grpc_port=grpc_port, metrics_port=metrics_port))
         metrics.set_serving(info.models)
         loaded = ", ".join(f"{m}:{v}" for m, v in info.models.items()) or "none"
+        restricted = list(RESTRICTED_APIS) if settings.triton_api_key else []
         text = (f"Triton ready  http {info.endpoints.http}  grpc {info.endpoints.grpc}  "
                 f"metrics {info.endpoints.metrics}\nmodels: {loaded}\nlog: {info.log}\n"
+                + (f"restricted to $TRM_TRITON_API_KEY: {', '.join(restricted)}\n" if restricted else "")
                 + (f"trm metrics: {exporter.url}\n" if exporter else "") + "Ctrl-C to stop")
 
         def announce() -> None:
-            ctx.emit({"status": "ready", **info.to_dict(), "trm_metrics": exporter.url if exporter else None}, text)
+            ctx.emit({"status": "ready", **info.to_dict(), "restricted_apis": restricted,
+                      "trm_metrics": exporter.url if exporter else None}, text)
 
         signum = wait_for_signal(announce)
         ctx.progress(f"signal {signum}: stopping (in-flight requests finish)")

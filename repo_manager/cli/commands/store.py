@@ -48,7 +48,8 @@ def push_command(ctx: Context, store: str, repository: str | None, selections: t
     text = (f"pushed {len(uploaded)} version(s) to {result.store} ({result.bytes_uploaded} bytes uploaded, "
             f"{len(result.versions) - len(uploaded)} already there)")
     if env:
-        text += f"; environment {env}: {result.env_models}"
+        served = ", ".join(f"{m} version {v}" for m, v in sorted(result.env_models.items()))
+        text += f"; environment {env} serves {served or 'no model'}"
     ctx.emit(result.to_dict(), text)
 
 

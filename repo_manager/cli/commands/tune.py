@@ -23,6 +23,7 @@ from repo_manager.cli import (
     url_option,
 )
 from repo_manager.errors import GateError, UsageError
+from repo_manager.redact import printable
 
 if TYPE_CHECKING:
     from repo_manager.tuning import CheckResult, TuneResult
@@ -66,6 +67,9 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @click.option("--overload-factor", type=NUMBER, default=2.0, show_default=True,
               help="Choose a queue policy that keeps the SLO for accepted requests at this multiple of the "
                    "measured capacity and rejects the excess fast (0: no queue policy).")
+@click.option("--require-overload-policy", is_flag=True,
+              help="Fail (exit 9, nothing written) unless a queue policy is shown to keep the SLO under the "
+                   "overload; by default the batching choice is written without one, with a warning.")
 @click.option("--priority-levels", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="Give the dynamic batcher this many priority levels (requests without one get the lowest).")
 @click.option("--write", is_flag=True, help="Publish the choice as a new version (default: dry run).")
@@ -77,8 +81,9 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @pass_ctx
 def tune_batching_command(ctx: Context, name: str, repository: str | None, triton_url: str | None,
                           p99_ms: float | None, low_rps: float | None, peak_rps: float | None, headroom: float,
-                          budget_s: float | None, requests: int, overload_factor: float, priority_levels: int,
-                          write: bool, report_dir: str | None, check_only: bool) -> None:
+                          budget_s: float | None, requests: int, overload_factor: float,
+                          require_overload_policy: bool, priority_levels: int, write: bool, report_dir: str | None,
+                          check_only: bool) -> None:
     """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
     measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
     from repo_manager.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
@@ -103,27 +108,28 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         raise UsageError("tune-batching needs --p99-ms, --low-rps and --peak-rps")
     request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s or DEFAULT_BUDGET_S,
                           write=write, requests=requests, report_dir=Path(report_dir) if report_dir else None,
-                          overload_factor=overload_factor, priority_levels=priority_levels)
+                          overload_factor=overload_factor, priority_levels=priority_levels,
+                          require_overload_policy=require_overload_policy)
     if budget_s is None:  # the default never refuses: low rates need longer points than 300 s allow
         request = dataclasses.replace(request, budget_s=max(DEFAULT_BUDGET_S, request.minimum_budget_s()))
     request.check_target(settings)  # refused before the progress display starts
     with live_progress(ctx, request.budget_s) as progress:
         result = tune_batching(settings, request, progress)
     ctx.emit(result.to_dict(), _tune_text(result))
-    if result.chosen is None and result.overload is not None:
-        closest_policy = result.overload.closest
-        why = next((p.note for p in result.overload.points if closest_policy and p.candidate == closest_policy), "")
-        error = GateError(f"no queue policy kept p99 <= {p99_ms:g} ms for accepted requests at "
-                          f"{result.overload.factor:g} x capacity ({result.overload.rate:.0f}/s); closest: "
-                          f"{closest_policy.label if closest_policy else 'none measured'}"
-                          f"{f' ({why})' if why else ''}"
-                          f"{'; the time budget ended the search' if result.overload.cut_short else ''}"
-                          "; nothing was written",
-                          hint=("give --budget more time, " if result.overload.cut_short else "") +
-                          "relax the SLO, lower --overload-factor, or add capacity (instances, hardware)",
-                          model=name)
+    if result.status == "queue-policy-required":
+        overload = result.overload
+        assert overload is not None
+        error = GateError(f"{overload.summary()}; tried: {overload.tried() or 'nothing'}; nothing was written "
+                          "(--require-overload-policy)",
+                          hint=("give --budget more time, " if overload.cut_short else "") +
+                          "relax the SLO, lower --overload-factor, add capacity, or drop --require-overload-policy "
+                          "to write the batching choice alone", model=name)
         error.reported = True
         raise error
+    if result.status == "chosen-without-queue-policy" and result.overload is not None:
+        done = "written" if result.written_version else "chosen"
+        click.echo(printable(f"warning: {result.overload.summary()}; the batching choice is {done} without a "
+                             "queue policy (--require-overload-policy makes this a failure)"), err=True)
     if result.chosen is None:
         closest = result.outcome.closest
         error = GateError(f"no candidate met p99 <= {p99_ms:g} ms at every level; closest: "
@@ -149,6 +155,8 @@ def _tune_text(result: TuneResult) -> str:
         lines += ["", _overload_text(result)]
     if result.chosen:
         lines += ["", f"chosen: {result.chosen.label}"]
+        if result.status == "chosen-without-queue-policy":
+            lines.append("  (no queue policy: see the overload section above)")
     lines += [f"note: {n}" for n in result.outcome.notes]
     if result.written_version:
         lines.append(f"written: {result.model} version {result.written_version}")
@@ -163,13 +171,15 @@ def _tune_text(result: TuneResult) -> str:
 def _overload_text(result: TuneResult) -> str:
     o = result.overload
     assert o is not None
-    lines = [f"overload {o.rate:.0f}/s ({o.factor:g} x capacity {o.capacity_rps:.0f}/s), then {o.recover_rps:.0f}/s:",
-             f"  {'policy':<34} {'acc p99':>8} {'rejected':>9} {'rej p99':>8} {'goodput':>8} {'recover':>8}"]
+    lines = [f"overload ({o.factor:g} x capacity), then {o.recover_rps:.0f}/s: {o.summary()}",
+             f"  {'policy':<34} {'offered':>8} {'acc p99':>8} {'rejected':>9} {'rej p99':>8} {'goodput':>8} "
+             f"{'recover':>8}"]
     for p in o.points:
         rej = "-" if p.overload.rejection_p99_ms is None else f"{p.overload.rejection_p99_ms:.1f}"
         recover = "-" if p.recover_s is None else f"{p.recover_s:.2f}s"
-        lines.append(f"  {p.candidate.key:<34} {p.overload.accepted_p99_ms:>8.1f} {p.overload.rejected_fraction:>9.1%} "
-                     f"{rej:>8} {p.overload.goodput_rps:>7.0f}/s {recover:>8} {'ok' if p.meets else 'MISS: ' + p.note}")
+        lines.append(f"  {p.candidate.key:<34} {p.rate:>6.0f}/s {p.overload.accepted_p99_ms:>8.1f} "
+                     f"{p.overload.rejected_fraction:>9.1%} {rej:>8} {p.overload.goodput_rps:>6.0f}/s {recover:>8} "
+                     f"{'ok' if p.meets else 'MISS: ' + p.note}")
     lines += [f"  note: {n}" for n in o.notes]
     return "\n".join(lines)
 

@@ -1,17 +1,27 @@
 """Business-logic scripting: preprocessing -> tensorrt_llm -> postprocessing in one Python model.
 
-Unlike the ensemble, it can stream detokenized text token by token when the engine model is decoupled
-(config parameter ``decoupled`` "true"). The member model names come from config.pbtxt parameters.
+Takes the ensemble's request (the same inputs, routed by the same maps, ``trm_common``) and returns the
+same outputs. Unlike the ensemble, it can stream detokenized text token by token when the engine model
+is decoupled (config parameter ``decoupled`` "true"). The member model names come from config.pbtxt
+parameters.
 """
 
 import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from trm_common import parameter
+from trm_common import (
+    ENGINE_FROM_PREPROCESSING,
+    ENGINE_FROM_REQUEST,
+    PREPROCESSING_FROM_REQUEST,
+    RESPONSE_OUTPUTS,
+    parameter,
+)
 
-_SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
-             "beam_width": "beam_width", "random_seed": "random_seed"}
+
+def _batched(array):
+    """One request as a batch of one: inputs declared as scalars (reshape to []) arrive without the [1] dim."""
+    return array.reshape(1, 1) if array.ndim == 1 else array
 
 
 class TritonPythonModel:
@@ -27,12 +37,20 @@ class TritonPythonModel:
         response = request.exec()
         if response.has_error():
             raise pb_utils.TritonModelException(response.error().message())
-        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+        found = {name: pb_utils.get_output_tensor_by_name(response, name) for name in outputs}
+        return {name: tensor.as_numpy() for name, tensor in found.items() if tensor is not None}
 
-    def _text(self, tokens, lengths):
-        out = self._call(self.post, [pb_utils.Tensor("TOKENS_BATCH", tokens),
-                                     pb_utils.Tensor("SEQUENCE_LENGTH", lengths)], ["OUTPUT"])
-        return pb_utils.Tensor("text_output", out["OUTPUT"].reshape(1, -1))
+    def _response(self, engine_response):
+        tokens = pb_utils.get_output_tensor_by_name(engine_response, "output_ids").as_numpy()
+        lengths = pb_utils.get_output_tensor_by_name(engine_response, "sequence_length").as_numpy()
+        text = self._call(self.post, [pb_utils.Tensor("TOKENS_BATCH", tokens),
+                                      pb_utils.Tensor("SEQUENCE_LENGTH", lengths)], ["OUTPUT"])["OUTPUT"]
+        outputs = [pb_utils.Tensor("text_output", text.reshape(1, -1))]
+        for name in RESPONSE_OUTPUTS:
+            tensor = pb_utils.get_output_tensor_by_name(engine_response, name)
+            if tensor is not None:
+                outputs.append(pb_utils.Tensor(name, tensor.as_numpy()))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def execute(self, requests):
         responses = []
@@ -48,34 +66,39 @@ class TritonPythonModel:
                 responses.append(response)
         return None if self.decoupled else responses
 
+    def _given(self, request, name):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return None if tensor is None else _batched(tensor.as_numpy())
+
     def _generate(self, request, sender):
-        text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(1, 1)
-        max_tokens = pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(1, 1)
-        pre = self._call(self.pre, [pb_utils.Tensor("QUERY", text),
-                                    pb_utils.Tensor("REQUEST_OUTPUT_LEN", max_tokens.astype(np.int32))],
-                         ["INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "OUT_END_ID", "OUT_PAD_ID"])
-        inputs = [pb_utils.Tensor("input_ids", pre["INPUT_ID"]),
-                  pb_utils.Tensor("input_lengths", pre["REQUEST_INPUT_LEN"]),
-                  pb_utils.Tensor("request_output_len", pre["REQUEST_OUTPUT_LEN"]),
-                  pb_utils.Tensor("end_id", pre["OUT_END_ID"]), pb_utils.Tensor("pad_id", pre["OUT_PAD_ID"])]
-        for name, target in _SAMPLING.items():
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, -1)))
-        stream = pb_utils.get_input_tensor_by_name(request, "stream")
-        streaming = bool(stream is not None and stream.as_numpy().reshape(-1)[0]) and sender is not None
-        inputs.append(pb_utils.Tensor("streaming", np.array([[streaming]], dtype=np.bool_)))
+        pre_inputs = []
+        for target, source in PREPROCESSING_FROM_REQUEST.items():
+            value = self._given(request, source)
+            if value is not None:
+                if target == "REQUEST_OUTPUT_LEN":
+                    value = value.astype(np.int32)
+                pre_inputs.append(pb_utils.Tensor(target, value))
+        pre = self._call(self.pre, pre_inputs, [output for output, _ in ENGINE_FROM_PREPROCESSING.values()])
+        inputs = [pb_utils.Tensor(target, pre[output])
+                  for target, (output, _) in ENGINE_FROM_PREPROCESSING.items() if output in pre]
+        for target, source in ENGINE_FROM_REQUEST.items():
+            value = self._given(request, source)
+            if value is not None and target != "streaming":
+                inputs.append(pb_utils.Tensor(target, value))
+        stream = self._given(request, "stream")
+        streaming = bool(stream is not None and stream.reshape(-1)[0]) and sender is not None
+        if stream is not None:  # a model that is not decoupled answers once, whatever the client asked
+            inputs.append(pb_utils.Tensor("streaming", np.array([[streaming]], dtype=np.bool_)))
         engine_request = pb_utils.InferenceRequest(
-            model_name=self.engine, inputs=inputs, requested_output_names=["output_ids", "sequence_length"])
+            model_name=self.engine, inputs=inputs,
+            requested_output_names=["output_ids", "sequence_length", *RESPONSE_OUTPUTS])
         last = None
         for response in engine_request.exec(decoupled=self.decoupled) if self.decoupled else [engine_request.exec()]:
             if response.has_error():
                 raise pb_utils.TritonModelException(response.error().message())
             if not response.output_tensors():
                 continue  # the final, empty response of a decoupled model
-            tokens = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
-            lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
-            last = pb_utils.InferenceResponse(output_tensors=[self._text(tokens, lengths)])
+            last = self._response(response)
             if streaming:
                 sender.send(last)
         if last is None:
