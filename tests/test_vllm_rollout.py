@@ -105,7 +105,6 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
         streams.join(timeout=600)
         assert streams.error is None, streams.error
         assert result.returncode == 0, result.stderr[-3000:]
-        summary = json.loads(result.stdout)
         with TritonClient(server.url) as client:
             index = {(m["name"], m.get("version")): m.get("state") for m in client.repository_index()}
     batches: list[LLMResult] = streams.results
