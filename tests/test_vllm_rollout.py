@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -94,7 +95,7 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
         streams.start()
         while not streams.results and streams.error is None:  # one batch of steady state first
             time.sleep(0.5)
-        began = time.perf_counter()
+        began, wall = time.perf_counter(), time.time()
         result = _trm("--json", "rollout", "tiny", "--version", 2, "--url", server.url, "--grpc-url",
                       server.endpoints.grpc, "--repo", repo, "--no-precheck", env=env)
         ended = time.perf_counter()
@@ -105,6 +106,7 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
         streams.join(timeout=600)
         assert streams.error is None, streams.error
         assert result.returncode == 0, result.stderr[-3000:]
+        steps = {s["step"].split()[0]: s for s in json.loads(result.stdout)["servers"][0]["steps"]}
         with TritonClient(server.url) as client:
             index = {(m["name"], m.get("version")): m.get("state") for m in client.repository_index()}
     batches: list[LLMResult] = streams.results
@@ -112,7 +114,14 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
     versions = [v for b in batches for v in b.answered_by]
     outcomes = [o for b in batches for o in b.outcomes]
     ttft = np.concatenate([b.ttft for b in batches])
-    print(f"\nrollout: {ended - began:.1f} s, {len(outcomes)} streams: {result.stdout[-1500:]}")
+    done = sent + np.concatenate([b.latency for b in batches]) / 1000.0
+    # the unload of version 1 (Triton's reload with version 2 alone), on this process's clock
+    def at(step: str) -> float:  # when a step of the rollout started, on this process's clock
+        return began + datetime.fromisoformat(steps[step]["started_at"].replace("Z", "+00:00")).timestamp() - wall
+
+    ready, drop = at("smoke"), at("drop")  # version 2 answers from its load on; version 1 is unloaded at drop
+    timings = {name: step["seconds"] for name, step in steps.items()}
+    print(f"\nrollout: {ended - began:.1f} s, {len(outcomes)} streams; steps {timings}")
     steady = [t for t, s in zip(ttft, sent) if s < began or s > ended]
     switch = [t for t, s in zip(ttft, sent) if began <= s <= ended]
     print(f"TTFT p99 steady {_p99(steady)} ms ({len(steady)} streams), during the switch {_p99(switch)} ms "
@@ -125,4 +134,11 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
     assert before and set(before) == {1}  # streams in flight when the switch began finished on version 1
     assert later and set(later) == {2}
     assert switch  # streams were sent while both engines were loading and switching
+    overlap = [v for v, s, d in zip(versions, sent, done) if s < ready < d]
+    dropped = [v for v, s, d in zip(versions, sent, done) if s < drop < d]
+    near = [t for t, s in zip(ttft, sent) if ready - 2 <= s <= ready + 2]
+    print(f"in flight when version 2 took over: {len(overlap)} streams, answered by {overlap}; at the unload of "
+          f"version 1: {dropped}; TTFT p99 of the streams sent within 2 s of the takeover {_p99(near)} ms "
+          f"({len(near)} streams)")
+    assert 1 in overlap  # streams still running on version 1 when version 2 took the new ones finished on 1
     assert index.get(("tiny", "2")) == "READY" and index.get(("tiny", "1")) != "READY"
