@@ -374,9 +374,13 @@ class LLMResult:
     output_token_counts: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
     """Per measured request in send order (not in ``to_dict``): times in ms, NaN unless complete; output
     tokens received whatever the outcome (how far a broken stream got)."""
+    sent_at: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
+    """Per measured request in send order (not in ``to_dict``): when it was sent, ``time.perf_counter()``."""
+    answered_by: tuple[int | None, ...] = field(repr=False, compare=False, default=())
+    """Per measured request in send order (not in ``to_dict``): the model version that answered, if any."""
 
     def to_dict(self) -> dict[str, Any]:
-        skip = {"outcomes", "ttft", "itl", "latency", "output_token_counts"}
+        skip = {"outcomes", "ttft", "itl", "latency", "output_token_counts", "sent_at", "answered_by"}
         data: dict[str, Any] = {}
         for key in self.__dataclass_fields__:
             if key in skip:
@@ -494,4 +498,5 @@ def summarize(target: Target, load: LLMLoad, interface: LLMInterface, records: l
         latency_ms=Distribution.of(latency), input_tokens=Distribution.of(np.where(complete, in_tokens, nan)),
         output_tokens=Distribution.of(np.where(complete, tokens, nan)), versions=dict(sorted(versions.items())),
         send_lag_p95_ms=round(float(np.percentile(lags, 95)), 3) if len(lags) else 0.0,
-        outcomes=outcomes, ttft=ttft, itl=itl, latency=latency, output_token_counts=tokens)
+        outcomes=outcomes, ttft=ttft, itl=itl, latency=latency, output_token_counts=tokens, sent_at=sent,
+        answered_by=tuple(r.version for r in records))

@@ -106,9 +106,37 @@ def check_answer(config: cfg.ModelConfig, case: SmokeCase, answer: dict[str, np.
             check_against_config(config, out, answer[out.name], case.inputs)
 
 
+SMOKE_PROMPT, SMOKE_TOKENS = "Hello", 4
+"""A streaming LLM (vLLM's interface) is smoke-checked with one generation of this many tokens."""
+
+
+def generates(config: cfg.ModelConfig) -> bool:
+    """A decoupled model with a ``text_input`` (vLLM's interface): Triton refuses plain HTTP inference for it,
+    so it is checked with a streamed generation instead."""
+    return (config.model_transaction_policy.decoupled
+            and any(t.name == "text_input" for t in config.input))
+
+
+def smoke_generation(client: TritonClient, model: str, version: int | None, what: str) -> int:
+    """One streamed generation of SMOKE_TOKENS tokens from ``model`` (``version``, when given)."""
+    from repo_manager.llm.generate import generate  # noqa: PLC0415
+
+    try:
+        result = generate(client.url, model, SMOKE_PROMPT,
+                          {"max_tokens": SMOKE_TOKENS, "temperature": 0, "ignore_eos": True}, version=version)
+    except TrmError as exc:
+        raise VerificationError(f"smoke generation by {what} failed: {exc.message}", model=model,
+                                version=version) from exc
+    if result.num_output_tokens < 1 and not result.text:
+        raise VerificationError(f"smoke generation by {what} produced no tokens", model=model, version=version)
+    return 1
+
+
 def smoke_live(client: TritonClient, model: str, version: int, config: cfg.ModelConfig,
                cases: list[SmokeCase]) -> int:
     """Versioned requests to the freshly loaded version; returns how many passed."""
+    if generates(config):
+        return smoke_generation(client, model, version, f"{model} version {version}")
     for case in cases:
         try:
             answer = client.infer(model, case.inputs, version=version)
@@ -141,6 +169,8 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
                                     files, manifest.model_files))
     entry_config = next(c.config for c in candidates if c.name == entry)
     with LoadedCandidates(client, candidates) as loaded:
+        if generates(entry_config):
+            return smoke_generation(client, loaded.names[entry], None, f"{entry} (pre-check)")
         for case in cases:
             try:
                 answer = client.infer(loaded.names[entry], case.inputs)
