@@ -429,3 +429,52 @@ def test_sigkilled_rollout_takes_its_drain_command_with_it(tmp_path):
             assert client.is_ready()
     finally:
         server.stop()
+
+
+def _backend_segments(tree: dict[int, tuple[str, str]]) -> set[str]:
+    """The Python-based backends' /dev/shm regions the processes of ``tree`` map."""
+    from repo_manager.llm.engines import BACKEND_SEGMENT
+
+    found = set()
+    for pid in tree:
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        found |= {line[line.index("/dev/shm/"):].removesuffix(" (deleted)") for line in lines
+                  if "/dev/shm/" in line and BACKEND_SEGMENT.match(line.rsplit("/", 1)[-1].removesuffix(" (deleted)"))}
+    return found
+
+
+def test_the_shared_memory_a_sigkilled_server_left_is_freed_by_the_next_server(tmp_path):
+    """SIGKILL of `trm serve` takes tritonserver and its stubs, but not their /dev/shm regions (only a clean
+    shutdown unlinks them): the next server trm starts (at its start, or its stop) unlinks those no process
+    maps, and leaves alone the regions of a server that still runs."""
+    from repo_manager.llm import engines
+
+    repo, markers = tmp_path / "repo", tmp_path / "markers"
+    markers.mkdir()
+    slow_model(repo)
+    proc = serve(repo, markers)
+    try:
+        read_ready(proc)
+        tree = descendants(proc.pid)
+        left = _backend_segments(tree)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert left, "the served model's stub maps no backend region"
+    assert_all_gone(tree)
+    assert all(Path(p).exists() for p in left)  # what the kernel's kill leaves
+    other = tmp_path / "other"
+    slow_model(other)
+    time.sleep(engines.SEGMENT_MIN_AGE_S + 0.5)
+    with TritonServer(other) as server, TritonClient(server.url) as client:
+        client.load("slow")
+        running = _backend_segments({server.pid: ("", "")} | descendants(server.pid))
+        assert running and not (running & left)
+        assert not [p for p in left if Path(p).exists()]
+        engines.free_dead_backend_segments()  # a running server's regions are mapped: kept
+        assert all(Path(p).exists() for p in running)
