@@ -33,7 +33,7 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 
 from repo_manager.errors import UsageError
-from repo_manager.loadgen.measure import ARRIVALS, Target, arrival_offsets
+from repo_manager.loadgen.measure import Target, arrival_offsets, check_arrivals
 from repo_manager.loadgen.transport import PROTOCOLS, error_text
 from repo_manager.triton.client import normalize_url
 
@@ -94,14 +94,7 @@ class LLMLoad:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if (self.rate is None) == (self.concurrency is None):
-            raise UsageError("an LLM load needs either a rate (open loop) or a concurrency (closed loop)")
-        if self.rate is not None and not self.rate > 0:
-            raise UsageError(f"rate must be positive, not {self.rate}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise UsageError(f"concurrency must be at least 1, not {self.concurrency}")
-        if self.arrivals not in ARRIVALS:
-            raise UsageError(f"arrivals must be one of {', '.join(ARRIVALS)}, not {self.arrivals!r}")
+        check_arrivals("an LLM load", self.rate, self.concurrency, self.arrivals)
         if self.requests < 1 or self.warmup_requests < 0:
             raise UsageError("an LLM load needs at least one measured request")
         if not self.vocabulary:

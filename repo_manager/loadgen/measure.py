@@ -60,6 +60,18 @@ class Target:
         return self.url
 
 
+def check_arrivals(what: str, rate: float | None, concurrency: int | None, arrivals: str) -> None:
+    """One of a rate (open loop, ``arrivals`` of ARRIVALS) or a concurrency (closed loop), each in range."""
+    if (rate is None) == (concurrency is None):
+        raise UsageError(f"{what} needs either a rate (open loop) or a concurrency (closed loop)")
+    if rate is not None and not rate > 0:
+        raise UsageError(f"rate must be positive, not {rate}")
+    if concurrency is not None and concurrency < 1:
+        raise UsageError(f"concurrency must be at least 1, not {concurrency}")
+    if arrivals not in ARRIVALS:
+        raise UsageError(f"arrivals must be one of {', '.join(ARRIVALS)}, not {arrivals!r}")
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """One load point. Give ``rate`` (open loop, requests/s) or ``concurrency`` (closed loop)."""
@@ -82,14 +94,7 @@ class LoadSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if (self.rate is None) == (self.concurrency is None):
-            raise UsageError("a load point needs either a rate (open loop) or a concurrency (closed loop)")
-        if self.rate is not None and not self.rate > 0:
-            raise UsageError(f"rate must be positive, not {self.rate}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise UsageError(f"concurrency must be at least 1, not {self.concurrency}")
-        if self.arrivals not in ARRIVALS:
-            raise UsageError(f"arrivals must be one of {', '.join(ARRIVALS)}, not {self.arrivals!r}")
+        check_arrivals("a load point", self.rate, self.concurrency, self.arrivals)
         if self.requests < 1:
             raise UsageError("a load point needs at least one request")
 
