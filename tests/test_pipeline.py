@@ -20,6 +20,7 @@ import numpy as np
 import onnx_models as om
 import yaml
 
+from repo_manager.errors import EXIT_CODES
 from repo_manager.promote import read_history
 from repo_manager.settings import load_settings
 from repo_manager.storage import open_store
@@ -69,7 +70,7 @@ def test_pipeline_publishes_to_staging_then_promotes_to_production_through_the_g
     assert store.get_env("staging").models == {"tiny": 2}
     blocked = _pipeline(project, "production", triton.url, TRM_PROMOTE_GATES="checksums,eval")
     assert blocked.returncode == 9, blocked.stderr
-    assert "a gate, SLO or check failed" in blocked.stderr
+    assert f"exit code 9 ({EXIT_CODES[9][1]}; nothing was changed)" in blocked.stderr
     assert store.get_env("production").models == {"tiny": 1}
 
     # auto gates: the same files with the same config -> latency and agreement with version 1 on the sample
