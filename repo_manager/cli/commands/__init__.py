@@ -44,7 +44,8 @@ SHORT_HELP: dict[str, str] = {
     "observe": "Alerting rules and dashboards for the models trm serves.",
     "top": "Live view of Triton servers (http://host:8000, or a .../metrics URL; default: settings' triton_url): "
            "per model and version, request rate, p50/p99, queue vs compute time, pending requests, executed batch "
-           "sizes, rejections and failures; with --agent, each agent's state and versions.",
+           "sizes, rejections and failures; for LLM models (vLLM's metrics), running and waiting requests, "
+           "KV-cache use, output tokens/s and TTFT/ITL p50/p99; with --agent, each agent's state and versions.",
     "diff": "What changed between versions A and B of NAME: config fields, files, source, verification, "
             "tuning.",
     "export": "Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), "
