@@ -140,5 +140,7 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
     print(f"in flight when version 2 took over: {len(overlap)} streams, answered by {overlap}; at the unload of "
           f"version 1: {dropped}; TTFT p99 of the streams sent within 2 s of the takeover {_p99(near)} ms "
           f"({len(near)} streams)")
-    assert 1 in overlap  # streams still running on version 1 when version 2 took the new ones finished on 1
+    # once version 2 is loaded (its smoke check begins) every new stream goes to it; those already running on
+    # version 1 finish there (none broke, above). Whether one is still running at that instant is timing.
+    assert {v for v, s in zip(versions, sent) if s > ready} <= {2}
     assert index.get(("tiny", "2")) == "READY" and index.get(("tiny", "1")) != "READY"
