@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,41 @@ def _wait(predicate, timeout_s: float, what: str, log: Path) -> None:
     raise AssertionError(f"{what} within {timeout_s:g} s; prometheus log:\n{log.read_text()[-2000:]}")
 
 
+@contextmanager
+def scraping_prometheus(server: TritonServer, rules: Path, folder: Path) -> Iterator[tuple[str, Path]]:
+    """A real Prometheus evaluating ``rules`` every second over ``server``'s metrics, once it scrapes them:
+    its URL and its log. Stopped (terminate, then kill) on the way out."""
+    metrics = server.endpoints.metrics.removeprefix("http://").removesuffix("/metrics")
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
+              "scrape_configs": [{"job_name": "triton", "static_configs": [{"targets": [metrics]}]}]}
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_ports(1)[0]
+    log = folder / "prometheus.log"
+    with open(log, "wb") as sink:
+        prometheus = subprocess.Popen([PROMETHEUS, f"--config.file={folder / 'prometheus.yml'}",
+                                       f"--storage.tsdb.path={folder / 'tsdb'}",
+                                       f"--web.listen-address=127.0.0.1:{port}"],
+                                      stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    prom = f"http://127.0.0.1:{port}"
+    try:
+        def scraping() -> bool:
+            try:
+                targets = _get(f"{prom}/api/v1/targets")["data"]["activeTargets"]
+            except OSError:
+                return False
+            return any(t["health"] == "up" for t in targets)
+
+        _wait(scraping, 30, "prometheus did not scrape Triton", log)
+        yield prom, log
+    finally:
+        prometheus.terminate()
+        try:
+            prometheus.wait(10)
+        except subprocess.TimeoutExpired:
+            prometheus.kill()
+            prometheus.wait()
+
+
 @needs_prometheus
 def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus_and_top_shows_the_queue(
         rules_dir, tmp_path, capsys):
@@ -197,28 +234,7 @@ def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus_and_to
     repo = LocalRepository(settings.repository)
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
         load_version(client, repo, "ranker")
-        metrics = server.endpoints.metrics.removeprefix("http://").removesuffix("/metrics")
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [str(out / "trm-rules.yml")],
-                  "scrape_configs": [{"job_name": "triton", "static_configs": [{"targets": [metrics]}]}]}
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_ports(1)[0]
-        log = tmp_path / "prometheus.log"
-        with open(log, "wb") as sink:
-            prometheus = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                           f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                           f"--web.listen-address=127.0.0.1:{port}"],
-                                          stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        prom = f"http://127.0.0.1:{port}"
-        try:
-            def scraping() -> bool:
-                try:
-                    targets = _get(f"{prom}/api/v1/targets")["data"]["activeTargets"]
-                except OSError:
-                    return False
-                return any(t["health"] == "up" for t in targets)
-
-            _wait(scraping, 30, "prometheus did not scrape Triton", log)
+        with scraping_prometheus(server, out / "trm-rules.yml", tmp_path) as (prom, log):
             assert _queue_alert(prom) is None
             # 12 clients against one 40 ms execution at a time: about 11 requests always queued
             with BackgroundLoad(server.url, "ranker", clients=12):
@@ -232,13 +248,6 @@ def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus_and_to
             assert row["queue_ms"] > 0 and row["compute_ms"] > 0 and row["mean_batch"] == 1.0
             assert set(row["batch_sizes"]) == {"1"} or set(row["batch_sizes"]) == {1}
             assert row["failed_rps"] == 0 and row["rejected_rps"] == 0
-        finally:
-            prometheus.terminate()
-            try:
-                prometheus.wait(10)
-            except subprocess.TimeoutExpired:
-                prometheus.kill()
-                prometheus.wait()
 
 
 def test_top_on_a_server_with_metrics_disabled_says_so_in_one_line(tmp_path, capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import run_cli
-from test_observe import PROMETHEUS, PROMTOOL, _get, _wait, needs_prometheus, render
+from test_observe import PROMTOOL, _get, _wait, needs_prometheus, render, scraping_prometheus
 from vllm_metrics_model import write_engine_stand_in
 
 from repo_manager.config import atomic_write_bytes
@@ -28,7 +28,7 @@ from repo_manager.repository import LocalRepository
 from repo_manager.serving import load_version
 from repo_manager.settings import Settings
 from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer, free_ports
+from repo_manager.triton.server import TritonServer
 
 FIRST_MS, NEXT_MS, TOKENS = 20.0, 20.0, 12
 """One request runs ~0.24 s; with one slot and four clients three requests always wait."""
@@ -157,28 +157,7 @@ def test_waiting_and_ttft_alerts_fire_on_a_real_prometheus_and_top_shows_the_eng
     repo = LocalRepository(settings.repository)
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
         load_version(client, repo, "chat")
-        metrics = server.endpoints.metrics.removeprefix("http://").removesuffix("/metrics")
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [str(out / "trm-rules.yml")],
-                  "scrape_configs": [{"job_name": "triton", "static_configs": [{"targets": [metrics]}]}]}
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_ports(1)[0]
-        log = tmp_path / "prometheus.log"
-        with open(log, "wb") as sink:
-            prometheus = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                           f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                           f"--web.listen-address=127.0.0.1:{port}"],
-                                          stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        prom = f"http://127.0.0.1:{port}"
-        try:
-            def scraping() -> bool:
-                try:
-                    targets = _get(f"{prom}/api/v1/targets")["data"]["activeTargets"]
-                except OSError:
-                    return False
-                return any(t["health"] == "up" for t in targets)
-
-            _wait(scraping, 30, "prometheus did not scrape Triton", log)
+        with scraping_prometheus(server, out / "trm-rules.yml", tmp_path) as (prom, log):
             assert _alert_state(prom, "TrmLlmRequestsWaiting") is None
             # four closed-loop streams against one slot: three requests wait all the time, and each one's
             # time to first token is the queue's (about 3 x 0.24 s, above the 100 ms SLO); 120 requests ~30 s
@@ -199,13 +178,6 @@ def test_waiting_and_ttft_alerts_fire_on_a_real_prometheus_and_top_shows_the_eng
             assert results and results[0].completed == 120, results
             _wait(lambda: _alert_state(prom, "TrmLlmRequestsWaiting") is None, 20,
                   "TrmLlmRequestsWaiting did not clear", log)
-        finally:
-            prometheus.terminate()
-            try:
-                prometheus.wait(10)
-            except subprocess.TimeoutExpired:
-                prometheus.kill()
-                prometheus.wait()
     assert top.code == 0, top.err
     (row,) = [r for r in top.json()["llm"] if r["model"] == "chat"]
     assert row["version"] == "1" and row["running"] == 1 and row["waiting"] >= 1 and row["kv_cache_pct"] == 100.0
