@@ -24,13 +24,13 @@ import tritonclient.http as th  # noqa: E402
 from agent_helpers import AgentProcess  # noqa: E402
 from seaweed import BUCKET, SeaweedServer  # noqa: E402
 
-from repo_manager import config as cfg  # noqa: E402
-from repo_manager.publish.core import Staged, run_publish  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.storage import open_store  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.storage import open_store  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
+from repo_manager.core import config as cfg  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.publish.core import Staged, run_publish  # noqa: E402
 
 PY = """
 import numpy as np
@@ -410,7 +410,7 @@ def main():
         for pod in servers:
             log("final", pod, held(servers[pod].url), sorted(p.name for p in (base / pod / "repo" / "py").iterdir()))
         (base / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a bench run: print what each agent logged, whatever failed
         traceback.print_exc()
         for pod, a in agents.items():
             print(f"--- {pod}\n{a.log_tail(40)}")

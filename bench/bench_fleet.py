@@ -34,12 +34,12 @@ import rollout_models as rm  # noqa: E402
 from agent_helpers import AgentProcess, Fleet  # noqa: E402
 from seaweed import BUCKET, SeaweedServer  # noqa: E402
 
-from repo_manager.loadgen import BackgroundLoad, Workload  # noqa: E402
-from repo_manager.promote import PromotionRequest, promote  # noqa: E402
-from repo_manager.push import push  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.storage import open_store  # noqa: E402
+from repo_manager.adapters.loadgen import BackgroundLoad, Workload  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.storage import open_store  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.promote import PromotionRequest, promote  # noqa: E402
+from repo_manager.ops.push import push  # noqa: E402
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 

@@ -32,13 +32,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repo_manager.publish import publish_model  # noqa: E402
-from repo_manager.publish.huggingface import example_checkpoint  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.serving import load_version, text_inputs  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.publish.huggingface.checkpoint import example_checkpoint
+from repo_manager.ops.serving import load_version, text_inputs
 
 SENTENCES = [
     "A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",

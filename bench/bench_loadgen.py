@@ -29,9 +29,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cost_model import cost_config, cost_repository  # noqa: E402
 
-from repo_manager.loadgen import LoadSpec, Target, Workload, measure  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
+from repo_manager.adapters.loadgen import LoadSpec, Target, Workload, measure  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> dict:

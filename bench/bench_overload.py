@@ -35,17 +35,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cost_model import write_cost_model  # noqa: E402
 
-from repo_manager import config as cfg  # noqa: E402
-from repo_manager.loadgen import LoadSpec, Phase, Target, Workload, measure, run_schedule  # noqa: E402
-from repo_manager.publish import publish_model  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.serving import load_version, version_config  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
-from repo_manager.tuning import Candidate, TuneRequest, tune_batching  # noqa: E402
-from repo_manager.tuning.overload import PolicySearch  # noqa: E402
-from repo_manager.tuning.prober import Prober  # noqa: E402
+from repo_manager.adapters.loadgen import LoadSpec, Phase, Target, Workload, measure, run_schedule  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
+from repo_manager.core import config as cfg  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.publish import publish_model  # noqa: E402
+from repo_manager.ops.serving import load_version, version_config  # noqa: E402
+from repo_manager.ops.tuning import Candidate, TuneRequest, tune_batching  # noqa: E402
+from repo_manager.ops.tuning.overload import PolicySearch  # noqa: E402
+from repo_manager.ops.tuning.prober import Prober  # noqa: E402
 
 MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 

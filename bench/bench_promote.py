@@ -26,11 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from seaweed import BUCKET, SeaweedServer  # noqa: E402
 from store_helpers import make_version, pseudo_random  # noqa: E402
 
-from repo_manager.promote import PromotionRequest, promote  # noqa: E402
-from repo_manager.push import push  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.storage import open_store  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.storage import open_store  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.promote import PromotionRequest, promote  # noqa: E402
+from repo_manager.ops.push import push  # noqa: E402
 
 
 def timed(settings: Settings, **request) -> dict:

@@ -39,13 +39,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import rollout_models as rm  # noqa: E402
 
-from repo_manager.loadgen import BackgroundLoad, Workload  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.rollout import RolloutOptions, plan_rollout, run_rollout  # noqa: E402
-from repo_manager.serving import load_version  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
+from repo_manager.adapters.loadgen import BackgroundLoad, Workload  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.rollout import RolloutOptions, plan_rollout, run_rollout  # noqa: E402
+from repo_manager.ops.serving import load_version  # noqa: E402
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 DELAY_S = 0.002  # each request computes for ~2 ms, so several are always in flight

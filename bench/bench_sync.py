@@ -50,11 +50,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from seaweed import BUCKET, SeaweedServer  # noqa: E402
 from store_helpers import make_version, pseudo_random  # noqa: E402
 
-from repo_manager.export import export  # noqa: E402
-from repo_manager.push import push  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.storage import open_store  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.storage import open_store  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.export import export  # noqa: E402
+from repo_manager.ops.push import push  # noqa: E402
 
 BIN = Path(sys.executable).parent
 VERIFIES = {
@@ -155,9 +155,9 @@ def build_source(root: Path, large: int, large_mb: int, small: int, version: int
 
 def build_big(root: Path, files: int, megabytes: int) -> None:
     """One model of ``files`` large files, written in 64 MiB pieces (bounded memory)."""
-    from store_helpers import python_config  # noqa: PLC0415
+    from store_helpers import python_config
 
-    from repo_manager.manifest import Manifest, scan_files  # noqa: PLC0415
+    from repo_manager.core.manifest import Manifest, scan_files
 
     repo = LocalRepository(root)
     staging = repo.stage("big")

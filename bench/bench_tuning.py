@@ -38,17 +38,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cost_model import write_cost_model  # noqa: E402
 
-from repo_manager import config as cfg  # noqa: E402
-from repo_manager.loadgen import Target  # noqa: E402
-from repo_manager.publish import publish_model  # noqa: E402
-from repo_manager.repository import LocalRepository  # noqa: E402
-from repo_manager.serving import load_version, version_config  # noqa: E402
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
-from repo_manager.tuning import Candidate, Profile, TuneRequest, tune_batching  # noqa: E402
-from repo_manager.tuning.prober import Prober  # noqa: E402
-from repo_manager.tuning.search import Search  # noqa: E402
+from repo_manager.adapters.loadgen import Target  # noqa: E402
+from repo_manager.adapters.repository import LocalRepository  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
+from repo_manager.core import config as cfg  # noqa: E402
+from repo_manager.core.settings import Settings  # noqa: E402
+from repo_manager.ops.publish import publish_model  # noqa: E402
+from repo_manager.ops.serving import load_version, version_config  # noqa: E402
+from repo_manager.ops.tuning import Candidate, Profile, TuneRequest, tune_batching  # noqa: E402
+from repo_manager.ops.tuning.prober import Prober  # noqa: E402
+from repo_manager.ops.tuning.search import Search  # noqa: E402
 
 
 def measure_all_levels(search: Search, candidate: Candidate) -> dict:

@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from repo_manager.llm.generate import generate  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer, free_ports  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer, free_ports  # noqa: E402
+from repo_manager.ops.llm.generate import generate  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 

@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/llm_plan_table.py [--dtype bf16] [--gpus 24 80 141]
 
 Reads the published config.json files in tests/data/llm/ (no download); the figures come from
-``repo_manager.llm.plan`` with its defaults (utilization 0.9, max_num_tokens 8192, tp 1). GPU memory in
+``repo_manager.ops.llm.plan`` with its defaults (utilization 0.9, max_num_tokens 8192, tp 1). GPU memory in
 GiB as nvidia-smi reports it; weights in GB (1e9 bytes).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from repo_manager.llm.plan import GB, PlanRequest, plan_memory
-from repo_manager.llm.shape import load_shape
+from repo_manager.ops.llm.plan import GB, PlanRequest, plan_memory
+from repo_manager.ops.llm.shape import load_shape
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "llm"
 MODELS = {"Llama 3.1 8B": "llama-3.1-8b.json", "Mistral 7B v0.3": "mistral-7b-v0.3.json",

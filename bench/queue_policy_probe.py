@@ -19,10 +19,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cost_model import cost_config, cost_repository  # noqa: E402
 
-from repo_manager.loadgen import Phase, Target, Workload, run_schedule  # noqa: E402
-from repo_manager.triton.client import TritonClient  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
-from repo_manager.tuning import Candidate  # noqa: E402
+from repo_manager.adapters.loadgen import Phase, Target, Workload, run_schedule  # noqa: E402
+from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
+from repo_manager.ops.tuning import Candidate  # noqa: E402
 
 COST = {"fixed_ms": 20.0, "per_item_ms": 1.0, "max_batch_size": 8}
 POLICIES = {"none": (0, 0), "max_queue_size 16": (0, 16), "timeout 30 ms, reject": (30_000, 0),

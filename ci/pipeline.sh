@@ -35,7 +35,7 @@ URL_ARGS=()
 log() { echo "[pipeline] $*" >&2; }
 
 meaning() {
-  # the table of repo_manager/errors.py (EXIT_CODES); tests/test_cli.py checks this copy against it
+  # the table of repo_manager/core/errors.py (EXIT_CODES); tests/test_cli.py checks this copy against it
   case "$1" in
     0) echo "success" ;; 1) echo "internal error: a bug in trm (rerun with --verbose and report it)" ;;
     2) echo "bad command-line usage" ;; 3) echo "bad input" ;; 4) echo "not found" ;;

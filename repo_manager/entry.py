@@ -4,13 +4,16 @@ Every pod start runs ``trm sync s3://… --env E`` in an init container, and mos
 changed. Answering that takes one conditional GET and a few stats; importing click, the settings and the
 store classes would take three times as long as the answer itself. So a plain, unchanged
 ``trm [-q] [--json] sync s3://BUCKET[/PREFIX] --env E [--repo R] [--cache C] [--model M]… [--endpoint-url U]``
-is answered here by ``repo_manager.sync.noop.quick`` before anything else is imported, with the same
+is answered here by ``repo_manager.ops.sync.noop.quick`` before anything else is imported, with the same
 output the full command prints. Everything else, and any doubt (another option, a settings file, an
 keys not in the environment, a moved pointer, a changed file, an error),
 goes to ``repo_manager.cli.main``, which decides and reports as always. The quick path writes nothing.
 
-``tests/test_sync_quick.py`` checks that both paths resolve the same settings from the same options and
-environment, parse the same arguments as click does, and print the same result.
+The option names, flags and defaults it reads are declared once, in ``repo_manager/core/defaults.py``,
+which the click commands and the settings are declared with too; the result and its text are built by the
+full path's own functions (``ops/sync/result_data``). ``tests/test_sync_quick.py`` checks that both paths resolve the
+same settings from the same options and environment, parse the same arguments as click does, and print
+the same result.
 """
 
 from __future__ import annotations
@@ -18,19 +21,18 @@ from __future__ import annotations
 import os
 import sys
 
+from repo_manager.core import defaults
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (this module must stay light)
 if TYPE_CHECKING:
     from typing import Any
 
-QUICK_SETTINGS = {"TRM_REPOSITORY", "TRM_CACHE_DIR", "TRM_S3_ENDPOINT_URL"}
+QUICK_SETTINGS = {defaults.env_variable(name) for name in defaults.SYNC_SETTINGS}
 """The ``TRM_*`` variables the quick path resolves itself; with any other one set (or a settings file) it
 loads the settings like the full path (``load_settings``, which validates every one)."""
-DEFAULT_REPOSITORY = "model_repository"  # Settings.repository's default (the tests compare them)
-DEFAULT_CONFIG = "configs/trm.yaml"  # settings.DEFAULT_CONFIG
 
-_GLOBAL_FLAGS = {"-q": "quiet", "--quiet": "quiet", "--json": "json"}
-_SYNC_OPTIONS = {"--env": "env", "--repo": "repository", "--cache": "cache_dir", "--model": "models",
-                 "--endpoint-url": "s3_endpoint_url"}
+_GLOBAL_FLAGS = {flag: name for name, flags in defaults.FLAGS.items() for flag in flags}
+_SYNC_OPTIONS = {option: name for name, option in defaults.SYNC_OPTIONS.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,7 +69,7 @@ def parse_sync(args: list[str]) -> dict[str, Any] | None:
     while index < len(rest):
         token = rest[index]
         index += 1
-        if token == "--json":
+        if token in defaults.FLAGS["json"]:
             found["json"] = True
             continue
         name, equals, value = token.partition("=")
@@ -102,20 +104,20 @@ def resolve(options: dict[str, Any], environ: dict[str, str] | os._Environ, cwd_
 
     Without a settings file and with no ``TRM_*`` variable but these three, that is a few lookups; else
     the settings are loaded (``load_settings``: the YAML file, every variable validated)."""
-    from repo_manager.sync import node_cache  # noqa: PLC0415
+    from repo_manager.ops.sync import node_cache  # noqa: PLC0415
 
-    if cwd_has_config or environ.get("TRM_CONFIG") or any(
+    if cwd_has_config or environ.get(defaults.env_variable("config")) or any(
             name.startswith("TRM_") and value and name not in QUICK_SETTINGS for name, value in environ.items()):
-        from repo_manager.settings import load_settings  # noqa: PLC0415
+        from repo_manager.core.settings import load_settings  # noqa: PLC0415
 
         settings = load_settings(None, dict(environ)).replace(
-            repository=options.get("repository"), cache_dir=options.get("cache_dir"),
-            s3_endpoint_url=options.get("s3_endpoint_url"))
+            **{name: options.get(name) for name in defaults.SYNC_SETTINGS})
         repository, cache_dir, endpoint = str(settings.repository), settings.cache_dir, settings.s3_endpoint_url
     else:
-        repository = options.get("repository") or environ.get("TRM_REPOSITORY") or DEFAULT_REPOSITORY
-        cache_dir = options.get("cache_dir") or environ.get("TRM_CACHE_DIR") or None
-        endpoint = options.get("s3_endpoint_url") or environ.get("TRM_S3_ENDPOINT_URL") or None
+        found = {name: options.get(name) or environ.get(defaults.env_variable(name)) or None
+                 for name in defaults.SYNC_SETTINGS}
+        repository = found["repository"] or defaults.REPOSITORY
+        cache_dir, endpoint = found["cache_dir"], found["s3_endpoint_url"]
     if any(".." in str(path).split("/") for path in (repository, cache_dir or "")):
         return None
     for url in (endpoint, environ.get("AWS_ENDPOINT_URL_S3"), environ.get("AWS_ENDPOINT_URL")):
@@ -130,11 +132,11 @@ def quick_sync(args: list[str], environ: dict[str, str] | os._Environ) -> str | 
     options = parse_sync(args)
     if options is None or not options["store"].startswith("s3://"):
         return None
-    resolved = resolve(options, environ, os.path.isfile(DEFAULT_CONFIG))
+    resolved = resolve(options, environ, os.path.isfile(defaults.CONFIG_FILE))
     if resolved is None:
         return None
     repository, cache, endpoint = resolved
-    from repo_manager.sync.noop import quick  # noqa: PLC0415
+    from repo_manager.ops.sync.noop import quick  # noqa: PLC0415
 
     data = quick(options["store"], endpoint, cache, repository, options["env"], options["models"])
     if data is None:
@@ -149,25 +151,15 @@ def render(data: dict[str, Any], as_json: bool) -> str:
     if as_json:
         text = json.dumps(data, indent=2)
         if "@" in text:
-            from repo_manager.redact import redact_data  # noqa: PLC0415
+            from repo_manager.core.redact import redact_data  # noqa: PLC0415
 
             text = json.dumps(redact_data(json.loads(text)), indent=2)
         return text + "\n"
-    text = sync_summary(data)
+    from repo_manager.ops.sync.result_data import summary  # noqa: PLC0415 - only for text output
+
+    text = summary(data)
     if "@" in text or not text.replace("\n", " ").isprintable():
-        from repo_manager.redact import printable  # noqa: PLC0415
+        from repo_manager.core.redact import printable  # noqa: PLC0415
 
         text = printable(text)
     return text + "\n"
-
-
-def sync_summary(data: dict[str, Any]) -> str:
-    """The text `trm sync` prints, from its result's ``to_dict()``."""
-    state = "unchanged" if data["unchanged"] else (f"installed {', '.join(data['installed'])}" if data["installed"]
-                                                   else "up to date")
-    text = (f"synced {data['env'] or 'newest versions'} from {data['store']}: {state}; "
-            f"{data['bytes_downloaded']} bytes downloaded, {data['bytes_reused']} reused from the cache, "
-            f"{data['files']} files in {data['seconds']:.2f} s ({data['throughput_mb_s']} MB/s)")
-    if data["pruned"] or data["kept_loaded"]:
-        text += f"\npruned {data['pruned']}; kept (loaded) {data['kept_loaded']}"
-    return text

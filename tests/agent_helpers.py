@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from repo_manager.triton.server import TritonServer, free_ports
+from repo_manager.adapters.triton.server import TritonServer, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,7 +124,7 @@ class Fleet:
         return self.root / pod / "repo"
 
     def start(self) -> Fleet:
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+        from concurrent.futures import ThreadPoolExecutor
 
         for _, pod in self.layout:
             self.repo(pod).mkdir(parents=True, exist_ok=True)
@@ -158,10 +158,10 @@ class Fleet:
 def slow_loading(repo_root: Path, name: str, tag: int, load_s: float, **behaviour) -> int:
     """Publish the next version of ``name`` (tests/rollout_models.py's tagged model) whose load takes
     ``load_s`` seconds: a large model, as far as the agent can tell."""
-    import rollout_models as rm  # noqa: PLC0415
+    import rollout_models as rm
 
-    from repo_manager.publish.core import run_publish  # noqa: PLC0415
-    from repo_manager.settings import Settings  # noqa: PLC0415
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.publish.core import run_publish
 
     def build(repo, _name: str) -> list:
         staged = rm._stage_python(repo, name, tag, **behaviour)
@@ -178,7 +178,7 @@ class LoadedCopies:
     loaded versions plus pre-check copies under temporary names (Triton's statistics list both)."""
 
     def __init__(self, url: str, model: str) -> None:
-        import threading  # noqa: PLC0415
+        import threading
 
         self.url, self.model = url, model
         self.most = 0
@@ -187,8 +187,8 @@ class LoadedCopies:
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
-        from repo_manager.errors import TrmError  # noqa: PLC0415
-        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+        from repo_manager.adapters.triton.client import TritonClient
+        from repo_manager.core.errors import TrmError
 
         with TritonClient(self.url, timeout_s=10.0) as client:
             while not self.stop.is_set():
@@ -216,7 +216,7 @@ class ReadyWatch:
     not 200, and every state seen."""
 
     def __init__(self, agent: AgentProcess) -> None:
-        import threading  # noqa: PLC0415
+        import threading
 
         self.agent = agent
         self.unready: list[str] = []

@@ -7,15 +7,96 @@ model_repository/.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from repo_manager.settings import Settings  # noqa: E402
-from repo_manager.triton.server import TritonServer  # noqa: E402
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.settings import Settings
+
+SERIAL = {
+    # they measure time or throughput (SLOs, latency gates, open-loop rates, deadlines), or hold LLM engines
+    # whose timing they assert: run one at a time, never beside another test (scripts/test.sh)
+    "test_agent_http.py", "test_completion_store.py", "test_llm_loadgen.py", "test_loadgen.py", "test_overload.py",
+    "test_promote.py", "test_promote_llm.py", "test_restricted_api.py", "test_tuning.py",
+    # the walkthrough verifies MiniLM's Python-based models on a server of its own: beside a vLLM engine's start
+    # (test_vllm_rollout.py, two at a time) a stub missed Triton's health check while initializing (docs/local-s3.md)
+    "test_local_s3.py",
+}
+
+
+LONGEST_FIRST = ("test_vllm_rollout.py", "test_vllm.py", "test_agent.py", "test_huggingface.py", "test_rollout.py",
+                 "test_processes.py")
+"""The modules that take longest two at a time (minutes each), started first: scripts/test.sh hands modules to
+its two workers in collection order (``--no-loadscope-reorder``), and the longest one started last kept one
+worker busy for minutes after the other had finished."""
+
+ENGINES = {"test_vllm_rollout.py", "test_vllm.py"}
+"""The modules that start real vLLM engines (minutes of them): one worker runs them, one after the other, while
+the other worker runs the rest; two engines starting beside each other (test_vllm.py run beside
+test_vllm_rollout.py) made a test of one of them fail once."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: none without it (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the modules of ``ENGINES`` as one unit: a worker runs them one after the other.
+    (pytest-xdist's ``loadgroup`` would do it with marks, but under pytest 9 its groups are ignored: it renames
+    ``item._nodeid``, which pytest 9's node ids no longer read.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415 - only where pytest-xdist runs
+
+    class ModulesAndEngines(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "vLLM engine modules" if Path(module).name in ENGINES else module
+
+    return ModulesAndEngines(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """Tiers: ``fast`` for a test that starts no server (a developer's every change:
+    ``pytest -m fast``); ``serial`` for the modules above; the rest may run two at a time (a module, or the
+    engine modules together, to a worker), the longest modules first."""
+    for item in items:
+        if item.path.name in SERIAL:
+            item.add_marker(pytest.mark.serial)
+        if item.path.name in FAST:
+            item.add_marker(pytest.mark.fast)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+FAST = {"test_bad_arguments.py", "test_config.py", "test_credentials.py", "test_hostile_documents.py", "test_layers.py",
+        "test_llm_plan.py", "test_mistyped_names.py", "test_path_safety.py", "test_settings.py"}
+"""Modules whose tests start no server (``-m fast``: about a minute on this machine)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_home(tmp_path_factory):
+    """HOME, the XDG folders, Hugging Face's cache and the AWS config files point into the session's
+    temporary folder for every test (and every process a test starts): nothing reads or writes the
+    developer's home. One folder for the session, so caches built once (trm's examples, vLLM's compiled
+    kernels, matplotlib's fonts) are reused by the tests after the first."""
+    home = tmp_path_factory.mktemp("home")
+    values = {"HOME": home, "XDG_CACHE_HOME": home / ".cache", "XDG_CONFIG_HOME": home / ".config",
+              "XDG_DATA_HOME": home / ".local" / "share", "XDG_STATE_HOME": home / ".local" / "state",
+              "HF_HOME": home / ".cache" / "huggingface", "AWS_CONFIG_FILE": home / ".aws" / "config",
+              "AWS_SHARED_CREDENTIALS_FILE": home / ".aws" / "credentials",
+              # a Python process that crashes (a Triton stub, a vLLM engine) prints its threads' tracebacks: in the
+              # server's log, which a failed test whose server died shows
+              "PYTHONFAULTHANDLER": "1"}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in values.items():
+            patch.setenv(key, str(value))
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            patch.delenv(key, raising=False)
+        yield home
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +106,80 @@ def _isolated_env(monkeypatch, tmp_path):
         if key.startswith("TRM_"):
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+"""The tritonservers the tests started and have not stopped."""
+_DEATHS: list[str] = []
+"""The deaths seen since the last test report: how each server that died by itself ended, and its log's end."""
+
+
+def _death_report(server: TritonServer) -> str | None:
+    death = server.death()
+    if death is None:
+        return None
+    kernel = ""
+    try:  # a crash of the server or of one of its Python stubs: the kernel's line names the process
+        lines = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+        kernel = "\n".join(line for line in lines[-400:] if "triton" in line)[-3000:]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return (f"tritonserver at {server.url} {death.split(';')[0]}\n--- its log's last lines ---\n"
+            f"{server.log_tail(60)}\n--- the kernel's lines naming triton ---\n{kernel or '(none, or unreadable)'}")
+
+
+def _note_death(server: TritonServer) -> None:
+    """A server's death, noted once (``server._death``) and reported with the phase that saw it."""
+    if getattr(server, "_death", None) is None and (report := _death_report(server)):
+        server._death = report
+        _DEATHS.append(report)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_deaths_are_reported():
+    """A test that fails because its tritonserver died says how it died and what its log said last: a
+    test's stop removes the log with the server's folder, and the client only sees a closed connection."""
+    started, stop = TritonServer.start, TritonServer.stop
+
+    def start_and_track(self, *args, **kwargs):
+        self._death = None
+        _LIVE.add(self)
+        return started(self, *args, **kwargs)
+
+    def stop_and_note(self, *args, **kwargs):
+        _note_death(self)
+        _LIVE.discard(self)
+        return stop(self, *args, **kwargs)
+
+    TritonServer.start, TritonServer.stop = start_and_track, stop_and_note
+    yield
+    TritonServer.start, TritonServer.stop = started, stop
+
+
+FAILURES_FILE = os.environ.get("TEST_FAILURES_FILE")
+"""Where scripts/test.sh has each failed test written, as ``crash <node id>`` when a tritonserver died by
+itself during it (a crash of Triton or of a Python stub; the kernel's out-of-memory killer), else
+``fail <node id>``: a pass whose failures all came with a dead server runs them once more, and says so."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    for server in list(_LIVE):  # stopped already (noted then), or still held by a fixture
+        _note_death(server)
+    if report.failed:
+        # died during this phase; or died earlier, not by a SIGKILL (a test's own kill), and still held by a
+        # fixture: a module's server that crashed under one test fails the next ones
+        held = [server._death for server in list(_LIVE) if server._death is not None
+                and not (server.death() or "").startswith("died of SIGKILL")]
+        deaths = list(dict.fromkeys(_DEATHS + held))
+        for text in deaths:
+            report.sections.append(("tritonserver died", text))
+        if FAILURES_FILE:
+            with open(FAILURES_FILE, "a", encoding="utf-8") as handle:
+                handle.write(f"{'crash' if deaths else 'fail'} {item.nodeid}\n")
+    _DEATHS.clear()
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +202,7 @@ def settings(tmp_path, triton) -> Settings:
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory):
     """One real SeaweedFS S3 server for the session, on free ports, bound to 127.0.0.1."""
-    from seaweed import SeaweedServer  # noqa: PLC0415
+    from seaweed import SeaweedServer
 
     with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
@@ -66,8 +221,8 @@ def s3_env(seaweed, monkeypatch):
 @pytest.fixture
 def s3_location(s3_env, request):
     """A fresh prefix in the session bucket for one test."""
-    import uuid  # noqa: PLC0415
+    import uuid
 
-    from seaweed import BUCKET  # noqa: PLC0415
+    from seaweed import BUCKET
 
     return f"s3://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repo_manager import config as cfg
+from repo_manager.core import config as cfg
 
 MODEL_PY = '''
 import json

@@ -34,14 +34,14 @@ class FixedAnswers:
     where a test uses it."""
 
     def __init__(self, documents: dict[str, bytes]) -> None:
-        import http.server  # noqa: PLC0415
-        import threading  # noqa: PLC0415
+        import http.server
+        import threading
 
         self.documents = documents
         answers = self.documents
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 body = answers.get(self.path.split("?")[0])
                 self.send_response(200 if body is not None else 404)
                 self.send_header("Content-Length", str(len(body or b"")))

@@ -18,8 +18,8 @@ WORDS = ["<pad>", "<s>", "</s>", "<unk>", "hello", "world", "the", "engine", "ru
 
 def write_tokenizer(folder: Path) -> None:
     """A real (tiny, word-level) Hugging Face fast tokenizer, built locally: no download."""
-    from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

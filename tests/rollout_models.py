@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repo_manager import config as cfg
-from repo_manager.publish.core import Staged, run_publish
-from repo_manager.settings import Settings
+from repo_manager.core import config as cfg
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish.core import Staged, run_publish
 
 MODEL_PY = '''
 import time

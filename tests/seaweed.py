@@ -3,7 +3,7 @@
 Used by the test fixtures and by bench/bench_sync.py. Every port ``weed mini`` opens is chosen free
 (other engineers run tests on the same machine), it binds to 127.0.0.1 only, the S3 keys are set in its
 environment when it starts, and a start-up failure raises with the tail of its log. The process is a
-``repo_manager.process.ManagedProcess``, like tritonserver: it dies with the process that started it.
+``repo_manager.adapters.process.ManagedProcess``, like tritonserver: it dies with the process that started it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from repo_manager.process import ManagedProcess
+from repo_manager.adapters.process import ManagedProcess
 
 ACCESS_KEY = "trm-test-access"
 SECRET_KEY = "trm-test-secret-key"  # a throwaway key for a local test server, never a real credential
@@ -111,9 +111,9 @@ class SeaweedServer:
         raise RuntimeError(f"SeaweedFS S3 was not ready after {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
 
     def _buckets_ready(self) -> bool:
-        import boto3  # noqa: PLC0415
-        from botocore.config import Config  # noqa: PLC0415
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             urllib.request.urlopen(self.endpoint, timeout=1).close()

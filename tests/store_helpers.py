@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from repo_manager import config as cfg
-from repo_manager.manifest import Manifest, scan_files
-from repo_manager.repository import LocalRepository
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.core import config as cfg
+from repo_manager.core.manifest import Manifest, scan_files
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +32,30 @@ def make_version(repo_root: Path, model: str, files: dict[str, bytes], config: s
                         config=config or python_config(model))
     repo.commit(staging, manifest)
     return manifest
+
+
+def pushed_store(tmp_path: Path, model: str = "base", files: dict[str, bytes] | None = None,
+                 env: str = "prod") -> str:
+    """A folder store at ``tmp_path``/store serving version 1 of ``model`` in ``env``, pushed by `trm push` from
+    ``tmp_path``/src (where the version stays)."""
+    import pytest
+
+    from repo_manager.cli import main
+
+    store = tmp_path / "store"
+    make_version(tmp_path / "src", model, files or {"model.py": b"# v1"})
+    with pytest.raises(SystemExit) as exit_info:
+        main(["push", str(store), "--repo", str(tmp_path / "src"), "--env", env])
+    assert not exit_info.value.code, exit_info.value.code
+    return str(store)
+
+
+def outside_folder(tmp_path: Path) -> Path:
+    """``tmp_path``/elsewhere holding one file, ``precious``: what a link may point at, never written through."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "precious").write_text("keep me")
+    return folder
 
 
 def pseudo_random(size: int, seed: int) -> bytes:

@@ -17,9 +17,12 @@ from onnx_models import linear
 from store_helpers import finish, tree_digest, trm_process
 from unreadable import hide, trm_unprivileged
 
-from repo_manager.errors import InputError, IntegrityError
-from repo_manager.loadgen import BackgroundLoad, Workload
-from repo_manager.manifest import (
+from repo_manager.adapters.loadgen import BackgroundLoad, Workload
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.errors import InputError, IntegrityError
+from repo_manager.core.manifest import (
     MANIFEST_NAME,
     MAX_CONFIG_BYTES,
     MAX_DATA_BYTES,
@@ -31,11 +34,8 @@ from repo_manager.manifest import (
     sha256_file,
     sha256_inside,
 )
-from repo_manager.repository import LocalRepository
-from repo_manager.rollout.plan import served_versions
-from repo_manager.serving import load_version
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.ops.rollout.plan import served_versions
+from repo_manager.ops.serving import load_version
 
 DOUBLER = (
     "import numpy as np\nimport triton_python_backend_utils as pb\n"
@@ -397,7 +397,7 @@ def test_triton_docs_layout_into_a_target_then_push_sync_and_serve(capsys, tmp_p
     assert again.code == 0 and again.json()["configs_replaced"] == ["py_warm"], again.out
     assert (node / "py_warm" / "warmup" / "input0.raw").read_bytes() == WARM_SAMPLE
     # served from the node: the classification Triton answers with the labels it read from the label file
-    import tritonclient.http as httpclient  # noqa: PLC0415
+    import tritonclient.http as httpclient
 
     server = TritonServer(node).start()
     try:

@@ -14,11 +14,11 @@ import pytest
 import rollout_models as rm
 from helpers import run_cli
 
-from repo_manager import config as cfg
-from repo_manager.agent.lease import DrainLease
-from repo_manager.loadgen import Workload
-from repo_manager.storage import open_store
-from repo_manager.triton.client import TritonClient
+from repo_manager.adapters.loadgen import Workload
+from repo_manager.adapters.storage import open_store
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.core import config as cfg
+from repo_manager.ops.agent.lease import DrainLease
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 
@@ -82,7 +82,7 @@ def test_drain_lease_ignores_hostile_expiries_tolerates_skew_and_keeps_agents_ap
     a holder whose clock is a minute behind (its ``expires`` already looks past) still holds its slot
     while it renews; one that stops renewing loses it after its TTL on the reader's clock; two agents
     with the same pod name hold two distinct slots; the heartbeat keeps a slot past its TTL."""
-    import threading  # noqa: PLC0415
+    import threading
 
     store = open_store(location)
     for expires in ("Infinity", "NaN", "-Infinity", '"soon"', "1e300", str(time.time() + 10**7), "true"):
@@ -132,7 +132,7 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
     loads for longer than the lease's TTL (the heartbeat keeps the slot), the two agents share a host
     name (each still holds its own slot and writes its own report), and neither server ever holds two
     copies of the model (no pre-check beside the old version on this path)."""
-    from agent_helpers import Fleet, LoadedCopies, slow_loading  # noqa: PLC0415
+    from agent_helpers import Fleet, LoadedCopies, slow_loading
 
     location = str(tmp_path / "store")
     src = tmp_path / "src"
@@ -186,10 +186,10 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
 def assert_rule_metrics_exist(agent_samples: dict[str, float], triton_metrics_url: str) -> None:
     """Every series name `trm observe rules` refers to is one a live agent exports (with samples), or one
     the agent's Triton exports."""
-    import re  # noqa: PLC0415
-    import urllib.request  # noqa: PLC0415
+    import re
+    import urllib.request
 
-    from repo_manager.observe.rules import ModelWatch, Thresholds, rule_file  # noqa: PLC0415
+    from repo_manager.ops.observe.rules import ModelWatch, Thresholds, rule_file
 
     rules = rule_file([ModelWatch("m", 2, p99_ms=50.0)], Thresholds(), "production")
     exprs = " ".join(r["expr"] for g in rules["groups"] for r in g["rules"])
@@ -208,7 +208,7 @@ class ReadyBalancer:
     does with readiness probes), plus a sampler that records how many pods were unready at once."""
 
     def __init__(self, fleet, clients: int = 3) -> None:
-        import threading  # noqa: PLC0415
+        import threading
 
         self.fleet, self.clients = fleet, clients
         self.ready: set[str] = set(fleet.agents)
@@ -231,10 +231,10 @@ class ReadyBalancer:
             time.sleep(0.05)
 
     def _client(self) -> None:
-        import random  # noqa: PLC0415
+        import random
 
-        from repo_manager.errors import TrmError  # noqa: PLC0415
-        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+        from repo_manager.adapters.triton.client import TritonClient
+        from repo_manager.core.errors import TrmError
 
         clients = {pod: TritonClient(server.url) for pod, server in self.fleet.servers.items()}
         while not self.stop.is_set():
@@ -268,12 +268,12 @@ def test_a_change_that_fails_on_one_model_moves_no_model(capsys, tmp_path):
     an answer from the refused set; /status says why; no request fails. A restarted agent also removes
     the staging folders a sync SIGKILLed mid-way left in its repository and unloads the pre-check model
     an agent SIGKILLed mid-pre-check left loaded."""
-    import subprocess  # noqa: PLC0415
+    import subprocess
 
-    from agent_helpers import Fleet  # noqa: PLC0415
+    from agent_helpers import Fleet
 
-    from repo_manager.loadgen import BackgroundLoad  # noqa: PLC0415
-    from repo_manager.repository import STAGING_PREFIX, LocalRepository  # noqa: PLC0415
+    from repo_manager.adapters.loadgen import BackgroundLoad
+    from repo_manager.adapters.repository import STAGING_PREFIX, LocalRepository
 
     location, src = str(tmp_path / "store"), tmp_path / "src"
     for model in ("a", "b"):
@@ -338,7 +338,7 @@ def test_a_set_refused_for_a_file_missing_from_the_store_is_tried_again_once_the
     """The pointer names a version one of whose blobs is missing from the store (a push cut short, a
     copy still under way): the sync refuses it and the server keeps serving; once the file is back,
     under the same pointer, the agent converges on its own after the backoff (no new promotion)."""
-    from agent_helpers import Fleet  # noqa: PLC0415
+    from agent_helpers import Fleet
 
     location, src = str(tmp_path / "store"), tmp_path / "src"
     publish(capsys, src, location, "a", 1)
@@ -368,7 +368,7 @@ def test_a_set_refused_for_a_file_missing_from_the_store_is_tried_again_once_the
 
 def set_env(store, models: dict[str, int], env: str = "production") -> None:
     """Point ``env`` at exactly ``models`` (``update_env`` only adds or moves models)."""
-    from repo_manager.storage import EnvPointer  # noqa: PLC0415
+    from repo_manager.adapters.storage import EnvPointer
 
     store.put_env(EnvPointer(env, models, "", store.get_env(env).etag))
 
@@ -383,9 +383,9 @@ def test_a_model_added_to_the_environment_never_takes_the_pod_out_of_rotation(ca
     large one), is refused because it does not load, is the case twin ``M`` of ``m``, or is an ensemble
     whose members the environment names at other versions than it pins, /readyz stays 200 and ``m``
     keeps answering; /status and /metrics say syncing, rolling out or degraded, and why."""
-    from agent_helpers import Fleet, ReadyWatch, slow_loading  # noqa: PLC0415
+    from agent_helpers import Fleet, ReadyWatch, slow_loading
 
-    from repo_manager.loadgen import BackgroundLoad  # noqa: PLC0415
+    from repo_manager.adapters.loadgen import BackgroundLoad
 
     location, src = str(tmp_path / "store"), tmp_path / "src"
     publish(capsys, src, location, "m", 1)
@@ -404,6 +404,10 @@ def test_a_model_added_to_the_environment_never_takes_the_pod_out_of_rotation(ca
             store.update_env("production", {"big": 1})
             agent.wait_serving({"m": 1, "big": 1})
             assert {"syncing", "rolling_out"} & watch.states, watch.states
+            # how long the load took, which Triton does not export: at least the 4 s its initialize() sleeps
+            loaded = agent.metrics()
+            assert 4.0 <= loaded['trm_model_load_duration_seconds{model="big",version="1"}'] < 900, loaded
+            assert loaded['trm_model_load_duration_seconds{model="m",version="1"}'] > 0
             # a new model that cannot load
             publish(capsys, src, location, "bad", 1, env=None, fail_load=True)
             store.update_env("production", {"bad": 1})
@@ -419,15 +423,18 @@ def test_a_model_added_to_the_environment_never_takes_the_pod_out_of_rotation(ca
             assert rm.tagged(tmp_path / "src-twin", "M", 1) == 1
             push(capsys, tmp_path / "src-twin", location, "M:1")
             set_env(store, {"m": 1, "big": 1, "M": 1})
-            status = agent.wait(lambda s: "only in case" in (s["degraded_reason"] or ""), what="refusal of M")
-            assert status["ready"] and status["state"] == "degraded", status
+            # the reason stays while the next pass syncs again: wait for the pass that ends degraded
+            status = agent.wait(lambda s: s["state"] == "degraded" and "only in case" in (s["degraded_reason"] or ""),
+                                what="refusal of M")
+            assert status["ready"], status
             # an ensemble whose member the environment names at another version than the ensemble pins
             ens = tmp_path / "src-ens"
             assert rm.ensemble(ens, 1) == 1 and rm.tagged(ens, "pre", 2) == 2
             push(capsys, ens, location, "pipe:1", "pre:2")
             set_env(store, {"m": 1, "big": 1, "pipe": 1, "pre": 2})
-            status = agent.wait(lambda s: "pins pre version 1" in (s["degraded_reason"] or ""), what="refusal of pipe")
-            assert status["ready"] and status["state"] == "degraded", status
+            status = agent.wait(lambda s: s["state"] == "degraded"
+                                and "pins pre version 1" in (s["degraded_reason"] or ""), what="refusal of pipe")
+            assert status["ready"], status
             load.wait_for(load.count() + 10)
         assert watch.unready == [], watch.unready[:5]
         summary = load.summary()
@@ -441,9 +448,9 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
     """A model the environment drops is unloaded even when nothing else moves; dropped while the agent
     was away (SIGKILLed), the restarted agent unloads it, from the record it keeps in the repository; a
     corrupt record is ignored with a note in the log, and the agent carries on."""
-    import json  # noqa: PLC0415
+    import json
 
-    from agent_helpers import Fleet  # noqa: PLC0415
+    from agent_helpers import Fleet
 
     location, src = str(tmp_path / "store"), tmp_path / "src"
     for model in ("a", "b", "c"):
@@ -470,7 +477,7 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
         set_env(store, {"a": 1, "c": 1})
         wait_loaded({"a", "c"})
         agent.wait(lambda s: s["last_good"] == {"a": 1, "c": 1} and s["ready"], what="b dropped")
-        from repo_manager.agent.record import RECORD_NAME  # noqa: PLC0415
+        from repo_manager.ops.agent.record import RECORD_NAME
 
         record = fleet.repo("n-pod1") / RECORD_NAME
         written = json.loads(record.read_text())
@@ -498,7 +505,7 @@ def test_models_dropped_from_the_environment_are_unloaded_also_after_a_restart(c
 
 
 def _json_values():
-    from hypothesis import strategies as st  # noqa: PLC0415
+    from hypothesis import strategies as st
 
     scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
     return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
@@ -509,13 +516,13 @@ def test_the_agent_record_and_lease_objects_are_read_totally(tmp_path):
     """Whatever the record file or a lease object holds (any JSON, NaN and Infinity included, or no JSON
     at all, or a folder where the file should be), reading it never raises: a bad record is a note and
     a fresh record, a bad lease entry counts as no holder."""
-    import json  # noqa: PLC0415
+    import json
 
-    from hypothesis import given, settings  # noqa: PLC0415
-    from hypothesis import strategies as st  # noqa: PLC0415
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
-    from repo_manager.agent.lease import parse_holders  # noqa: PLC0415
-    from repo_manager.agent.record import SCHEMA, AgentRecord, read_record, write_record  # noqa: PLC0415
+    from repo_manager.ops.agent.lease import parse_holders
+    from repo_manager.ops.agent.record import SCHEMA, AgentRecord, read_record, write_record
 
     path = tmp_path / "record.json"
     good = AgentRecord("0123abcd", {"m": 3}, frozenset({"m", "pre"}))
@@ -549,8 +556,8 @@ def test_readiness_comes_from_the_last_good_set_and_ensembles_keep_their_members
     set; an ensemble's members stay loaded while the environment names the ensemble (also when its new
     version is refused and the old one still serves); a member named at another version than pinned is a
     reason to refuse."""
-    from repo_manager.agent import state  # noqa: PLC0415
-    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.adapters.repository import LocalRepository
+    from repo_manager.ops.agent import state
 
     assert rm.ensemble(tmp_path, 1) == 1 and rm.ensemble(tmp_path, 2) == 2 and rm.tagged(tmp_path, "m", 1) == 1
     repo = LocalRepository(tmp_path)
@@ -567,3 +574,53 @@ def test_readiness_comes_from_the_last_good_set_and_ensembles_keep_their_members
     assert state.pin_conflict(repo, {"pipe": 2, "pre": 2, "post": 2}) is None
     assert state.pin_conflict(repo, {"pipe": 2, "pre": 1}) == ("the environment names pre version 1, but pipe "
                                                                "version 2 pins pre version 2")
+
+
+def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(capsys, tmp_path):
+    """A streaming LLM on the drain-swap path: its Triton request counters stand still while its streams run,
+    so the agent waits on its engine's running/waiting gauges (at --metrics-url) before the swap. The engine is
+    the stand-in of tests/vllm_metrics_model.py (a decoupled Python model with vLLM's interface and gauges);
+    two 15-second streams are in flight when the pointer moves."""
+    import threading
+
+    from agent_helpers import AgentProcess
+    from vllm_metrics_model import write_engine_stand_in
+
+    from repo_manager.adapters.loadgen.llm import Lengths, LLMLoad, run_llm
+    from repo_manager.adapters.loadgen.measure import Target
+    from repo_manager.adapters.triton.server import TritonServer
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.publish import publish_model
+
+    src, location = tmp_path / "src", str(tmp_path / "store")
+    settings = Settings(repository=src)
+    for _ in (1, 2):
+        publish_model(settings, write_engine_stand_in(tmp_path / "engine", "chat", first_ms=20, next_ms=100, slots=2),
+                      "chat", verify_model=False)
+    pushed = run_cli(capsys, "push", location, "--repo", src, "--model", "chat", "--json")
+    assert pushed.code == 0, pushed.err
+    open_store(location).update_env("production", {"chat": 1})
+    node = tmp_path / "node"
+    node.mkdir()
+    with TritonServer(node) as server:
+        agent = AgentProcess(location, "production", server, node, tmp_path / "cache", pod="llm", log_dir=tmp_path,
+                             extra=("--no-side-by-side", "--metrics-url", server.endpoints.metrics)).start()
+        try:
+            agent.wait_serving({"chat": 1})
+            results = []
+            load = LLMLoad(concurrency=2, requests=2, input_tokens=Lengths(4), output_tokens=Lengths(150),
+                           timeout_s=120)
+            streams = threading.Thread(target=lambda: results.append(run_llm(Target("chat", server.url), load)))
+            streams.start()
+            time.sleep(1.0)  # both streams running on version 1 (each lasts 15 s)
+            open_store(location).update_env("production", {"chat": 2})
+            agent.wait_serving({"chat": 2}, timeout=120)
+            streams.join(timeout=120)
+            log = agent.log_tail(200)
+        finally:
+            agent.stop()
+    (result,) = results
+    assert result.failed == 0 and result.broken == 0 and set(result.outcomes) == {"complete"}, result.error_samples
+    assert set(result.answered_by) == {1}
+    waited = [line for line in log.splitlines() if "waited for streams in flight" in line]
+    assert waited and "2 stream(s) in flight finished" in waited[-1], log

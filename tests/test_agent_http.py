@@ -8,6 +8,7 @@ Timings are measured and printed (run with -s to see them), asserted only agains
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
@@ -20,11 +21,11 @@ import rollout_models as rm
 from agent_helpers import AgentProcess
 from helpers import run_cli
 
-from repo_manager.agent import Agent, AgentOptions
-from repo_manager.agent.http import HEAD_TIMEOUT_S, MAX_CONNECTIONS, AgentHTTP, parse_listen
-from repo_manager.settings import Settings
-from repo_manager.storage import open_store
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.storage import open_store
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.settings import Settings
+from repo_manager.ops.agent import Agent, AgentOptions
+from repo_manager.ops.agent.http import HEAD_TIMEOUT_S, MAX_CONNECTIONS, AgentHTTP, parse_listen
 
 HALF_OPEN = 3000
 PARTIAL = b"GET /readyz HTTP/1.1\r\nHost: agent\r\nX-Slow: "
@@ -115,6 +116,28 @@ def test_the_endpoint_is_read_only_bounded_and_stops_quietly(tmp_path, capfd):
         sock.close()
     out, err = capfd.readouterr()
     assert out == err == "", err  # nothing per connection, also at the stop
+
+
+def test_a_fresh_agent_reports_its_documented_status_as_plain_json(tmp_path):
+    """/status of an agent that has not ticked yet (no server needed): the documented keys in their order,
+    plain JSON values (the state a string, no Python objects), and the state gauges cover every state."""
+    from repo_manager.ops.agent.metrics import STATES
+
+    agent = Agent(AgentOptions(store=str(tmp_path / "store"), env="production", repository=tmp_path / "repo",
+                               cache=tmp_path / "cache", url="http://127.0.0.1:9"), Settings())
+    status = agent.status()
+    assert list(status) == ["pod", "agent", "env", "store", "server", "state", "reason", "ready", "draining",
+                            "degraded_reason", "wanted", "served", "last_good", "refused", "last_rollout",
+                            "rollouts", "pointer", "sync", "lease_holders", "started_at", "options"]
+    assert json.loads(json.dumps(status)) == status
+    assert type(status["state"]) is str and status["state"] == "starting" and status["state"] in STATES
+    assert (status["reason"], status["ready"], status["draining"]) == ("not converged yet", False, False)
+    assert (status["wanted"], status["served"], status["last_good"], status["rollouts"]) == ({}, {}, {}, {})
+    assert status["sync"] == {"bytes_downloaded": 0, "bytes_reused": 0, "syncs": 0, "last": None}
+    assert status["refused"] is status["last_rollout"] is status["degraded_reason"] is None
+    assert status["lease_holders"] == []
+    assert STATES == ("starting", "waiting", "syncing", "rolling_out", "draining", "waiting_for_slot", "ready",
+                      "degraded", "error")
 
 
 def test_listen_defaults_to_loopback():

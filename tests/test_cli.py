@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,11 +16,12 @@ import numpy as np
 import onnx_models as om
 import pytest
 from helpers import run_cli
+from store_helpers import make_version
 
-from repo_manager.repository import LocalRepository
-from repo_manager.serving import load_version
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.ops.serving import load_version
 
 
 def test_publish_list_show_validate_json(capsys, tmp_path, triton):
@@ -199,7 +201,7 @@ def test_validate_fix_never_removes_the_staging_folder_of_a_running_publish_or_s
     """A real process holds a staging folder, as a publish or sync does while it writes a version."""
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from repo_manager.repository import LocalRepository\n"
+        "from repo_manager.adapters.repository import LocalRepository\n"
         f"staging = LocalRepository({str(tmp_path / 'repo')!r}).stage('m')\n"
         "(staging / 'model.py').write_text('# being written')\n"
         "print(staging, flush=True)\n"
@@ -225,13 +227,35 @@ def test_a_non_positive_sync_rate_limit_is_a_usage_error(capsys, tmp_path):
     assert not (tmp_path / "repo").exists()
 
 
-def test_a_non_numeric_latency_gate_setting_is_a_config_error():
-    from repo_manager.errors import ConfigError
-    from repo_manager.promote.envs import gate_settings
-    from repo_manager.settings import Settings
+@pytest.mark.parametrize("key, setting, value, words", [
+    ("latency", "rate", "fast", "must be a number, 0 or more, not fast"),
+    ("latency", "min_p99_delta_ms", -1, "must be a number, 0 or more"),
+    ("latency", "requests", 2.5, "must be a whole number"),
+    ("llm_latency", "rounds", float("nan"), "must be a whole number"),
+    ("llm_latency", "block_inconclusive", 2, "must be 0 or 1"),
+    ("llm_latency", "arrivals", "bursty", "must be one of poisson, constant"),
+    ("latency", "rate_rps", 3, "unknown gates.latency setting(s) rate_rps"),
+])
+def test_a_gate_setting_of_the_wrong_kind_is_a_config_error_naming_it(key, setting, value, words):
+    from repo_manager.core.environments import gate_settings
+    from repo_manager.core.errors import ConfigError
+    from repo_manager.core.settings import Settings
 
-    with pytest.raises(ConfigError, match="must be numbers"):
-        gate_settings(Settings(gates={"latency": {"rate": "fast"}}))
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        gate_settings(Settings(gates={key: {setting: value}}))
+
+
+def test_gate_settings_are_typed_with_the_configured_values_over_the_defaults():
+    from repo_manager.core.environments import LLMLatencyGate, gate_settings
+    from repo_manager.core.settings import Settings
+
+    gates = gate_settings(Settings(gates={"default": "checksums", "latency": {"rounds": 2.0, "rate": 7},
+                                          "llm_latency": {"block_inconclusive": 1, "arrivals": "constant"}}))
+    assert gates.default == "checksums"
+    assert (gates.latency.rounds, gates.latency.rate, gates.latency.requests) == (2, 7.0, 200)
+    assert isinstance(gates.latency.rounds, int) and isinstance(gates.latency.rate, float)
+    assert gates.llm_latency == LLMLatencyGate(block_inconclusive=True, arrivals="constant")
+    assert gates.llm_latency.to_dict()["output_tokens"] == 32
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +279,7 @@ def _table_codes(text: str, heading: str) -> dict[int, list[str]]:
 def test_every_copy_of_the_exit_code_table_agrees_with_errors_py():
     """errors.EXIT_CODES is the source; the README's table, docs/promotion.md's, docs/rollout.md's classes and
     ci/pipeline.sh's words are checked against it (the pipeline once read 10 and 11 as internal errors)."""
-    from repo_manager import errors
+    from repo_manager.core import errors
 
     codes = set(errors.EXIT_CODES)
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.TrmError)]
@@ -350,9 +374,9 @@ def test_infer_checks_inputs_against_the_config_before_sending(capsys, tmp_path,
 
 def test_an_error_from_the_embedded_server_does_not_name_its_address(capsys, tmp_path, triton):
     """What the embedded server refuses reads "the embedded Triton", not an address that is gone by then."""
-    from repo_manager.errors import ServerError
-    from repo_manager.serving import embedded_server
-    from repo_manager.settings import Settings
+    from repo_manager.core.errors import ServerError
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.serving import embedded_server
 
     repo = tmp_path / "repo"
     assert run_cli(capsys, "publish", "model", om.linear(tmp_path / "m.onnx"), "--name", "lin", "--repo", repo,
@@ -366,3 +390,18 @@ def test_an_error_from_the_embedded_server_does_not_name_its_address(capsys, tmp
     url = seen[0]
     assert url not in info.value.message and "the embedded Triton" in info.value.message, info.value.message
     assert "127.0.0.1" not in json.dumps(info.value.to_dict())
+
+
+# ---------------------------------------------------------------------------------------------- internal errors
+def test_an_internal_error_is_still_json_with_json(capsys, tmp_path, monkeypatch):
+    """Mock, named as such: a bug cannot be produced for real. Whatever raises, --json prints JSON (exit 1)."""
+    import json
+
+    import repo_manager.ops.push
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(repo_manager.ops.push, "push", broken)
+    make_version(tmp_path / "src", "base", {"model.py": b"# v1"})
+    result = run_cli(capsys, "--json", "push", tmp_path / "store", "--repo", tmp_path / "src")
+    assert result.code == 1 and json.loads(result.out)["error"]["kind"] == "internal", result.out

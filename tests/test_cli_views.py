@@ -18,8 +18,8 @@ import onnx_models as om
 import pytest
 from helpers import FixedAnswers, run_cli
 
-from repo_manager.inventory import diff_manifests, diff_text, tuning_summary
-from repo_manager.repository import LocalRepository
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.ops.inventory import diff_manifests, diff_text, tuning_summary
 
 HEAVY = ("rich", "numpy", "onnx", "onnxruntime", "boto3", "tritonclient", "google.protobuf", "torch", "aiohttp")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
@@ -32,7 +32,7 @@ def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_help_of_trm_and_of_every_command_imports_nothing_heavy(tmp_path):
-    from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
+    from repo_manager.cli.commands import COMMANDS
 
     code = (
         "import sys\nfrom repo_manager.cli import main\n"
@@ -46,8 +46,8 @@ def test_help_of_trm_and_of_every_command_imports_nothing_heavy(tmp_path):
 
 
 def test_short_help_table_agrees_with_the_commands():
-    import repo_manager.cli.commands as commands  # noqa: PLC0415
-    from repo_manager.cli import cli  # noqa: PLC0415
+    import repo_manager.cli.commands as commands
+    from repo_manager.cli import cli
 
     for module in set(commands.COMMANDS.values()):
         importlib.import_module(f"repo_manager.cli.commands.{module}")
@@ -192,7 +192,7 @@ ensemble_scheduling { step [
 
 def test_show_of_an_ensemble_lists_its_steps_and_pinned_members(capsys, tmp_path, monkeypatch):
     """An ensemble version written through the repository's own stage/commit (no members installed)."""
-    from repo_manager.manifest import Manifest, now_iso  # noqa: PLC0415
+    from repo_manager.core.manifest import Manifest, now_iso
 
     repo = LocalRepository(tmp_path / "repo")
     staging = repo.stage("emb")
@@ -248,7 +248,7 @@ def commit_version(root: Path, name: str, *, config: str | None = None, files: d
                    **records) -> None:
     """A version written through the repository's own stage/commit, with the records trm's writers put in
     manifests (given as keyword arguments: verification, tuning, source, members)."""
-    from repo_manager.manifest import Manifest, now_iso, scan_files  # noqa: PLC0415
+    from repo_manager.core.manifest import Manifest, now_iso, scan_files
 
     repo = LocalRepository(root)
     staging = repo.stage(name)
@@ -358,7 +358,7 @@ def _metrics(model: str) -> bytes:
 def _in_tmux(script: Path, lines: list[str]) -> tuple[str, str]:
     """Run ``lines`` in a bash inside a fresh tmux server (200 x 150): the screen at the end, and the pane's
     title (what a window-title escape would change)."""
-    import time  # noqa: PLC0415
+    import time
 
     script.write_text("\n".join([*lines, "echo SESSION-DONE", "sleep 120"]) + "\n")
     tmux = ["tmux", "-S", str(script.with_name("tmux.sock")), "-f", "/dev/null"]  # its own server, socket here
@@ -381,7 +381,7 @@ def test_hostile_names_reach_a_real_terminal_as_text(tmp_path):
     """list, show, diff, top (once and live) in tmux: names with rich markup and escape sequences (a window
     title, a clear screen) in a backend, a tensor, a config parameter, a Triton metric label and an agent's
     /status show as text; the pane keeps its title and its earlier lines; every command exits 0."""
-    import json  # noqa: PLC0415
+    import json
 
     repo = tmp_path / "repo"
     hostile_config = (f'name: "lin"\nbackend: "py{HOSTILE}"\nmax_batch_size: 4\n'

@@ -7,9 +7,9 @@ import onnx_models as om
 import pytest
 from onnx import TensorProto, helper
 
-from repo_manager import config as cfg
-from repo_manager.errors import ConfigError, InputError
-from repo_manager.publish.onnx import load_onnx, onnx_config, signature
+from repo_manager.core import config as cfg
+from repo_manager.core.errors import ConfigError, InputError
+from repo_manager.ops.publish.onnx import load_onnx, onnx_config, signature
 
 
 def test_dynamic_first_axis_gives_batching_and_dims_without_it(tmp_path):

@@ -48,10 +48,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from repo_manager.adapters.triton.restricted import OPEN_APIS, RESTRICTED_APIS
 from repo_manager.cli import Context, cli
 from repo_manager.cli.commands import COMMANDS
-from repo_manager.settings import Settings, load_settings
-from repo_manager.triton.restricted import OPEN_APIS, RESTRICTED_APIS
+from repo_manager.core.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -522,7 +522,7 @@ def test_settings_file_in_the_config_map_loads_and_declares_the_canary_wave(tmp_
     assert settings.environments["production"]["requires"] == "production-canary"
     assert "production-canary" in settings.environments
     try:  # trm's own reading of the requirement, where this branch has it (i12-agent's promote waves)
-        from repo_manager.promote.waves import requirement
+        from repo_manager.ops.promote.waves import requirement
     except ImportError:
         return
     assert requirement(settings, "production").env == "production-canary"
@@ -548,7 +548,7 @@ def test_llm_overlay_scales_on_the_engines_waiting_requests_and_is_production_ot
     """overlays/production-llm: the HPA's pods metric is vLLM's waiting requests per pod, served by the
     adapter rule from the series trm's vLLM backend reports and `trm observe rules` alerts on; Triton's
     queue stays a second metric; every other object is production's."""
-    from repo_manager.observe.rules import WAITING  # noqa: PLC0415
+    from repo_manager.ops.observe.rules import WAITING
 
     llm, production = rendered("overlays/production-llm"), rendered("overlays/production")
     hpa = one(llm, "HorizontalPodAutoscaler")

@@ -17,13 +17,13 @@ import llm_fixtures as fx
 import pytest
 from helpers import run_cli
 
-from repo_manager.errors import CompatibilityError
-from repo_manager.llm.doctor import check_engine_compatible, diagnose
-from repo_manager.llm.node import GpuFacts, NodeFacts, probe_node
-from repo_manager.publish import publish_model
-from repo_manager.publish.tensorrt_llm import TrtllmOptions
-from repo_manager.repository import LocalRepository
-from repo_manager.settings import Settings
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.core.errors import CompatibilityError
+from repo_manager.core.settings import Settings
+from repo_manager.ops.llm.doctor import check_engine_compatible, diagnose
+from repo_manager.ops.llm.node import GpuFacts, NodeFacts, probe_node
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions
 
 GIB = 1024**3
 FINGERPRINT = {"compute_capability": "9.0", "gpu_name": "NVIDIA H200", "tensorrt_llm_version": "0.12.0",

@@ -22,10 +22,10 @@ import rollout_models as rm
 from agent_helpers import Fleet
 from helpers import run_cli
 
-from repo_manager.loadgen import BackgroundLoad, Workload
-from repo_manager.repository import LocalRepository
-from repo_manager.storage import open_store
-from repo_manager.triton.client import TritonClient
+from repo_manager.adapters.loadgen import BackgroundLoad, Workload
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.storage import open_store
+from repo_manager.adapters.triton.client import TritonClient
 
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
 

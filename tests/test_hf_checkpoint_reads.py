@@ -12,9 +12,9 @@ import hf_checkpoints as hf
 import pytest
 from unreadable import hide, trm_unprivileged
 
-from repo_manager.paths import SourceReadError
-from repo_manager.publish.huggingface import inspect_checkpoint
-from repo_manager.repository import LocalRepository
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.core.paths import SourceReadError
+from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

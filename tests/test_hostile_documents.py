@@ -3,7 +3,9 @@ manifests in a repository) thrown at sync, export, promote, history and validate
 
 Whatever the document, every command ends with a documented exit code other than 1 (internal error), and
 nothing is written outside its targets. A folder store keeps each example fast; the rules under test
-(documents.py, manifest.py, paths.py) sit above the backends.
+(documents.py, manifest.py, paths.py) sit above the backends. At the end, hand-made documents no generator
+is likely to find: nested twenty million deep, a petabyte file, more bytes than the disk holds, malformed data
+files, text a terminal would obey.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from helpers import FixedAnswers, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import python_config, tree_digest
+from store_helpers import make_version, pushed_store, python_config, tree_digest
+
+from repo_manager.adapters.storage import open_store
 
 DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 8, 9}
 BLOB = b"abc"
@@ -182,7 +187,7 @@ records_of_a_version = st.fixed_dictionaries({}, optional={
 
 
 def _config(backend: str, tensor: str, parameter: str) -> str:
-    from repo_manager import config as cfg  # noqa: PLC0415
+    from repo_manager.core import config as cfg
 
     config = cfg.parse_config('name: "m"\nmax_batch_size: 4\n')
     config.backend = backend
@@ -296,7 +301,7 @@ metric_lines = st.builds(
 def test_top_renders_any_metrics_text_as_printable_rows(before, after):
     """Whatever a /metrics endpoint answers: rows with finite figures or none, JSON without NaN/Infinity, and
     text without escape sequences."""
-    from repo_manager.observe.top import Scrape, Server, View, between, parse_metrics, render  # noqa: PLC0415
+    from repo_manager.ops.observe.top import Scrape, Server, View, between, parse_metrics, render
 
     server = Server("http://h:8002/metrics")
     rows = between(Scrape(server, 0.0, *parse_metrics("\n".join(before))),
@@ -306,3 +311,88 @@ def test_top_renders_any_metrics_text_as_printable_rows(before, after):
     text = render(view)
     assert "\x1b" not in text and "\x07" not in text
     assert not any(r.model.startswith("trm-verify-") for r in rows)
+
+
+# ------------------------------------------------------------------------ hand-made documents, one case each
+def _put_raw(store: str, key: str, payload: bytes) -> None:
+    path = Path(store) / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.chmod(0o644)
+    path.write_bytes(payload)
+
+
+def test_a_manifest_nested_twenty_million_deep_is_refused_not_a_recursion_error(capsys, tmp_path):
+    store = pushed_store(tmp_path)
+    _put_raw(store, "models/base/versions/1.json", b"[" * 20_000_000)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 7, result.err
+    assert "internal error" not in result.err
+
+
+def test_a_pointer_nested_deep_or_oversized_is_refused(capsys, tmp_path):
+    store = pushed_store(tmp_path)
+    revs = sorted((Path(store) / "envs" / "prod.json.revs").iterdir())
+    for payload in (b'{"schema": "trm.env/1", "models": ' + b"[" * 500_000, b" " * (2 * 1024 * 1024)):
+        revs[-1].chmod(0o644)
+        revs[-1].write_bytes(payload)
+        result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache",
+                         tmp_path / "c")
+        assert result.code == 7, result.err
+
+
+def test_a_manifest_claiming_a_petabyte_file_is_refused_before_any_allocation(capsys, tmp_path):
+    store = pushed_store(tmp_path)
+    manifest = open_store(store).get_manifest("base", 1).to_dict()
+    manifest["files"][0]["size"] = 2 ** 50
+    _put_raw(store, "models/base/versions/1.json", __import__("json").dumps(manifest).encode())
+    for args in (["sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"],
+                 ["export", store, tmp_path / "out"]):
+        result = run_cli(capsys, *args)
+        assert result.code == 7, result.err
+        assert "invalid size" in result.err
+    assert not (tmp_path / "c" / "partial").exists() or not list((tmp_path / "c" / "partial").iterdir())
+
+
+def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_downloading(capsys, tmp_path):
+    import json
+
+    store = pushed_store(tmp_path)
+    manifest = open_store(store).get_manifest("base", 1).to_dict()
+    manifest["files"][0]["size"] = 4 * 1024 ** 4  # within S3's limit, beyond this test disk
+    _put_raw(store, "models/base/versions/1.json", json.dumps(manifest).encode())
+    for args in (["sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c"],
+                 ["export", store, tmp_path / "out"]):
+        result = run_cli(capsys, *args)
+        assert result.code == 3 and "free" in result.err, result.err
+    assert not list((tmp_path / "c" / "partial").iterdir())
+
+
+@pytest.mark.parametrize("data", ['"QUJDé"', "[]", '""', "0", '{"warmup/x": 5}', '{"warmup/x": "!!"}'])
+def test_a_manifest_with_malformed_data_files_is_refused_as_corrupt(capsys, tmp_path, data):
+    import json
+
+    store = pushed_store(tmp_path)
+    [manifest] = list((Path(store) / "models" / "base").rglob("1.json"))
+    document = json.loads(manifest.read_text())
+    document["data"] = json.loads(data) if data != '"QUJDé"' else {"warmup/input0.raw": "QUJDé"}
+    manifest.write_text(json.dumps(document))
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 7 and "data" in result.err, result.err
+
+
+def test_text_from_hostile_content_is_printed_safely(capsys, tmp_path):
+    """A lone surrogate (a valid JSON escape Python cannot encode) and a terminal escape in a manifest's
+    config reach validate's report: printed as escapes, never an internal error."""
+    import json
+
+    repo = tmp_path / "repo"
+    make_version(repo, "m", {"x.txt": b"abc"})
+    path = repo / "m" / "1" / "trm-manifest.json"
+    data = json.loads(path.read_bytes())
+    data["config"] = "\ud800\x1b[2J name"
+    path.chmod(0o644)
+    path.write_text(json.dumps(data))
+    result = run_cli(capsys, "validate", repo)
+    assert result.code == 3, result.err
+    assert "\\ud800" in result.out and "\x1b" not in result.out

@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 from helpers import run_cli
 
-from repo_manager import config as cfg
-from repo_manager.errors import InputError
-from repo_manager.publish import publish_model
-from repo_manager.publish.huggingface import MIN_COSINE, example_checkpoint
-from repo_manager.repository import LocalRepository
-from repo_manager.serving import load_version, text_inputs
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core import config as cfg
+from repo_manager.core.errors import InputError
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.publish.huggingface.checkpoint import example_checkpoint
+from repo_manager.ops.publish.huggingface.verify import MIN_COSINE
+from repo_manager.ops.serving import load_version, text_inputs
 
 EDGE_TEXTS = ["", "A man is eating a piece of bread.", "Zürich ist schön — 東京は大きい, naïve café ☕",
               "word " * 400 + "and an ending that truncation removes"]
@@ -151,7 +152,7 @@ def test_length_buckets_cover_every_row_once_and_keep_padding_small(monkeypatch)
     from hypothesis import given
     from hypothesis import strategies as st
 
-    import repo_manager.triton.server as server
+    import repo_manager.adapters.triton.server as server
 
     # the backend runs inside Triton's stub; outside it, its one Triton import is an empty module
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
@@ -272,26 +273,28 @@ def test_publish_needs_source_or_example(capsys, tmp_path):
 
 def test_cosine_check_refuses_an_embedding_that_drifts(tmp_path):
     """The verification criterion itself: one sentence of a batch pointing elsewhere fails the publish."""
-    from repo_manager.errors import VerificationError
-    from repo_manager.publish.huggingface import _checker, _Loaded, _sample, inspect_checkpoint
+    from repo_manager.core.errors import VerificationError
+    from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
+    from repo_manager.ops.publish.huggingface.load import LoadedCheckpoint
+    from repo_manager.ops.publish.huggingface.verify import checker, to_sample
 
-    loaded = _Loaded(inspect_checkpoint(hf.tiny_bert(tmp_path / "c")))
+    loaded = LoadedCheckpoint(inspect_checkpoint(hf.tiny_bert(tmp_path / "c")))
     texts = ["the fox", "a man is eating"]
-    check = _checker([("pair", texts)], loaded)
+    check = checker([("pair", texts)], loaded)
     want = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
-    record = check(_sample(texts, "embedding"), {"EMBEDDING": want + 1e-5}, {"EMBEDDING": want})
+    record = check(to_sample(texts, "embedding"), {"EMBEDDING": want + 1e-5}, {"EMBEDDING": want})
     assert record["case"] == "pair" and record["min_cosine"] > MIN_COSINE and record["tokens"] == [4, 6]
     drifted = want.copy()
     drifted[1] = [0.0, 0.99, 0.14]  # cosine ~0.990 for the second sentence only
     with pytest.raises(VerificationError, match="parity: BertModel: case pair: cosine similarity"):
-        check(_sample(texts, "embedding"), {"EMBEDDING": drifted}, {"EMBEDDING": want})
+        check(to_sample(texts, "embedding"), {"EMBEDDING": drifted}, {"EMBEDDING": want})
     # the same directions, one vector 0.5% longer: cosine 1.0, and still refused (a missing/extra normalisation)
     longer = want.copy()
     longer[0] *= 1.005
     with pytest.raises(VerificationError, match="vector length"):
-        check(_sample(texts, "embedding"), {"EMBEDDING": longer}, {"EMBEDDING": want})
+        check(to_sample(texts, "embedding"), {"EMBEDDING": longer}, {"EMBEDDING": want})
     with pytest.raises(VerificationError, match="shape"):
-        check(_sample(texts, "embedding"), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
+        check(to_sample(texts, "embedding"), {"EMBEDDING": want[:1]}, {"EMBEDDING": want})
 
 
 def _st_reference(folder: Path, texts: list[str], **encode) -> np.ndarray:
@@ -347,10 +350,11 @@ GRAPH_CASES = {  # each pooling mode once, each architecture once (CLS and Disti
 def test_exported_graph_follows_the_checkpoint(tmp_path, case):
     import onnxruntime as ort
 
-    from repo_manager.publish.huggingface import _Loaded, inspect_checkpoint
+    from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
+    from repo_manager.ops.publish.huggingface.load import LoadedCheckpoint
 
     source = hf.st_checkpoint(tmp_path / "st", **GRAPH_CASES[case])
-    loaded = _Loaded(inspect_checkpoint(source))
+    loaded = LoadedCheckpoint(inspect_checkpoint(source))
     loaded.export(tmp_path / "model.onnx")
     session = ort.InferenceSession(str(tmp_path / "model.onnx"))
     texts = SERVE_TEXTS + ["short"]
@@ -450,7 +454,7 @@ def test_what_the_checkpoint_does_not_say_is_refused(settings, tmp_path, capsys,
 def test_task_is_detected_from_the_checkpoint(tmp_path):
     """sentence-transformers' own CrossEncoder save, a one-logit save_pretrained checkpoint (how the ms-marco
     rerankers are shipped), a multi-label classifier, and a sentence-transformers embedding model."""
-    from repo_manager.publish.huggingface import inspect_checkpoint
+    from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
 
     def pipeline(folder: Path, **options):
         return inspect_checkpoint(folder, **options).pipeline

@@ -22,15 +22,16 @@ import pytest
 import yaml
 from helpers import run_cli
 
-from repo_manager import config as cfg
-from repo_manager.errors import CompatibilityError, InputError
-from repo_manager.llm.layout import ServingOptions, localize_gpt_model_path
-from repo_manager.llm.node import NodeFacts, probe_node
-from repo_manager.publish import publish_model
-from repo_manager.publish.tensorrt_llm import TrtllmOptions
-from repo_manager.repository import LocalRepository
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.core import config as cfg
+from repo_manager.core.errors import CompatibilityError, InputError
+from repo_manager.core.localized import localize_gpt_model_path
+from repo_manager.core.settings import Settings
+from repo_manager.ops.llm.layout import ServingOptions
+from repo_manager.ops.llm.node import NodeFacts, probe_node
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions
 
 NO_GPU = NodeFacts(probe="none (test: a CPU-only node)")
 FINGERPRINT = {"compute_capability": "9.0", "gpu_name": "NVIDIA H200", "tensorrt_llm_version": "0.12.0",
@@ -201,7 +202,7 @@ def test_without_a_gpu_or_gpu_memory_the_publish_says_what_to_pass(tmp_path):
 
 
 def test_a_failing_engine_build_leaves_no_half_version(tmp_path):
-    """The default builder really runs here (python -m repo_manager.llm.build_worker) and fails, because
+    """The default builder really runs here (python -m repo_manager.ops.llm.build_worker) and fails, because
     this machine has no TensorRT-LLM; a missing builder command fails as well."""
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     with pytest.raises(CompatibilityError, match="engine build failed") as info:
@@ -260,7 +261,7 @@ def _load_from_repo(client, repo, model):
 
 
 def test_preprocessing_and_postprocessing_tokenize_on_a_real_triton(tmp_path, triton):
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     _publish(tmp_path, checkpoint, engine_dir=fx.engine_dir(tmp_path / "e", checkpoint, max_input_len=4,
@@ -296,7 +297,7 @@ def test_preprocessing_and_postprocessing_tokenize_on_a_real_triton(tmp_path, tr
 
 def _gpu_ready() -> str | None:
     try:
-        import tensorrt_llm  # noqa: F401, PLC0415
+        import tensorrt_llm  # noqa: F401
     except ImportError:
         return "tensorrt_llm is not installed"
     if not probe_node().gpus:
@@ -309,11 +310,11 @@ def _gpu_ready() -> str | None:
 def test_gpu_builds_and_serves_a_tiny_engine(tmp_path):
     """Build a random-weight tiny Llama with the default builder, publish, check doctor, and when this
     tritonserver has the TensorRT-LLM backend (TRM_TRTLLM_TRITONSERVER or NGC's /opt/tritonserver), serve it."""
-    import torch  # noqa: PLC0415
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from repo_manager.llm.doctor import check_engine_compatible  # noqa: PLC0415
-    from repo_manager.triton.server import TritonServer  # noqa: PLC0415
+    from repo_manager.adapters.triton.server import TritonServer
+    from repo_manager.ops.llm.doctor import check_engine_compatible
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     hf = json.loads((checkpoint / "config.json").read_text())
@@ -381,9 +382,9 @@ def test_generated_ensemble_wires_text_through_all_three_models_on_a_real_triton
     postprocessing exactly as published; only the engine model is a stand-in (its generated config with the Python
     backend instead of tensorrtllm, which needs a GPU). Triton checks every tensor name, type and shape of
     the ensemble's wiring when it loads it."""
-    import shutil  # noqa: PLC0415
+    import shutil
 
-    from repo_manager.triton.server import TritonServer  # noqa: PLC0415
+    from repo_manager.adapters.triton.server import TritonServer
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     _publish(tmp_path, checkpoint, engine_dir=fx.engine_dir(tmp_path / "e", checkpoint, fingerprint=FINGERPRINT),

@@ -13,10 +13,10 @@ import json
 import pytest
 from stream_model import stream_repository
 
-from repo_manager.errors import UsageError
-from repo_manager.loadgen.llm import Lengths, LLMLoad, LLMRequest, make_requests, run_llm
-from repo_manager.loadgen.measure import Target
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.loadgen.llm import Lengths, LLMLoad, LLMRequest, make_requests, run_llm
+from repo_manager.adapters.loadgen.measure import Target
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.errors import UsageError
 
 MODEL = "llm"
 FIRST_MS, NEXT_MS, TOKENS = 40.0, 10.0, 8
@@ -29,7 +29,8 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm-repo")
     for name in (MODEL, *CRASHING.values()):
         stream_repository(root, name, first_ms=FIRST_MS, next_ms=NEXT_MS)
-    with TritonServer(root, models=[MODEL, *CRASHING.values()]) as triton:
+    # a stream on a model whose process was killed never ends: the stop need not wait for it
+    with TritonServer(root, models=[MODEL, *CRASHING.values()], drain_timeout_s=1.0) as triton:
         yield triton
 
 
@@ -131,3 +132,27 @@ def test_a_load_needs_a_rate_or_a_concurrency():
         Lengths(0)
     with pytest.raises(UsageError, match="protocol"):
         run_llm(Target(MODEL, "http://127.0.0.1:1", protocol="websocket"), LLMLoad(concurrency=1))
+
+
+def test_grpc_streams_end_so_that_the_model_can_still_be_unloaded(tmp_path):
+    """Each gRPC stream is read to its end after the final response. Triton 2.51 never finished unloading a
+    decoupled model whose streams the client had cancelled right after their final responses (measured here:
+    still UNLOADING 20 s after the unload, the replaced vLLM engine of a rollout alive minutes later; the load
+    generator did that until now). After 30 streams the model unloads at once."""
+    import time
+
+    from repo_manager.adapters.triton.client import TritonClient
+
+    root = stream_repository(tmp_path / "repo", first_ms=5.0, next_ms=2.0)
+    with TritonServer(root, models=[MODEL], drain_timeout_s=1.0) as triton, TritonClient(triton.url) as client:
+        result = run_llm(Target(MODEL, triton.url, protocol="grpc", grpc_url=triton.endpoints.grpc),
+                         LLMLoad(concurrency=3, requests=30, input_tokens=Lengths(6), output_tokens=Lengths(8)))
+        assert set(result.outcomes) == {"complete"}
+        client.unload(MODEL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            states = {e.get("state") for e in client.repository_index() if e["name"] == MODEL}
+            if not states & {"READY", "UNLOADING"}:
+                break
+            time.sleep(0.2)
+        assert not states & {"READY", "UNLOADING"}, states

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import run_cli
 
-from repo_manager.errors import CompatibilityError, InputError
-from repo_manager.llm.plan import GB, PlanRequest, kv_bytes_per_token, plan_memory, require_fit
-from repo_manager.llm.shape import FAMILY_DEFAULTS, load_shape, parameter_breakdown, shape_from_config
+from repo_manager.core.errors import CompatibilityError, InputError
+from repo_manager.ops.llm.plan import GB, PlanRequest, kv_bytes_per_token, plan_memory, require_fit
+from repo_manager.ops.llm.shape import FAMILY_DEFAULTS, load_shape, parameter_breakdown, shape_from_config
 
 DATA = Path(__file__).parent / "data" / "llm"
 LLAMA8 = DATA / "llama-3.1-8b.json"
@@ -161,7 +161,7 @@ def test_plan_command_prints_the_arithmetic_and_exits_11_when_the_context_does_n
 
 
 def test_plan_of_an_engine_folder_takes_the_engines_limits(tmp_path, capsys):
-    import llm_fixtures as fx  # noqa: PLC0415
+    import llm_fixtures as fx
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt", tokenizer=False)
     engine = fx.engine_dir(tmp_path / "engine", checkpoint, tp=2, max_batch_size=16, max_seq_len=128)
@@ -228,7 +228,7 @@ def test_each_family_counts_like_transformers_when_its_config_omits_every_defaul
 
 @pytest.mark.parametrize("family", sorted(FAMILY_DEFAULTS))
 def test_family_defaults_are_transformers_own(family):
-    import inspect  # noqa: PLC0415
+    import inspect
 
     transformers = pytest.importorskip("transformers")
     config_class = transformers.CONFIG_MAPPING[family]

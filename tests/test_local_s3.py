@@ -63,15 +63,20 @@ def test_the_local_s3_walkthrough_runs_as_written(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRM_", "AWS_"))}
     env.update(S3_PORT=str(s3), TRITON_PORT=str(triton), AGENT_PORT=str(agent), PYTHONPATH=str(ROOT),
                HOME=str(tmp_path / "home"), NO_COLOR="1")
-    run = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=project, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = run.communicate(timeout=1100)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGTERM)
-            run.wait(30)
-        _stop_leftovers(project, env, run.pid)
+    # the output goes to a file, not a pipe: when a step fails, the server and agent the script started in the
+    # background would hold a pipe open, and the test would wait for its timeout instead of the script
+    log = tmp_path / "walkthrough.log"
+    with open(log, "w") as out_file:
+        run = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=project, env=env,
+                               stdout=out_file, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            run.wait(timeout=1100)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGTERM)
+                run.wait(30)
+            _stop_leftovers(project, env, run.pid)
+    out = log.read_text()
     assert run.returncode == 0, out[-6000:]
     assert '"ready": true' in out and '"state": "ready"' in out, out[-6000:]  # the agent's /status
     assert "EMBEDDING [1, 384]" in out  # the text's embedding, answered by the server the agent filled

@@ -22,15 +22,15 @@ import yaml
 from cost_model import write_cost_model
 from helpers import run_cli
 
-from repo_manager.config import atomic_write_bytes
-from repo_manager.loadgen import BackgroundLoad
-from repo_manager.manifest import MANIFEST_NAME, Manifest
-from repo_manager.publish import publish_model
-from repo_manager.repository import LocalRepository
-from repo_manager.serving import load_version
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer, free_ports
+from repo_manager.adapters.loadgen import BackgroundLoad
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer, free_ports
+from repo_manager.core.config import atomic_write_bytes
+from repo_manager.core.manifest import MANIFEST_NAME, Manifest
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.serving import load_version
 
 PROMTOOL, PROMETHEUS = shutil.which("promtool"), shutil.which("prometheus")
 needs_prometheus = pytest.mark.skipif(not (PROMTOOL and PROMETHEUS),
@@ -120,7 +120,7 @@ def test_rules_carry_the_tuned_slo_pass_promtool_and_their_unit_tests(rules_dir)
 def test_agent_rules_fire_on_a_refusing_a_lagging_and_a_cut_off_pod(tmp_path):
     """The ``trm-agents`` group on the agents' own series (names checked against a live agent in
     tests/test_agent.py): pod a refuses v3 and lags; pod b is converged but has lost the store."""
-    from repo_manager.observe.rules import ModelWatch, Thresholds, write_artifacts  # noqa: PLC0415
+    from repo_manager.ops.observe.rules import ModelWatch, Thresholds, write_artifacts
 
     written = write_artifacts(tmp_path, [ModelWatch("m", 3)], Thresholds(versions_for="2m", pointer_stale_s=600),
                               "production")
@@ -260,9 +260,9 @@ def test_top_on_a_server_with_metrics_disabled_says_so_in_one_line(tmp_path, cap
 
 
 def test_serve_exports_trms_own_metrics_for_prometheus(rules_dir):
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+    import os
+    import signal
+    import sys
 
     _, _, settings = rules_dir
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -286,6 +286,9 @@ def test_serve_exports_trms_own_metrics_for_prometheus(rules_dir):
         assert 'trm_serving_version{model="ranker"} 1.0' in exported
         assert 'trm_operations_total{model="",operation="serve_start",outcome="ok"} 1.0' in exported
         assert "trm_operation_seconds_bucket" in exported and "trm_build_info" in exported
+        [load] = [line for line in exported.splitlines() if line.startswith("trm_model_load_duration_seconds{")]
+        assert load.startswith('trm_model_load_duration_seconds{model="ranker",version="1"} ') and \
+            float(load.rsplit(" ", 1)[1]) > 0, load  # how long serve's load of it took (Triton exports none)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
@@ -310,7 +313,7 @@ def test_rules_for_an_environment_take_its_versions_and_their_tuning_records(rul
 
 def test_shipped_alert_and_dashboard_texts_explain_themselves(tmp_path, capsys):
     """No history an operator cannot know ("the seed's cascade"): each threshold says what it means and why."""
-    from store_helpers import make_version  # noqa: PLC0415
+    from store_helpers import make_version
 
     make_version(tmp_path / "repo", "ranker", {"model.py": b"# stand-in\n"})
     result = run_cli(capsys, "observe", "rules", "--repo", tmp_path / "repo", "--out", tmp_path / "obs",
@@ -329,7 +332,7 @@ def test_shipped_alert_and_dashboard_texts_explain_themselves(tmp_path, capsys):
 def test_top_hides_temporary_verification_models_and_shows_labels_as_text():
     """Two scrapes of Triton's metrics text (as its /metrics answers it): a model trm loads for a moment to
     verify a version is not a row; a label with escape sequences is shown, never sent to the terminal."""
-    from repo_manager.observe.top import Scrape, Server, View, between, parse_metrics, render  # noqa: PLC0415
+    from repo_manager.ops.observe.top import Scrape, Server, View, between, parse_metrics, render
 
     def scrape(at: float, count: int) -> Scrape:
         text = "\n".join(f'nv_inference_request_success{{model="{m}",version="1"}} {count}'

@@ -19,16 +19,16 @@ from helpers import run_cli
 from test_observe import PROMTOOL, _get, _wait, needs_prometheus, render, scraping_prometheus
 from vllm_metrics_model import write_engine_stand_in
 
-from repo_manager.config import atomic_write_bytes
-from repo_manager.loadgen.llm import Lengths, LLMLoad, run_llm
-from repo_manager.loadgen.measure import Target
-from repo_manager.manifest import MANIFEST_NAME, Manifest
-from repo_manager.publish import publish_model
-from repo_manager.repository import LocalRepository
-from repo_manager.serving import load_version
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.loadgen.llm import Lengths, LLMLoad, run_llm
+from repo_manager.adapters.loadgen.measure import Target
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.config import atomic_write_bytes
+from repo_manager.core.manifest import MANIFEST_NAME, Manifest
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.serving import load_version
 
 FIRST_MS, NEXT_MS, TOKENS = 20.0, 20.0, 12
 """One request runs ~0.24 s; with one slot and four clients three requests always wait."""
@@ -110,7 +110,7 @@ def test_llm_rules_carry_the_tuned_ttft_and_itl_slos_and_pass_promtool_and_their
     waiting = rules["TrmLlmRequestsWaiting"]["annotations"]["description"]
     assert "One request waiting per replica is the signal to add a replica" in waiting
     assert "seed" not in (out / "trm-rules.yml").read_text().lower()
-    import json  # noqa: PLC0415
+    import json
 
     board = json.loads((out / "trm-dashboard.json").read_text())
     titles = [p["title"] for p in board["panels"]]
@@ -192,8 +192,8 @@ def test_waiting_and_ttft_alerts_fire_on_a_real_prometheus_and_top_shows_the_eng
 def test_top_reads_the_engine_series_and_estimates_quantiles_from_bucket_deltas():
     """Two scrapes of the text Triton serves for custom metric families: the quantiles are those of the
     observations between the scrapes only (all older ones were fast), labels are shown as text."""
-    from repo_manager.observe.top import Scrape, Server, View, llm_between, parse_llm, parse_metrics  # noqa: PLC0415
-    from repo_manager.observe.top import render as render_top  # noqa: PLC0415
+    from repo_manager.ops.observe.top import Scrape, Server, View, llm_between, parse_llm, parse_metrics
+    from repo_manager.ops.observe.top import render as render_top
 
     def scrape(at: float, tokens: int, fast: int, slow: int) -> Scrape:
         labels = 'model="chat\x1b[2J",version="3"'

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from cost_model import cost_config, cost_repository
 
-from repo_manager.loadgen import BackgroundLoad, LoadSpec, Phase, Target, Workload, measure, run_schedule
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
-from repo_manager.tuning import Candidate
+from repo_manager.adapters.loadgen import BackgroundLoad, LoadSpec, Phase, Target, Workload, measure, run_schedule
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.ops.tuning import Candidate
 
 SLO_MS = 200.0
 
@@ -24,7 +24,8 @@ def shedding_server(tmp_path_factory):
                            max_batch_size=2, dynamic_batching=True)
     policy = Candidate(2, 1, True, 0, (), "test").with_queue_policy(60_000, priority_levels=2)
     config = policy.apply(cost_config("slow", fixed_ms=20.0, per_item_ms=0.5, max_batch_size=2))
-    with TritonServer(root) as server, TritonClient(server.url) as client:
+    # the overload tests abandon thousands of queued requests: the stop need not wait for them to be answered
+    with TritonServer(root, drain_timeout_s=1.0) as server, TritonClient(server.url) as client:
         client.load("slow", config)
         yield server, config
 
@@ -51,13 +52,9 @@ def test_a_run_the_client_cannot_drive_stops_sending_and_says_so(shedding_server
     """100,000 requests/s for 3 s is more than this client can send: the run gives up once 2 s behind
     (instead of sending 300,000 requests late), and the phases it could not drive are invalid, with the
     unsent requests counted, never taken for answers, rejections or errors."""
-    import time  # noqa: PLC0415
-
     server, config = shedding_server
-    started = time.monotonic()
     trace = run_schedule(Target("slow", server.url), [Phase(100_000, 3.0), Phase(15, 1.0)],
                          Workload.from_config(config))
-    assert time.monotonic() - started < 60  # ~2 s of sending, then the answers to what went out
     spike, after = trace.phase_stats(0, SLO_MS), trace.phase_stats(1, SLO_MS)
     assert not spike.valid and spike.unsent > 0 and spike.requests + spike.unsent == 300_000
     assert spike.answered + spike.rejected + spike.errors == spike.requests
@@ -87,8 +84,8 @@ def test_a_queue_policy_round_trips_through_the_config_schema():
 
 def _search_on(exec_ms: dict[int, float], batching: Candidate, slo_ms: float, headroom_rps: float = 100.0):
     """A policy search over a measured-looking profile: only its plan (timeouts, structures) is used here."""
-    from repo_manager.tuning.candidates import Profile  # noqa: PLC0415
-    from repo_manager.tuning.overload import PolicySearch  # noqa: PLC0415
+    from repo_manager.ops.tuning.candidates import Profile
+    from repo_manager.ops.tuning.overload import PolicySearch
 
     profile = Profile(exec_ms, 1.0, max(exec_ms))
     return PolicySearch(None, profile, batching, 300.0, slo_ms, 2.0, 80.0, headroom_rps)  # type: ignore[arg-type]

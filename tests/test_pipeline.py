@@ -20,14 +20,15 @@ import numpy as np
 import onnx_models as om
 import yaml
 
-from repo_manager.errors import EXIT_CODES
-from repo_manager.promote import read_history
-from repo_manager.settings import load_settings
-from repo_manager.storage import open_store
+from repo_manager.adapters.storage import open_store
+from repo_manager.core.errors import EXIT_CODES
+from repo_manager.core.settings import load_settings
+from repo_manager.ops.promote import read_history
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_LATENCY = {"rate": 40, "requests": 80, "rounds": 1, "concurrency": 2, "max_p99_increase_pct": 300,
-                "min_p99_delta_ms": 50, "max_capacity_drop_pct": 75, "arrivals": "constant", "max_lag_ms": 50}
+                "min_p99_delta_ms": 50, "max_capacity_drop_pct": 75, "arrivals": "constant", "max_lag_ms": 50,
+                "capacity_slice_s": 0.1}
 
 
 def _project(root: Path, store: str) -> Path:

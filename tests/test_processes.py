@@ -21,11 +21,11 @@ import numpy as np
 import onnx_models as om
 import pytest
 
-from repo_manager import config as cfg
-from repo_manager.publish.core import Staged, run_publish
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core import config as cfg
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish.core import Staged, run_publish
 
 SLOW_MODEL_PY = '''
 import os, pathlib, time
@@ -108,6 +108,13 @@ def descendants(pid: int) -> dict[int, tuple[str, str]]:
                 found[child] = (started, command_name(child))
                 found.update(descendants(child))
     return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def command_name(pid: int) -> str:
@@ -222,6 +229,30 @@ def test_serve_ended_while_loading_leaves_no_server(tmp_path, signum):
     assert_all_gone(tree)
     if signum != signal.SIGKILL:  # stopped by trm itself, not only by the kernel
         assert not any(folder.exists() for folder in workdirs)
+    else:  # the kernel stopped it: its folder stays until the next server start sees its owner gone
+        assert all(folder.exists() for folder in workdirs)
+        (tmp_path / "empty").mkdir()
+        with TritonServer(tmp_path / "empty"):
+            assert not any(folder.exists() for folder in workdirs)
+
+
+def test_only_the_working_folders_of_dead_owners_are_removed(tmp_path):
+    """A folder whose owner file names a live process (this one), one naming a pid whose process is gone,
+    one naming a live pid with another start time (a reused pid), one without an owner file: only the
+    dead owners' folders are removed."""
+    from repo_manager.adapters.triton.server import free_dead_workdirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    me = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    owners = {"live": f"{os.getpid()} {me}", "dead": f"{gone.pid} 1", "reused": f"{os.getpid()} 1", "none": None}
+    for name, owner in owners.items():
+        (tmp_path / f"trm-triton-{name}" / "backends").mkdir(parents=True)
+        if owner is not None:
+            (tmp_path / f"trm-triton-{name}" / "owner").write_text(owner + "\n")
+    removed = free_dead_workdirs(tmp_path)
+    assert sorted(Path(r).name for r in removed) == ["trm-triton-dead", "trm-triton-reused"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trm-triton-live", "trm-triton-none"]
 
 
 def test_serve_stops_after_in_flight_requests_finish(tmp_path):
@@ -264,7 +295,7 @@ def test_serve_stops_after_in_flight_requests_finish(tmp_path):
 def test_serve_stop_lets_an_ensemble_request_in_flight_finish(tmp_path):
     """A request still in an ensemble's first step when the stop begins gets its answer: Triton keeps
     the second step's model until the ensemble's in-flight requests are done, although trm unloads all."""
-    import rollout_models as rm  # noqa: PLC0415
+    import rollout_models as rm
 
     repo = tmp_path / "repo"
     rm.ensemble(repo, 1, pre_delay=3.0)
@@ -310,7 +341,7 @@ def test_server_started_from_a_short_lived_thread_survives_the_thread(tmp_path):
 
 def test_sigkilled_publish_takes_its_engine_builder_with_it(tmp_path):
     """An engine build (minutes on a GPU) runs as a managed process too: it dies with trm."""
-    import llm_fixtures as fx  # noqa: PLC0415
+    import llm_fixtures as fx
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     builder = tmp_path / "slow_builder.py"
@@ -359,7 +390,7 @@ def _alive(pid: int) -> bool:
                                      "nonexistent-program-xyz"])
 def test_run_command_answers_like_subprocess_run(command):
     """What the drain, restore and eval commands see and return is what subprocess.run(shell=True) gives."""
-    from repo_manager.process import run_command  # noqa: PLC0415
+    from repo_manager.adapters.process import run_command
 
     env = dict(os.environ, TRM_X="x-value")
     expected = subprocess.run(command, shell=True, capture_output=True, text=True, env=env,
@@ -369,7 +400,7 @@ def test_run_command_answers_like_subprocess_run(command):
 
 
 def test_run_command_stops_the_whole_group_at_its_timeout_and_after_it_exits(tmp_path):
-    from repo_manager.process import run_command  # noqa: PLC0415
+    from repo_manager.adapters.process import run_command
 
     pids = tmp_path / "pids"
     started = time.monotonic()
@@ -384,7 +415,7 @@ def test_run_command_stops_the_whole_group_at_its_timeout_and_after_it_exits(tmp
 
 
 def test_sigkilled_owner_takes_its_operator_command_with_it(tmp_path):
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from repo_manager.process import run_command; "
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from repo_manager.adapters.process import run_command; "
               "print('go', flush=True); run_command('sleep 300 & sleep 300', timeout_s=600)")
     owner = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent.parent)],
                              stdout=subprocess.PIPE, text=True)
@@ -401,10 +432,10 @@ def test_sigkilled_owner_takes_its_operator_command_with_it(tmp_path):
 
 def test_sigkilled_rollout_takes_its_drain_command_with_it(tmp_path):
     """`trm rollout --drain-cmd` killed with SIGKILL while the operator's command runs: nothing of it stays."""
-    import rollout_models as rm  # noqa: PLC0415
+    import rollout_models as rm
 
-    from repo_manager.repository import LocalRepository  # noqa: PLC0415
-    from repo_manager.serving import load_version  # noqa: PLC0415
+    from repo_manager.adapters.repository import LocalRepository
+    from repo_manager.ops.serving import load_version
 
     repo = tmp_path / "repo"
     rm.tagged(repo, "m", 1)
@@ -433,7 +464,7 @@ def test_sigkilled_rollout_takes_its_drain_command_with_it(tmp_path):
 
 def _backend_segments(tree: dict[int, tuple[str, str]]) -> set[str]:
     """The Python-based backends' /dev/shm regions the processes of ``tree`` map."""
-    from repo_manager.llm.engines import BACKEND_SEGMENT
+    from repo_manager.adapters.engines import BACKEND_SEGMENT
 
     found = set()
     for pid in tree:
@@ -446,11 +477,14 @@ def _backend_segments(tree: dict[int, tuple[str, str]]) -> set[str]:
     return found
 
 
-def test_the_shared_memory_a_sigkilled_server_left_is_freed_by_the_next_server(tmp_path):
+def test_the_shared_memory_a_sigkilled_server_left_is_freed_by_the_next_server(tmp_path, monkeypatch):
     """SIGKILL of `trm serve` takes tritonserver and its stubs, but not their /dev/shm regions (only a clean
     shutdown unlinks them): the next server trm starts (at its start, or its stop) unlinks those no process
-    maps, and leaves alone the regions of a server that still runs."""
-    from repo_manager.llm import engines
+    maps, and leaves alone the regions of a server that still runs; also on a machine where no vLLM engine
+    ever ran (no engine registry folder)."""
+    from repo_manager.adapters import engines
+
+    monkeypatch.setenv(engines.REGISTRY_ENV, str(tmp_path / "no-engine-ever-ran"))
 
     repo, markers = tmp_path / "repo", tmp_path / "markers"
     markers.mkdir()
@@ -478,3 +512,246 @@ def test_the_shared_memory_a_sigkilled_server_left_is_freed_by_the_next_server(t
         assert not [p for p in left if Path(p).exists()]
         engines.free_dead_backend_segments()  # a running server's regions are mapped: kept
         assert all(Path(p).exists() for p in running)
+
+
+def _mapping_process(segment: Path) -> subprocess.Popen:
+    """A process that creates ``segment`` in /dev/shm and maps it until killed (an engine worker's part)."""
+    code = ("import mmap, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\nos.ftruncate(fd, 1 << 20)\n"
+            "region = mmap.mmap(fd, 1 << 20)\nprint('mapped', flush=True)\ntime.sleep(300)\n")
+    process = subprocess.Popen([sys.executable, "-c", code, str(segment)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "mapped"
+    return process
+
+
+def test_a_dead_engines_worker_is_killed_and_its_segments_freed_and_one_still_mapped_waits(tmp_path):
+    """The record of an engine whose stub died: its recorded worker is killed and, once it is gone, its
+    segment unlinked; a recorded segment some other live process still maps is kept, with the record, and
+    freed by a later start once nothing maps it."""
+    from repo_manager.adapters import engines
+
+    stub = subprocess.Popen([sys.executable, "-c", "pass"])
+    stub.wait()  # a stub pid that is dead
+    tag = f"trm-test-{os.getpid()}-{time.monotonic_ns()}"
+    own, shared = Path(f"/dev/shm/psm_{tag}-own"), Path(f"/dev/shm/psm_{tag}-shared")
+    worker, other = _mapping_process(own), _mapping_process(shared)
+    registry = tmp_path / "engines"
+    registry.mkdir()
+    record = registry / f"{stub.pid}.json"
+    start = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    record.write_text(json.dumps({"pids": [stub.pid, worker.pid], "starts": {str(worker.pid): int(start)},
+                                  "segments": [str(own), str(shared)]}))
+    try:
+        freed = engines.free_stale_engines(registry)
+        assert worker.wait(5) == -signal.SIGKILL and freed["processes"] == [worker.pid]
+        assert not own.exists() and str(own) in freed["segments"]
+        assert shared.exists() and record.exists()  # still mapped by a live process: kept for the next start
+        other.kill()
+        other.wait()
+        freed = engines.free_stale_engines(registry)
+        assert not shared.exists() and str(shared) in freed["segments"] and not record.exists()
+    finally:
+        for process in (worker, other):
+            process.kill()
+            process.wait()
+        own.unlink(missing_ok=True)
+        shared.unlink(missing_ok=True)
+
+
+def test_an_operation_under_which_the_embedded_server_died_says_how_it_died(tmp_path):
+    """A request to a server that died answers only "not reachable": leaving the server's block with that
+    error says how tritonserver ended (here SIGKILL), from its exit status, with the end of its log."""
+    from repo_manager.core.errors import ServerError
+
+    with pytest.raises(ServerError) as raised, TritonServer(tmp_path) as server, TritonClient(server.url) as client:
+        [tritonserver] = [int(p) for p in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+        os.kill(tritonserver, signal.SIGKILL)
+        wait_for(lambda: server.process.poll() is not None, "the server to be gone", 30)
+        client.repository_index()
+    assert "is not reachable" in raised.value.message and "the embedded tritonserver had died of SIGKILL" in \
+        raised.value.message, raised.value.message
+    assert isinstance(raised.value.__cause__, ServerError) and "died" not in raised.value.__cause__.message
+
+
+STALLING_MODEL_PY = '''
+import os, pathlib, signal, subprocess
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MARKER = pathlib.Path({marker!r})
+MODE = {mode!r}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        if MODE == "dies":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if MODE == "stalls once" and not MARKER.exists():
+            MARKER.touch()  # the first stub of this model stops for 3 s, as a paused host stops it
+            subprocess.Popen(["sh", "-c", f"sleep 3; kill -CONT {{os.getpid()}}"], start_new_session=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)]) for r in requests]
+'''
+
+
+@pytest.mark.parametrize("mode", ["stalls once", "dies"])
+def test_a_python_stub_declared_unhealthy_is_reloaded_once_and_only_a_second_failure_fails(triton, tmp_path, mode):
+    """Triton fails a request with "Stub process ... is not healthy" when the stub was stopped for a second
+    (real here: SIGSTOP, resumed 3 s later) exactly as when it died (SIGKILL in execute). Verification
+    reloads the model and verifies again: the stalled one passes and says why it was reloaded; the one that
+    dies fails, naming both tries."""
+    from repo_manager.core.errors import VerificationError
+    from repo_manager.ops.verify import Candidate, verify
+
+    (tmp_path / "model.py").write_text(STALLING_MODEL_PY.format(marker=str(tmp_path / "stalled"), mode=mode))
+    config = cfg.build_config("staller", "python", [cfg.TensorSpec("X", "FP32", (2,))],
+                              [cfg.TensorSpec("Y", "FP32", (2,))], True,
+                              cfg.ConfigOptions(max_batch_size=4, warmup=False))
+    candidate = Candidate("staller", config, {"model.py": tmp_path / "model.py"})
+    samples = [{"X": np.ones((1, 2), np.float32)}]
+    client = TritonClient(triton.url)
+    if mode == "dies":
+        with pytest.raises(VerificationError) as failed:
+            verify(client, [candidate], "staller", samples, None)
+        assert "is not healthy" in failed.value.message and "before trm reloaded" in failed.value.message
+    else:
+        report = verify(client, [candidate], "staller", samples, None)
+        assert report.samples == 1 and report.outputs_checked == 1
+        assert "is not healthy" in report.to_dict()["reloaded_after"]
+    left = [e["name"] for e in client.repository_index() if e["name"].endswith("staller") and e.get("state") == "READY"]
+    assert left == []  # every try's model unloaded
+
+
+def test_a_stub_triton_would_wait_for_forever_is_killed_and_its_load_fails_instead_of_never_ending(tmp_path):
+    """Triton 2.51 gives up on a Python stub that misses its health check while initializing, but then waits
+    for it to exit, and it never does: the load never ends (seen on a saturated host beside vLLM engine
+    starts). Real server, real stub, real wait; only the stub's starvation is simulated (SIGSTOP for 8 s
+    during its initialize, longer than Triton's 5 s health window). The server's owner kills the stub once
+    Triton has waited for it ``stuck_stub_wait_s``: the load fails with Triton's "not healthy" error, the
+    server's log says what trm did and why, and the next load of the model succeeds."""
+    from repo_manager.core.errors import ModelLoadError
+
+    slow_model(tmp_path / "repo", load_s=6.0)
+    server = TritonServer(tmp_path / "repo")
+    server.engine_sweep_s, server.stuck_stub_wait_s = 0.5, 2.0
+    with server, TritonClient(server.url) as client:
+        stopped: list[int] = []
+
+        def starve_the_stub() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                # the instance's stub (the one that runs initialize(): "slow_0_0"; an auto-complete stub comes first)
+                stubs = [pid for pid, (_, program) in descendants(server.pid).items()
+                         if "python_backend_stub" in program and b"slow_0_0" in _cmdline(pid)]
+                if stubs:
+                    time.sleep(1.5)  # inside initialize()
+                    start = _start_time(stubs[0])
+                    os.kill(stubs[0], signal.SIGSTOP)
+                    stopped.append(stubs[0])
+                    time.sleep(8)
+                    if start is not None and _start_time(stubs[0]) == start:
+                        os.kill(stubs[0], signal.SIGCONT)
+                    return
+                time.sleep(0.05)
+
+        starver = threading.Thread(target=starve_the_stub, daemon=True)
+        starver.start()
+        started = time.monotonic()
+        with pytest.raises(ModelLoadError) as failed:
+            client.load("slow")
+        took = time.monotonic() - started
+        starver.join(30)
+        assert "is not healthy" in failed.value.message, failed.value.message
+        assert stopped and server.killed_stubs == stopped and took < 60, (took, stopped, server.killed_stubs)
+        assert "trm: killed Python stub" in server.log_path.read_text()
+        client.load("slow")  # the server was not left waiting
+        assert client.is_model_ready("slow")
+
+
+def test_a_python_model_with_custom_metrics_unloads_without_crashing_its_stub(tmp_path):
+    """A Python model that reports custom metrics (the stand-in of trm's vllm backend: vLLM's families through
+    ``pb_utils.MetricFamily``) drops them in ``finalize()``; left to the interpreter's exit, their destructors
+    crashed the stub at every unload (a segfault the kernel logs; such a crash once left Triton aborting on
+    its next load). The kernel's log is read for the stubs this server started: none crashed."""
+    from vllm_metrics_model import write_engine_stand_in
+
+    from repo_manager.ops.publish import publish_model
+
+    try:
+        before = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip("the kernel's log cannot be read here")
+    if before.returncode != 0:
+        pytest.skip("the kernel's log cannot be read here (dmesg needs privileges)")
+    settings = Settings(repository=tmp_path / "repo")
+    publish_model(settings, write_engine_stand_in(tmp_path / "src", "chat"), "chat", verify_model=False)
+    stubs: set[int] = set()
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        for _ in range(3):
+            client.load("chat")
+            stubs |= {pid for pid, (_, program) in descendants(server.pid).items() if "python_backend_stub" in program}
+            client.unload("chat")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (client.is_model_ready("chat")
+                                                   or stubs & set(descendants(server.pid))):
+                time.sleep(0.2)  # the stub has exited (and crashed, or not)
+    assert stubs
+    earlier = set(before.stdout.splitlines())  # each line has its own timestamp; a pid may be an old one's
+    log = [line for line in subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+           if line not in earlier]
+    crashed = [line for line in log if ("segfault" in line or "traps:" in line)
+               and any(f"[{pid}]" in line for pid in stubs)]
+    assert crashed == [], crashed
+
+
+def test_a_load_longer_than_the_clients_call_timeout_is_waited_for_and_one_past_the_load_timeout_says_so(triton):
+    """A load answers when the model is ready, which on a busy node took a small ONNX model's stub over a
+    minute: it waits up to the client's load timeout, not its 1 s call timeout here (before, a verification
+    load cut off by the 60 s call timeout was reported as "Triton ... is not reachable ... timed out")."""
+    from repo_manager.core.errors import ServerError
+
+    config = cfg.build_config("slowload", "python", [cfg.TensorSpec("X", "FP32", (2,))],
+                              [cfg.TensorSpec("Y", "FP32", (2,))], True,
+                              cfg.ConfigOptions(max_batch_size=4, warmup=False))
+    files = {"1/model.py": SLOW_MODEL_PY.format(load_s=3.0, execute_s=0.0).encode()}
+    with TritonClient(triton.url, timeout_s=1.0) as client:
+        started = time.monotonic()
+        client.load("slowload", config, files)
+        assert time.monotonic() - started >= 3.0 and client.is_model_ready("slowload")
+        client.unload("slowload")
+    config.name = "slowload_bounded"
+    with TritonClient(triton.url, timeout_s=1.0, load_timeout_s=1.0) as bounded, \
+            pytest.raises(ServerError) as failed:
+        bounded.load("slowload_bounded", config, files)
+    assert failed.value.message.endswith("did not finish the load of slowload_bounded within 1 s")
+    assert "not reachable" not in failed.value.message
+    with TritonClient(triton.url) as client:
+        wait_for(lambda: client.is_model_ready("slowload_bounded"), "the bounded load to finish", 30)
+        client.unload("slowload_bounded")
+
+
+def test_a_running_servers_owner_frees_an_engine_that_died_under_it_without_a_restart(tmp_path, monkeypatch):
+    """An engine whose stub is gone while the server keeps running (an unload that did not let it clean up):
+    within the sweep interval its recorded worker is killed and its segment unlinked, the server still up."""
+    registry = tmp_path / "engines"
+    registry.mkdir()
+    monkeypatch.setenv("TRM_VLLM_ENGINE_REGISTRY", str(registry))
+    (tmp_path / "repo").mkdir()
+    with TritonServer(tmp_path / "repo") as server:
+        server.engine_sweep_s = 0.3  # read at each wait: the sweeper started with the default picks it up next
+        stub = subprocess.Popen([sys.executable, "-c", "pass"])
+        stub.wait()
+        segment = Path(f"/dev/shm/psm_trm-test-{os.getpid()}-{time.monotonic_ns()}")
+        worker = _mapping_process(segment)
+        start = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        try:
+            (registry / f"{stub.pid}.json").write_text(json.dumps(
+                {"pids": [stub.pid, worker.pid], "starts": {str(worker.pid): int(start)}, "segments": [str(segment)]}))
+            wait_for(lambda: worker.poll() is not None and not segment.exists(), "the sweep", 30)
+            assert worker.returncode == -signal.SIGKILL and not list(registry.glob("*.json"))
+            assert server._process is not None and server._process.running()
+        finally:
+            worker.kill()
+            worker.wait()
+            segment.unlink(missing_ok=True)

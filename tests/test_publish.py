@@ -14,13 +14,13 @@ import onnx_models as om
 import onnxruntime as ort
 import pytest
 
-from repo_manager import config as cfg
-from repo_manager.errors import InputError, VerificationError
-from repo_manager.manifest import MANIFEST_NAME, read_manifest, sha256_file
-from repo_manager.publish import publish_model
-from repo_manager.repository import LocalRepository
-from repo_manager.serving import load_version
-from repo_manager.triton.client import TritonClient
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.core import config as cfg
+from repo_manager.core.errors import InputError, VerificationError
+from repo_manager.core.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.serving import load_version
 
 
 def _served_outputs(triton, repo_root, model, inputs, version=None):
@@ -49,7 +49,7 @@ def test_published_model_answers_like_onnxruntime(settings, triton, tmp_path, bu
     assert result.version == 1 and result.verified
     assert result.verification["samples"] >= 1
     config = LocalRepository(settings.repository).config("m")
-    from repo_manager.inputs import generate_inputs
+    from repo_manager.adapters.loadgen.inputs import generate_inputs
     inputs = generate_inputs(config, batch_size=3 if config.max_batch_size else 1, variable_dim=6, seed=42)
     got = _served_outputs(triton, settings.repository, "m", inputs)
     session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
@@ -148,7 +148,7 @@ def test_python_folder_with_its_own_config(settings, tmp_path):
 
 def test_model_whose_answers_differ_is_refused_and_removed(settings, tmp_path, monkeypatch):
     """A reference that disagrees (as a broken conversion would) fails verification with the worst diff."""
-    import repo_manager.publish.onnx as onnx_mod
+    import repo_manager.ops.publish.onnx as onnx_mod
 
     original = onnx_mod.onnx_reference
 
@@ -222,13 +222,13 @@ def test_publish_killed_at_any_moment_leaves_no_partial_version(tmp_path, triton
     repo.repair_config("big")
     assert repo.validate() == []
     # and the next publish still works and takes the next number
-    from repo_manager.settings import Settings
+    from repo_manager.core.settings import Settings
     result = publish_model(Settings(repository=repo_root, triton_url=triton.url), source, "big")
     assert result.version == (numeric[-1] + 1 if numeric else 1)
 
 
 def test_load_version_pins_exactly_the_published_version(settings, tmp_path):
-    from repo_manager.triton.server import TritonServer
+    from repo_manager.adapters.triton.server import TritonServer
 
     publish_model(settings, om.linear(tmp_path / "a.onnx", seed=1), "lin")
     publish_model(settings, om.linear(tmp_path / "b.onnx", seed=2), "lin")
@@ -254,9 +254,10 @@ def test_a_version_committed_without_its_config_is_repaired(settings, tmp_path):
 
 
 def test_bytecode_a_python_backend_writes_is_not_a_validation_problem(settings, tmp_path):
-    """A Python backend writes __pycache__ next to model.py (its stub ignores PYTHONDONTWRITEBYTECODE):
-    that is not content of the version, and validate must not report it."""
-    from repo_manager.triton.server import TritonServer
+    """A Python backend writes __pycache__ next to model.py (its stub ignores PYTHONDONTWRITEBYTECODE) into a
+    version that lacks trm's empty __pycache__ file (one written before trm wrote it): that is not content of
+    the version, and validate must not report it."""
+    from repo_manager.adapters.triton.server import TritonServer
 
     folder = tmp_path / "py"
     folder.mkdir()
@@ -271,8 +272,37 @@ def test_bytecode_a_python_backend_writes_is_not_a_validation_problem(settings, 
     publish_model(settings, folder, "py", inputs=[cfg.TensorSpec.parse("X:FP32:2")],
                   outputs=[cfg.TensorSpec.parse("Y:FP32:2")])
     repo = LocalRepository(settings.repository)
+    (repo.version_dir("py", 1) / "__pycache__").unlink()
     with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
         load_version(client, repo, "py")
         assert client.infer("py", {"X": np.ones((1, 2), np.float32)})["Y"].tolist() == [[3.0, 3.0]]
     assert list(repo.version_dir("py", 1).rglob("__pycache__/*.pyc"))  # what the stub left
     assert repo.validate() == []
+
+
+def test_a_python_models_version_folder_gets_no_bytecode_so_triton_loads_it_once(tmp_path):
+    """A Python model's stub writes __pycache__ into its version folder while it loads, and Triton then takes
+    the folder for changed: the next load of the same version starts the model again. A version trm writes
+    holds an empty file of that name instead, outside the manifest, and a second load starts nothing."""
+    import rollout_models
+
+    from repo_manager.adapters.triton.server import TritonServer
+
+    root = tmp_path / "repo"
+    rollout_models.tagged(root, "tagged", 1)
+    version = root / "tagged" / "1"
+    blocker = version / "__pycache__"
+    assert blocker.is_file() and blocker.stat().st_size == 0
+    assert "__pycache__" not in {f.path for f in read_manifest(version).files}
+    assert LocalRepository(root).validate() == []
+    with TritonServer(root) as server, TritonClient(server.url) as client:
+        client.load("tagged")
+        client.load("tagged")
+        starts = server.log_path.read_text().count("TRITONBACKEND_ModelInstanceInitialize: tagged_0_0")
+    assert starts == 1 and blocker.is_file()  # no bytecode written, no second start
+    blocker.unlink()  # what a version written before this change looks like: the stub writes its cache
+    with TritonServer(root) as server, TritonClient(server.url) as client:
+        client.load("tagged")
+        client.load("tagged")
+        starts = server.log_path.read_text().count("TRITONBACKEND_ModelInstanceInitialize: tagged_0_0")
+    assert starts == 2 and (version / "__pycache__").is_dir()  # the reload the empty file prevents

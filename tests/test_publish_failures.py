@@ -5,6 +5,7 @@ data is read inside the model's folder (a link on the way refused, an unreadable
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -12,13 +13,14 @@ import onnx_models as om
 import onnxruntime as ort
 import pytest
 from helpers import run_cli
-from unreadable import hide, trm_unprivileged
+from unreadable import hide, python_unprivileged, trm_unprivileged
 
-from repo_manager.publish.core import Staged, run_publish
-from repo_manager.repository import STAGING_PREFIX, LocalRepository
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.repository import STAGING_PREFIX, LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core import config as cfg
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish.core import Staged, run_publish
 
 
 def leftovers(repo_root) -> list[str]:
@@ -48,6 +50,32 @@ def test_any_failure_after_staging_began_removes_every_staging_folder(tmp_path):
         run_publish(settings, "m", build, verify_model=False)
     assert leftovers(settings.repository) == []
     assert LocalRepository(settings.repository).models() == []
+
+
+def test_a_publish_removes_a_staging_folder_it_did_not_commit_and_one_an_interrupt_left(tmp_path):
+    """``repo.staging_scope()``: a folder the converter staged and never handed on goes once the publish
+    succeeds, and an interrupt (a BaseException, not an Exception) in the converter leaves none."""
+    settings = Settings(repository=tmp_path / "repo")
+    config = cfg.build_config("m", "python", [cfg.TensorSpec("X", "FP32", (2,))], [cfg.TensorSpec("Y", "FP32", (2,))],
+                              True, cfg.ConfigOptions(max_batch_size=4, instance_count=1, warmup=False))
+
+    def build(repo, name: str) -> list[Staged]:
+        (repo.stage(f"{name}_scratch") / "notes.txt").write_text("never returned\n")
+        staging = repo.stage(name)
+        (staging / "model.py").write_text("# a model\n")
+        return [Staged(name, staging, config, {"kind": "test"})]
+
+    result = run_publish(settings, "m", build, verify_model=False)
+    assert result.version == 1 and (settings.repository / "m" / "1" / "model.py").is_file()
+    assert leftovers(settings.repository) == [] and LocalRepository(settings.repository).models() == ["m"]
+
+    def interrupted(repo, name: str) -> list[Staged]:
+        repo.stage(name)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_publish(settings, "m", interrupted, verify_model=False)
+    assert leftovers(settings.repository) == [] and LocalRepository(settings.repository).versions("m") == [1]
 
 
 def test_external_data_model_publishes_from_another_directory(capsys, tmp_path, triton, monkeypatch):
@@ -156,3 +184,29 @@ def test_unreadable_external_data_is_an_error_naming_it(tmp_path, hidden):
     assert code == 3, err
     assert err.splitlines()[0].endswith(f"{tmp_path / 'src' / hidden} cannot be read (permission denied)"), err
     assert LocalRepository(repo).versions("ext") == [] and leftovers(repo) == []
+
+
+def test_a_commit_the_filesystem_refuses_is_not_blamed_on_another_writer(tmp_path):
+    """The kernel refuses the rename (EACCES on a read-only model folder, for real): that is bad input naming
+    the cause, not "taken by another writer" (exit 8, "retry"), which would send a caller retrying forever."""
+    code = f"""
+import json, sys
+from pathlib import Path
+from repo_manager.core.errors import TrmError
+from repo_manager.core.manifest import Manifest
+from repo_manager.adapters.repository import LocalRepository
+repo = LocalRepository(Path({str(tmp_path / "repo")!r}))
+staging = repo.stage("m")
+(staging / "model.onnx").write_bytes(b"x")
+repo.model_dir("m").chmod(0o555)
+manifest = Manifest(model="m", version=1, config='name: "m"', files={{}})
+try:
+    repo.commit(staging, manifest)
+except TrmError as exc:
+    print(json.dumps([type(exc).__name__, exc.exit_code, exc.message]))
+"""
+    done = python_unprivileged(code)
+    assert done.returncode == 0, done.stderr
+    kind, code_, message = json.loads(done.stdout)
+    assert (kind, code_) == ("InputError", 3)
+    assert "Permission denied" in message and "another writer" not in message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 
 import numpy as np
@@ -10,15 +12,15 @@ import onnxruntime as ort
 import pytest
 from helpers import run_cli
 from seaweed import BUCKET
-from store_helpers import finish, make_version, pseudo_random, tree_digest, trm_process
+from store_helpers import finish, make_version, pseudo_random, pushed_store, tree_digest, trm_process
 
-from repo_manager.inputs import generate_inputs
-from repo_manager.publish import publish_model
-from repo_manager.repository import LocalRepository
-from repo_manager.settings import Settings
-from repo_manager.storage import open_store
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.loadgen.inputs import generate_inputs
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.storage import open_store
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.settings import Settings
+from repo_manager.ops.publish import publish_model
 
 
 def _cli_ok(capsys, *args):
@@ -143,8 +145,8 @@ def test_export_writes_a_plain_triton_layout_to_a_folder_and_to_s3(capsys, s3_lo
     for source, prefix in ((s3_location, "plain-from-s3"), (str(tmp_path / "folder-store"), "plain-from-folder")):
         _cli_ok(capsys, "export", source, f"s3://{BUCKET}/{prefix}", "--env", "prod")
         target = open_store(f"s3://{BUCKET}/{prefix}")
-        assert target._get_bytes("m/2/w/weights.bin")[0] == weights
-        assert target._get_bytes("m/config.pbtxt")[0].decode() == (out / "m" / "config.pbtxt").read_text()
+        assert target.get_object("m/2/w/weights.bin")[0] == weights
+        assert target.get_object("m/config.pbtxt")[0].decode() == (out / "m" / "config.pbtxt").read_text()
 
 
 def test_aws_credentials_never_appear_in_errors_even_with_verbose(s3_location, tmp_path):
@@ -206,7 +208,7 @@ def test_a_publish_killed_while_renumbering_never_loses_the_local_version(tmp_pa
     simulated by making LocalRepository.commit raise (a named stand-in for SIGKILL at that instruction).
     The version must still be on disk as a complete version, not only in a staging folder that
     `trm validate --fix` deletes."""
-    from repo_manager.push import publish_to_store
+    from repo_manager.ops.push import publish_to_store
 
     store = open_store(str(tmp_path / "store"))
     other = make_version(tmp_path / "other", "m", {"model.py": b"# the other publisher"})
@@ -247,7 +249,7 @@ def test_export_of_nothing_is_an_error_not_an_empty_success(capsys, tmp_path):
 def test_pushing_an_ensemble_alone_pushes_its_members_first_and_a_node_serves_it(capsys, tmp_path):
     """`trm push --model pipe:1 --env prod`: the members the ensemble pins go to the store too (before
     it), the pointer names the ensemble, and a node that syncs the pointer serves the whole pipeline."""
-    import rollout_models as rm  # noqa: PLC0415
+    import rollout_models as rm
 
     src, location = tmp_path / "src", str(tmp_path / "store")
     version = rm.ensemble(src, 1)
@@ -271,7 +273,7 @@ def test_pushing_an_ensemble_alone_pushes_its_members_first_and_a_node_serves_it
     again = _cli_ok(capsys, "push", location, "--repo", src, "--model", f"pipe:{version}")
     assert all(v["already_present"] for v in again["versions"]) and len(again["versions"]) == 3
     # a member only the store holds is left to it; one in neither is a clear error, and nothing is pushed
-    import shutil  # noqa: PLC0415
+    import shutil
 
     shutil.rmtree(src / "pre")
     kept = _cli_ok(capsys, "push", location, "--repo", src, "--model", f"pipe:{version}")
@@ -290,7 +292,7 @@ def test_a_version_whose_warmup_data_differs_is_a_different_version(capsys, tmp_
     from helpers import run_cli
     from store_helpers import make_version
 
-    from repo_manager.manifest import MANIFEST_NAME, Manifest
+    from repo_manager.core.manifest import MANIFEST_NAME, Manifest
 
     for name, sample in (("a", b"\x00\x01"), ("b", b"\x00\x02")):
         make_version(tmp_path / name, "m", {"model.py": b"# m"})
@@ -317,3 +319,61 @@ def test_pushing_to_an_environment_that_already_serves_the_version_writes_no_new
     make_version(tmp_path / "src", "m", {"w": b"two"})
     moved = _cli_ok(capsys, "push", location, "--repo", tmp_path / "src", "--env", "prod")
     assert moved["env_models"] == {"m": 2} and open_store(location).get_env("prod").etag != before.etag
+
+
+def test_push_counts_only_the_blobs_it_uploads(capsys, tmp_path):
+    """A version whose files the store partly holds (content-addressed) uploads, and reports, only the others:
+    an empty file included, a blob the store had not counted."""
+    location = str(tmp_path / "store")
+    make_version(tmp_path / "src", "m", {"shared": b"same bytes", "empty": b""})
+    first = _cli_ok(capsys, "push", location, "--repo", tmp_path / "src")
+    assert (first["versions"][0]["blobs_uploaded"], first["bytes_uploaded"]) == (2, 10)
+    make_version(tmp_path / "src", "m", {"shared": b"same bytes", "new": b"four"})
+    second = _cli_ok(capsys, "push", location, "--repo", tmp_path / "src", "--model", "m:2")
+    assert second["versions"][0]["blobs_uploaded"] == 1 and second["bytes_uploaded"] == 4
+
+
+# ------------------------------------------------------------------------------ export never replaces a version
+def test_export_refuses_a_different_version_and_leaves_an_identical_one_alone(capsys, tmp_path):
+    store = pushed_store(tmp_path)
+    dest = tmp_path / "dest"
+    assert run_cli(capsys, "export", store, dest).code == 0
+    before = tree_digest(dest)
+    again = run_cli(capsys, "export", store, dest, "--json")
+    assert again.code == 0 and again.json()["files"] == 0 and tree_digest(dest) == before
+    (dest / "base" / "1" / "model.py").write_bytes(b"# someone else's version 1")
+    clash = run_cli(capsys, "export", store, dest)
+    assert clash.code == 3, clash.err
+    assert "different version 1" in clash.err and str(dest / "base" / "1") in clash.err
+    assert (dest / "base" / "1" / "model.py").read_bytes() == b"# someone else's version 1"
+
+
+def test_an_interrupted_export_is_completed_not_refused(capsys, tmp_path):
+    store = pushed_store(tmp_path, files={"model.py": b"# v1", "weights/w.bin": b"w" * 1000})
+    dest = tmp_path / "dest"
+    assert run_cli(capsys, "export", store, dest).code == 0
+    (dest / "base" / "1" / "weights" / "w.bin").unlink()  # as if killed before the last file
+    result = run_cli(capsys, "export", store, dest, "--json")
+    assert result.code == 0 and result.json()["files"] == 1, result.err
+    assert (dest / "base" / "1" / "weights" / "w.bin").read_bytes() == b"w" * 1000
+
+
+def test_exported_files_follow_the_umask(capsys, tmp_path):
+    store = pushed_store(tmp_path)
+    old = os.umask(0o022)
+    try:
+        assert run_cli(capsys, "export", store, tmp_path / "dest").code == 0
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "dest" / "base" / "1" / "model.py", tmp_path / "dest" / "base" / "config.pbtxt"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+def test_export_to_s3_leaves_an_identical_version_alone_and_refuses_a_different_one(capsys, s3_location, tmp_path):
+    store = pushed_store(tmp_path)
+    assert run_cli(capsys, "export", store, s3_location).code == 0
+    again = run_cli(capsys, "export", store, s3_location, "--json")
+    assert again.code == 0 and again.json()["files"] == 0, again.err
+    open_store(s3_location).put_object("base/1/model.py", b"# someone else's version 1")
+    clash = run_cli(capsys, "export", store, s3_location)
+    assert clash.code == 3 and "different version 1" in clash.err, clash.err

@@ -28,15 +28,15 @@ from agent_helpers import AgentProcess
 from helpers import run_cli
 from tritonclient.utils import InferenceServerException
 
-from repo_manager.errors import ConfigError, ServerError
-from repo_manager.loadgen.measure import LoadSpec, Target, measure
-from repo_manager.redact import redact
-from repo_manager.settings import Settings, load_settings
-from repo_manager.storage import open_store
-from repo_manager.triton import restricted
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.restricted import ApiKey
-from repo_manager.triton.server import free_ports
+from repo_manager.adapters.loadgen.measure import LoadSpec, Target, measure
+from repo_manager.adapters.storage import open_store
+from repo_manager.adapters.triton import restricted
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.restricted import ApiKey
+from repo_manager.adapters.triton.server import free_ports
+from repo_manager.core.errors import ConfigError, ServerError
+from repo_manager.core.redact import redact
+from repo_manager.core.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "k3y-only-the-agent-knows-0123456789abcdef"

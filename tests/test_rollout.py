@@ -13,13 +13,13 @@ import pytest
 import rollout_models as rm
 from helpers import run_cli
 
-from repo_manager.loadgen import BackgroundLoad, Workload
-from repo_manager.repository import LocalRepository
-from repo_manager.rollout.plan import served_versions
-from repo_manager.rollout.record import read_records
-from repo_manager.serving import load_version
-from repo_manager.triton.client import TritonClient
-from repo_manager.triton.server import TritonServer
+from repo_manager.adapters.loadgen import BackgroundLoad, Workload
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.ops.rollout.plan import served_versions
+from repo_manager.ops.rollout.record import read_records
+from repo_manager.ops.serving import load_version
 
 CLIENTS = 4
 WORKLOAD = Workload(({"X": np.ones((1, rm.FEATURES), np.float32)},))
@@ -90,10 +90,13 @@ def test_v1_to_v2_switches_answers_with_zero_failed_requests(capsys, repo_root):
         steps = [s["step"] for s in srv["steps"]]
         assert steps[0].startswith("pre-check") and "load m 1/2" in steps and "drop m -> 2" in steps
         assert all(s["started_at"].endswith("Z") for s in srv["steps"])
+        [loaded] = srv["loads"]  # the one version this server did not hold, timed (the drop loads nothing)
+        assert (loaded["model"], loaded["version"]) == ("m", 2) and loaded["seconds"] > 0, srv["loads"]
         with TritonClient(server.url) as client:
             assert served_versions(client, ["m"]) == {"m": (2,)}
         [record] = read_records(repo_root)
         assert record["url"] == server.url and record["after"] == {"m": [2]}
+        assert record["loads"] == srv["loads"]
         with TritonClient(server.url) as client:  # the record beside the models is invisible to Triton
             assert {e["name"] for e in client.repository_index()} == {"m"}
         status = run_cli(capsys, "--json", "status", "--repo", repo_root)
@@ -246,9 +249,9 @@ def test_server_dying_mid_rollout_gives_a_clear_error_and_a_consistent_other_ser
     import os
     import signal
 
-    from repo_manager.errors import ServerError
-    from repo_manager.rollout import RolloutOptions, plan_rollout, run_rollout
-    from repo_manager.settings import Settings
+    from repo_manager.core.errors import ServerError
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.rollout import RolloutOptions, plan_rollout, run_rollout
 
     rm.tagged(repo_root, "m", 1)
     first, second = start(repo_root, "m", 1), start(repo_root, "m", 1)
@@ -269,14 +272,14 @@ def test_server_dying_mid_rollout_gives_a_clear_error_and_a_consistent_other_ser
             load.wait_for(load.count() + 20)
         assert second.url in failure.value.message and first.url in failure.value.message
         assert failure.value.exit_code == 6
-        result = failure.value.result
+        result = failure.value.report.result
         assert [s.outcome for s in result.servers] == ["done", "failed"]
         assert load.summary().failed == 0 and switched(load.summary(), "v1", "v2")
         with TritonClient(first.url) as client:
             assert served_versions(client, ["m"]) == {"m": (2,)}
         records = read_records(repo_root)
         assert [(r["url"], r["server_outcome"]) for r in records] == [(first.url, "done"), (second.url, "failed")]
-        status = {s.url: s for s in __import__("repo_manager.rollout", fromlist=["x"]).server_status(
+        status = {s.url: s for s in __import__("repo_manager.ops.rollout", fromlist=["x"]).server_status(
             repo_root, [])}
         assert status[first.url].models == {"m": [2]} and not status[second.url].reachable
     finally:
@@ -325,7 +328,7 @@ def test_drain_strategy_runs_the_operator_commands_around_a_one_copy_swap(capsys
 
 
 def test_bad_usage_and_unreachable_servers_change_nothing(capsys, repo_root):
-    from repo_manager.triton.server import free_ports
+    from repo_manager.adapters.triton.server import free_ports
 
     rm.tagged(repo_root, "m", 1)
     [port] = free_ports(1)
@@ -394,11 +397,12 @@ def test_changed_outputs_switch_in_one_reload_without_failed_requests(capsys, re
 
 def test_rollout_from_a_store_installs_the_version_and_its_members_first(capsys, tmp_path):
     """--from STORE: the server's repository gets the version (an ensemble: with its pinned members) from
-    the store, then the rollout proceeds as usual, with zero failed requests."""
-    from repo_manager.push import push
-    from repo_manager.settings import Settings
-    from repo_manager.storage import open_store
-    from repo_manager.sync import sync_versions
+    the store, then the rollout proceeds as usual, with zero failed requests. A dry run plans the install
+    (what would be fetched) and the rollout over it, and writes nothing."""
+    from repo_manager.adapters.storage import open_store
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.push import push
+    from repo_manager.ops.sync import sync_versions
 
     publisher, node, store_dir = tmp_path / "publisher", tmp_path / "node", tmp_path / "store"
     rm.ensemble(publisher, 1)
@@ -409,6 +413,12 @@ def test_rollout_from_a_store_installs_the_version_and_its_members_first(capsys,
     assert LocalRepository(node).versions("pipe") == [1]
     server = start(node, "pipe", 1)
     try:
+        dry = rollout(capsys, node, "pipe", "--version", 2, "--from", store_dir, *at(server), "--dry-run")
+        assert dry.code == 0, dry.err
+        install = dry.json()["plan"]["install"]
+        assert {(v["model"], v["version"], v["action"]) for v in install["versions"]} >= {("pipe", 2, "install")}
+        assert install["fetch_bytes"] > 0
+        assert LocalRepository(node).versions("pipe") == [1], "a dry run installed the version"
         with BackgroundLoad(server.url, "pipe", clients=CLIENTS, workload=WORKLOAD, check=pipe_tag) as load:
             load.wait_for(30)
             result = rollout(capsys, node, "pipe", "--version", 2, "--from", store_dir, *at(server))

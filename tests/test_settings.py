@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from repo_manager.errors import ConfigError
-from repo_manager.settings import Settings, load_settings
+from repo_manager.core.errors import ConfigError
+from repo_manager.core.settings import Settings, load_settings
 
 
 def test_defaults_without_a_file(tmp_path):
@@ -53,14 +53,15 @@ WRONG_TYPES = ["environments: 5", "environments: [a, b]", "environments: x", "st
                "gates: 5", "gates: [1]", "rollout: 5", "http_port: -5", "http_port: 70000", "http_port: true",
                "server_start_timeout_s: .nan", "server_start_timeout_s: -1", "bind_address: [1]", "tritonserver: 5",
                "source: elsewhere", "environments: {prod: {store: [1]}}", "environments: {prod: 7}",
-               "repository: {a: 1}", "triton_url: 8000"]
+               "repository: {a: 1}", "triton_url: 8000", "sync_part_size: lots", "sync_part_size: 1000",
+               "sync_part_size: 0", "sync_part_size: true"]
 
 
 @pytest.mark.parametrize("text", WRONG_TYPES)
 def test_a_setting_of_the_wrong_type_is_a_one_line_config_error_in_every_command(capsys, tmp_path, text):
     """A value YAML reads as another type than the setting's (a list for a path, a bool for a port, nan for a
     timeout): refused where the settings are read, exit 3 naming the setting, for any command."""
-    from helpers import run_cli  # noqa: PLC0415
+    from helpers import run_cli
 
     (tmp_path / "s.yaml").write_text(text + "\n")
     for command in (["specs"], ["list", "--repo", str(tmp_path / "repo")]):
@@ -70,14 +71,15 @@ def test_a_setting_of_the_wrong_type_is_a_one_line_config_error_in_every_command
 
 
 @pytest.mark.parametrize("name, value", [("TRM_ENVIRONMENTS", "x"), ("TRM_GATES", "[1]"), ("TRM_ROLLOUT", "5"),
-                                         ("TRM_HTTP_PORT", "-1"), ("TRM_SERVER_START_TIMEOUT_S", "inf")])
+                                         ("TRM_HTTP_PORT", "-1"), ("TRM_SERVER_START_TIMEOUT_S", "inf"),
+                                         ("TRM_SYNC_PART_SIZE", "16M"), ("TRM_SYNC_PART_SIZE", "2147483648")])
 def test_a_variable_of_the_wrong_type_is_a_config_error(name, value):
     with pytest.raises(ConfigError, match=name):
         load_settings(env={name: value})
 
 
 def test_a_store_with_credentials_in_an_environment_entry_is_refused_without_printing_it(capsys, tmp_path):
-    from helpers import run_cli  # noqa: PLC0415
+    from helpers import run_cli
 
     (tmp_path / "s.yaml").write_text("environments: {staging: {store: \"s3://u:Zq9'pw@bucket/p\"}}\n")
     result = run_cli(capsys, "--config", tmp_path / "s.yaml", "specs")
@@ -95,3 +97,15 @@ def test_an_environment_without_a_value_uses_the_default_store(tmp_path):
     (tmp_path / "s.yaml").write_text("store: /srv/store\nhttp_port: 8000.0\nenvironments:\n  staging:\n")
     settings = load_settings(tmp_path / "s.yaml", env={})
     assert settings.environments == {"staging": None} and settings.http_port == 8000
+
+
+def test_a_bad_sync_part_size_is_a_one_line_config_error_of_the_sync_command(tmp_path):
+    """``TRM_SYNC_PART_SIZE`` is a setting like any other: a wrong value is exit 3 naming it when `trm sync`
+    starts (it was read when the module was imported: exit 1 and a traceback), and a good one is used."""
+    from store_helpers import finish, trm_process
+
+    code, _, err = finish(trm_process("sync", str(tmp_path / "store"), "--repo", str(tmp_path / "repo"),
+                                      env={"TRM_SYNC_PART_SIZE": "sixteen"}))
+    assert code == 3 and "TRM_SYNC_PART_SIZE" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) <= 2
+    assert load_settings(env={"TRM_SYNC_PART_SIZE": str(4 * 1024 * 1024)}).sync_part_size == 4 * 1024 * 1024

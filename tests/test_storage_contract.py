@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from repo_manager.errors import ConflictError, IntegrityError, NotFoundError
-from repo_manager.manifest import FileEntry, Manifest
-from repo_manager.settings import Settings
-from repo_manager.storage import EnvPointer, open_store
-from repo_manager.storage import s3 as s3_module
-from repo_manager.storage.base import blob_key
+from repo_manager.adapters.storage import EnvPointer, open_store
+from repo_manager.adapters.storage import s3 as s3_module
+from repo_manager.adapters.storage.base import blob_key
+from repo_manager.core.errors import ConflictError, IntegrityError, NotFoundError
+from repo_manager.core.manifest import FileEntry, Manifest
+from repo_manager.core.settings import Settings
 
 CONFIG = 'name: "m"\nbackend: "python"\n'
 
@@ -136,13 +136,13 @@ def test_racing_environment_writers_have_exactly_one_winner(store):
     b'{"schema": "trm.manifest/1", "model": "other", "version": 1, "config": "", "files": []}',
 ])
 def test_hostile_manifests_are_refused(store, payload):
-    store._put_bytes("models/m/versions/1.json", payload, if_absent=True)
+    store.put_object("models/m/versions/1.json", payload, if_absent=True)
     with pytest.raises(IntegrityError):
         store.get_manifest("m", 1)
 
 
 def test_hostile_environment_pointer_is_refused(store):
-    store._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"../x": 1}}',
+    store.put_object("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"../x": 1}}',
                      if_absent=True)
     with pytest.raises(IntegrityError):
         store.get_env("prod")
@@ -176,14 +176,14 @@ def test_conditional_read_of_a_pointer_returns_nothing_while_its_tag_is_unchange
 def test_sigv4_signer_matches_botocore():
     """The stdlib signer of the sync read path signs exactly as botocore does (with and without a
     session token)."""
-    import calendar  # noqa: PLC0415
-    import time  # noqa: PLC0415
+    import calendar
+    import time
 
-    from botocore.auth import S3SigV4Auth  # noqa: PLC0415
-    from botocore.awsrequest import AWSRequest  # noqa: PLC0415
-    from botocore.credentials import Credentials  # noqa: PLC0415
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
 
-    from repo_manager.storage.sigv4 import Keys, Signer  # noqa: PLC0415
+    from repo_manager.adapters.storage.sigv4 import Keys, Signer
 
     url = "http://127.0.0.1:8333/bucket/some%20dir/blobs/sha256/a~b_c.json"
     for token in (None, "session-token"):
@@ -192,3 +192,28 @@ def test_sigv4_signer_matches_botocore():
         now = calendar.timegm(time.strptime(request.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
         ours = Signer("eu-west-1").get_headers(url, Keys("AKID", "secret/key+x", token), now=now)
         assert ours["Authorization"] == request.headers["Authorization"]
+
+
+@pytest.mark.parametrize("source_kind", ["folder", "s3"])
+def test_a_blob_is_copied_from_another_store_part_by_part_and_checked(store, source_kind, tmp_path, monkeypatch,
+                                                                       request):
+    """``copy_blob``: between any two stores (server-side only inside one S3 endpoint), else streamed through
+    this machine one part at a time: a multipart upload of several parts arrives whole, and a source whose
+    bytes do not match the digest creates nothing."""
+    from repo_manager.adapters.storage import open_store
+
+    monkeypatch.setattr(s3_module, "MULTIPART_THRESHOLD", 5 * 1024 * 1024)
+    monkeypatch.setattr(s3_module, "PART_SIZE", 5 * 1024 * 1024)
+    source = (open_store(str(tmp_path / "source")) if source_kind == "folder"
+              else open_store(request.getfixturevalue("s3_location") + "-source"))
+    data = hashlib.sha256(b"copy").digest() * (12 * 1024 * 1024 // 32 + 3)
+    path, digest = _blob(tmp_path, data)
+    source.put_blob(digest, path, len(data))
+    server_side = store.copy_blob(source, digest, len(data))
+    assert server_side == (source_kind == "s3" and store.location.startswith("s3://"))
+    assert hashlib.sha256(b"".join(store.read_blob(digest))).hexdigest() == digest
+    wrong = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(IntegrityError):
+        store.put_stream(blob_key(wrong), iter([data[:1024]]), 1024, wrong)
+    assert not store.has_blob(wrong)
+

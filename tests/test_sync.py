@@ -1,4 +1,5 @@
-"""`trm sync` against a real SeaweedFS on 127.0.0.1: incremental, verified, atomic, resumable, shared cache."""
+"""`trm sync` against a real SeaweedFS on 127.0.0.1: incremental, verified, atomic, resumable, shared cache. (A
+folder store where the rule lives above the backends: a different local version, a bad cache blob.)"""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import boto3
 import pytest
 from helpers import run_cli
 from seaweed import BUCKET, SeaweedServer
-from store_helpers import ROOT, finish, make_version, pseudo_random, tree_digest, trm_process
+from store_helpers import ROOT, finish, make_version, pseudo_random, pushed_store, tree_digest, trm_process
 
-from repo_manager.repository import LocalRepository
-from repo_manager.storage import open_store
-from repo_manager.storage.base import blob_key
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.storage import open_store
+from repo_manager.adapters.storage.base import blob_key
 
 MB = 1024 * 1024
 
@@ -81,11 +82,10 @@ def test_dry_run_prints_the_plan_and_changes_nothing(capsys, s3_location, tmp_pa
 @pytest.mark.parametrize("damage", ["corrupt", "truncated", "corrupt-ranged", "truncated-ranged"])
 def test_a_bad_object_in_the_store_is_fetched_again_then_reported_never_installed(capsys, s3_location, tmp_path,
                                                                                    damage, monkeypatch):
-    from repo_manager.sync import cache as cache_module
+    from repo_manager.adapters import transfer
 
     if damage.endswith("ranged"):  # 64 KiB parts: the 300 kB blob is fetched as ranged parts
-        monkeypatch.setattr(cache_module, "PART_SIZE", 64 * 1024)
-        monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 128 * 1024)
+        monkeypatch.setattr(transfer, "PART_SIZE", 64 * 1024)
     manifest = make_version(tmp_path / "src", "m", {"w.bin": pseudo_random(300_000, 3)})
     _push(capsys, tmp_path / "src", s3_location)
     digest = manifest.files[0].sha256
@@ -172,10 +172,10 @@ def test_a_stop_event_ends_the_downloads_of_a_running_sync(capsys, s3_location, 
     with ``Cancelled``, nothing is installed, the partial download stays and the next sync resumes it."""
     import threading
 
-    from repo_manager.settings import Settings
-    from repo_manager.sync import plan_sync
-    from repo_manager.sync.cache import Cancelled
-    from repo_manager.sync.executor import execute
+    from repo_manager.adapters.transfer import Cancelled
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.sync import plan_sync
+    from repo_manager.ops.sync.executor import execute
 
     src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
     weights = pseudo_random(40 * MB, 61)  # above the ranged threshold: parts in a partial folder
@@ -229,7 +229,7 @@ def test_what_a_killed_sync_left_is_cleared_by_the_next_one(capsys, s3_location,
 def _file_size_limit(limit: int):
     """A real refused write for a child process: RLIMIT_FSIZE (writes past it fail with EFBIG, SIGXFSZ
     ignored), what a full disk or a quota does to a sync part-way."""
-    import resource  # noqa: PLC0415
+    import resource
 
     def apply() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -259,9 +259,9 @@ def test_a_node_that_refuses_a_write_is_exit_3_and_the_next_sync_completes(capsy
 
 
 def test_the_writer_thread_reports_a_failed_write_and_stops_the_receivers(tmp_path):
-    import errno  # noqa: PLC0415
+    import errno
 
-    from repo_manager.sync.cache import UNIT, _Aborted, _StreamHasher  # noqa: PLC0415
+    from repo_manager.adapters.transfer import UNIT, _Aborted, _StreamHasher
 
     (tmp_path / "data").write_bytes(b"")
     (tmp_path / "done").mkdir()
@@ -326,8 +326,8 @@ def test_hostile_manifests_are_refused_and_nothing_is_written(capsys, s3_locatio
     blob.write_bytes(b"abc")
     digest = hashlib.sha256(b"abc").hexdigest()
     store.put_blob(digest, blob, 3)
-    store._put_bytes("models/m/versions/1.json", payload.replace(b"%s", digest.encode()), if_absent=True)
-    store._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"m": 1}}',
+    store.put_object("models/m/versions/1.json", payload.replace(b"%s", digest.encode()), if_absent=True)
+    store.put_object("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"m": 1}}',
                      if_absent=True)
     dst = tmp_path / "area" / "dst"
     result = _sync(capsys, s3_location, dst, tmp_path / "area" / "cache")
@@ -338,7 +338,7 @@ def test_hostile_manifests_are_refused_and_nothing_is_written(capsys, s3_locatio
 
 def test_hostile_environment_pointer_is_refused(capsys, s3_location, tmp_path):
     store = open_store(s3_location)
-    store._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"../../etc": 1}}',
+    store.put_object("envs/prod.json", b'{"schema": "trm.env/1", "env": "prod", "models": {"../../etc": 1}}',
                      if_absent=True)
     result = _sync(capsys, s3_location, tmp_path / "dst", tmp_path / "cache")
     assert result.code == 7 and "bad entry" in result.err
@@ -376,13 +376,12 @@ def test_concurrent_fetches_stay_correct_when_file_locks_do_not_work(s3_location
     import fcntl
     import threading
 
-    from repo_manager.sync import cache as cache_module
-    from repo_manager.sync.cache import BlobCache
+    from repo_manager.adapters import transfer
+    from repo_manager.adapters.cache import BlobCache
 
     monkeypatch.setattr(fcntl, "flock", lambda fd, op: None)
     if ranged:  # 1 MiB parts: the 5 MB blob goes through partial folders, adoption and markers
-        monkeypatch.setattr(cache_module, "PART_SIZE", MB)
-        monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 2 * MB)
+        monkeypatch.setattr(transfer, "PART_SIZE", MB)
     data = pseudo_random(5 * MB, 9)
     manifest = make_version(tmp_path / "src", "m", {"w.bin": data})
     open_store(s3_location).put_blob(manifest.files[0].sha256, tmp_path / "src" / "m" / "1" / "w.bin", len(data))
@@ -431,10 +430,10 @@ ALIEN_FINGERPRINT = {"compute_capability": "1.0", "gpu_name": "a GPU no node has
 def _publish_engine(tmp_path, repo_root):
     import llm_fixtures as fx
 
-    from repo_manager.llm.node import NodeFacts
-    from repo_manager.publish import publish_model
-    from repo_manager.publish.tensorrt_llm import TrtllmOptions
-    from repo_manager.settings import Settings
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.llm.node import NodeFacts
+    from repo_manager.ops.publish import publish_model
+    from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     engine = fx.engine_dir(tmp_path / "engine", checkpoint, fingerprint=ALIEN_FINGERPRINT)
@@ -443,9 +442,9 @@ def _publish_engine(tmp_path, repo_root):
 
 
 def test_sync_refuses_an_engine_this_node_cannot_run_and_still_syncs_other_models(capsys, s3_location, tmp_path):
-    from repo_manager.llm.node import GpuFacts, NodeFacts
-    from repo_manager.settings import Settings
-    from repo_manager.sync import sync
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.llm.node import GpuFacts, NodeFacts
+    from repo_manager.ops.sync import sync
 
     src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
     _publish_engine(tmp_path, src)
@@ -487,10 +486,10 @@ def test_a_cache_or_repository_that_cannot_be_created_is_a_clear_input_error(cap
 
 
 def test_synced_engine_config_points_at_the_engine_where_this_node_installed_it(capsys, tmp_path):
-    from repo_manager import config as cfg
-    from repo_manager.llm.node import GpuFacts, NodeFacts
-    from repo_manager.settings import Settings
-    from repo_manager.sync import sync
+    from repo_manager.core import config as cfg
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.llm.node import GpuFacts, NodeFacts
+    from repo_manager.ops.sync import sync
 
     src, dst, store = tmp_path / "src", tmp_path / "node" / "repo", tmp_path / "store"
     _publish_engine(tmp_path, src)
@@ -514,7 +513,7 @@ def test_a_bad_environment_name_on_the_command_line_is_bad_input(capsys, tmp_pat
         assert result.code == 3 and "environment name '../prod' is not allowed" in result.err, result.err
     assert not (store / "envs").exists() and not (tmp_path / "dst").exists()
     # the same name inside a store's pointer is hostile store content (exit 7)
-    open_store(str(store))._put_bytes("envs/prod.json", b'{"schema": "trm.env/1", "env": "../x", "models": {}}',
+    open_store(str(store)).put_object("envs/prod.json", b'{"schema": "trm.env/1", "env": "../x", "models": {}}',
                                       if_absent=True)
     result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "dst", "--cache", tmp_path / "c")
     assert result.code == 7, result.err
@@ -533,8 +532,8 @@ def test_unchanged_sync_is_one_conditional_read_with_light_imports(capsys, s3_lo
     code, summary, err = finish(process)
     assert code == 0, err
     assert summary["unchanged"] and summary["remote_reads"] == 1 and summary["bytes_downloaded"] == 0
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+    import subprocess
+    import sys
 
     traced = subprocess.run([sys.executable, "-X", "importtime", "-m", "repo_manager", "sync", s3_location, "--env",
                              "prod", "--repo", str(dst), "--cache", str(cache), "--json"], capture_output=True,
@@ -637,7 +636,7 @@ def test_a_cached_blob_rewritten_in_place_is_fetched_again_never_installed(capsy
             (blob / "model.py").mkdir(parents=True)
     # a second pod on the node; "other-filesystem": its repository on another mount (the Kubernetes layout)
     other = "/dev/shm" if mount == "other-filesystem" else tmp_path
-    import tempfile  # noqa: PLC0415
+    import tempfile
 
     with tempfile.TemporaryDirectory(dir=other) as pod_b:
         result = _sync(capsys, s3_location, pod_b, cache)
@@ -656,7 +655,7 @@ def test_a_new_version_takes_shared_files_from_the_pods_own_copies_or_checks_the
     """Two mounts (the Kubernetes layout): a file the pod's repository already holds (a copy it checked) is
     hard-linked from there, so a poisoned cache entry is never even read. One filesystem: the repository's
     files are the cache's inodes, so the blob is checked and fetched again."""
-    import tempfile  # noqa: PLC0415
+    import tempfile
 
     src, cache = tmp_path / "src", tmp_path / "cache"
     big = pseudo_random(2 * MB, 11)
@@ -687,7 +686,7 @@ def test_a_new_version_takes_shared_files_from_the_pods_own_copies_or_checks_the
 
 def test_a_blob_that_keeps_changing_in_the_cache_fails_the_sync_naming_it(capsys, s3_location, tmp_path,
                                                                          monkeypatch):
-    from repo_manager.sync import cache as cache_module
+    from repo_manager.adapters import cache as cache_module
 
     src, cache = tmp_path / "src", tmp_path / "cache"
     good = b"print('good')\n"
@@ -715,13 +714,12 @@ def test_a_partial_download_changed_on_disk_while_it_downloads_is_never_installe
     """The download's sha256 is of the bytes received; a process on the node that writes into the partial
     file meanwhile (a real write, timed from the progress callback) is caught as the blob enters the
     version: the cache entry is evicted and fetched again."""
-    from repo_manager.settings import Settings
-    from repo_manager.sync import cache as cache_module
-    from repo_manager.sync import sync
-    from repo_manager.sync.result import SyncProgress
+    from repo_manager.adapters import transfer
+    from repo_manager.core.settings import Settings
+    from repo_manager.ops.sync import sync
+    from repo_manager.ops.sync.result import SyncProgress
 
-    monkeypatch.setattr(cache_module, "PART_SIZE", 64 * 1024)  # 16 ranged parts in a partial folder
-    monkeypatch.setattr(cache_module, "RANGED_THRESHOLD", 128 * 1024)
+    monkeypatch.setattr(transfer, "PART_SIZE", 64 * 1024)  # 16 ranged parts in a partial folder
     good = pseudo_random(MB, 9)
     make_version(tmp_path / "src", "m", {"w.bin": good})
     _push(capsys, tmp_path / "src", s3_location)
@@ -747,8 +745,8 @@ def test_a_partial_download_changed_on_disk_while_it_downloads_is_never_installe
 
 
 def test_an_edited_manifest_in_the_node_cache_is_never_believed(capsys, s3_location, tmp_path):
-    from repo_manager.manifest import MANIFEST_NAME, Manifest
-    from repo_manager.sync.noop import store_id
+    from repo_manager.core.manifest import MANIFEST_NAME, Manifest
+    from repo_manager.ops.sync.noop import store_id
 
     src, cache = tmp_path / "src", tmp_path / "cache"
     make_version(src, "m", {"model.py": b"# m"})
@@ -813,7 +811,7 @@ def test_after_a_crash_of_the_machine_only_parts_made_durable_are_kept(capsys, s
 def _received(pid: int) -> int:
     """Bytes the process has read from its open TCP connections, measured outside trm (``ss``: the kernel's
     count of bytes received on each of its sockets, less those still queued in it, unread)."""
-    import subprocess  # noqa: PLC0415
+    import subprocess
 
     sockets = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -839,9 +837,9 @@ def _stopped(pid: int) -> bool:
 
 def test_a_sync_killed_after_most_of_a_large_model_arrived_fetches_again_only_what_was_in_flight(
         capsys, s3_location, tmp_path):
-    import shutil  # noqa: PLC0415
+    import shutil
 
-    from repo_manager.sync.cache import PART_WORKERS, QUEUED_UNITS, UNIT  # noqa: PLC0415
+    from repo_manager.adapters.transfer import PART_WORKERS, QUEUED_UNITS, UNIT
 
     src, dst, cache = tmp_path / "src", tmp_path / "dst", tmp_path / "cache"
     size = 160 * MB  # 10 ranged parts of 16 MiB, 8 at a time
@@ -883,3 +881,43 @@ def test_a_sync_killed_after_most_of_a_large_model_arrived_fetches_again_only_wh
     shutil.rmtree(cache)
     shutil.rmtree(dst)
     _raw_client().delete_object(Bucket=BUCKET, Key=_raw_key(s3_location, blob_key(manifest.files[0].sha256)))
+
+
+# ------------------------------------------------------------- a different local version, a bad cache blob, no bucket
+def test_sync_refuses_a_different_local_version_with_exit_3(capsys, tmp_path):
+    store = pushed_store(tmp_path)
+    repo = tmp_path / "repo"
+    make_version(repo, "base", {"model.py": b"# another version 1"})
+    before = tree_digest(repo)
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", repo, "--cache", tmp_path / "c")
+    assert result.code == 3, result.err
+    assert "different version 1" in result.err and tree_digest(repo) == before
+
+
+def test_a_cache_blob_of_the_wrong_size_is_replaced_not_reused(capsys, tmp_path):
+    """A repository file edited in place writes through its hard link into the cache: the next sync that
+    needs the blob finds it the wrong size, fetches it again and replaces it (it used to keep the bad one,
+    as if another writer had installed it)."""
+    import hashlib
+
+    store = pushed_store(tmp_path)
+    cache = tmp_path / "cache"
+    assert run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "a", "--cache", cache).code == 0
+    blob = cache / "blobs" / "sha256" / hashlib.sha256(b"# v1").hexdigest()
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"X")  # what an in-place edit of a/base/1/model.py did
+    result = run_cli(capsys, "sync", store, "--env", "prod", "--repo", tmp_path / "b", "--cache", cache)
+    assert result.code == 0, result.err
+    assert (tmp_path / "b" / "base" / "1" / "model.py").read_bytes() == b"# v1"
+    assert blob.read_bytes() == b"# v1" and LocalRepository(tmp_path / "b").validate() == []
+
+
+def test_sync_against_a_missing_bucket_names_the_bucket(capsys, s3_env, tmp_path):
+    location = "s3://trm-no-such-bucket-for-tests/prefix"
+    result = run_cli(capsys, "sync", location, "--env", "prod", "--repo", tmp_path / "r", "--cache", tmp_path / "c")
+    assert result.code == 4, result.err
+    assert "bucket trm-no-such-bucket-for-tests does not exist" in result.err
+    assert "environment" not in result.err
+    promote = run_cli(capsys, "promote", "m", "--version", "1", "--to", "prod", "--store", location,
+                      "--gates", "checksums", "--create-env")
+    assert promote.code == 4 and "bucket" in promote.err and "gate" not in promote.err, promote.err

@@ -9,6 +9,7 @@ answers the way other servers may (chunked, kept open, cut short).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -23,13 +24,14 @@ from hypothesis import strategies as st
 from store_helpers import ROOT, make_version, pseudo_random
 
 from repo_manager import entry
-from repo_manager.settings import Settings, load_settings
-from repo_manager.storage import sigv4
-from repo_manager.sync import cache_dir_for
-from repo_manager.sync.noop import absolute
+from repo_manager.adapters.storage import sigv4
+from repo_manager.core.settings import Settings, load_settings
+from repo_manager.ops.sync import cache_dir_for
+from repo_manager.ops.sync.noop import absolute
 
 LIGHT_FORBIDDEN = ("click", "dataclasses", "typing", "pathlib", "http.client", "google.protobuf", "boto3",
-                   "botocore", "urllib3", "rich", "yaml", "repo_manager.settings", "repo_manager.storage.s3")
+                   "botocore", "urllib3", "rich", "yaml", "repo_manager.core.settings",
+                   "repo_manager.adapters.storage.s3")
 
 
 def _run(*args: str, module: str = "repo_manager", env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -136,8 +138,8 @@ _TOKENS = st.sampled_from(["--env", "--env=prod", "prod", "--repo", "r", "--repo
 @given(before=st.lists(st.sampled_from(["-q", "--quiet", "--json", "-v"]), max_size=2),
        after=st.lists(_TOKENS, max_size=10))
 def test_quick_arguments_are_clicks(before, after):
-    from repo_manager.cli import Context  # noqa: PLC0415
-    from repo_manager.cli.commands.store import sync_command  # noqa: PLC0415
+    from repo_manager.cli import Context, cli
+    from repo_manager.cli.commands.store import sync_command
 
     parsed = entry.parse_sync([*before, "sync", *after])
     if parsed is None:
@@ -150,6 +152,25 @@ def test_quick_arguments_are_clicks(before, after):
         assert parsed.get(name) == params[name], name
     assert not params["prune"] and not params["dry_run"] and params["triton_url"] is None
     assert parsed["json"] == ("--json" in before or "--json" in after)
+    group = cli.make_context("trm", [*before, "sync", *after], resilient_parsing=True).params
+    assert (parsed["quiet"], parsed["json"] and "--json" in before) == (group["quiet"], group["json_output"])
+
+
+def test_the_quick_path_and_click_declare_one_table_of_names():
+    """`trm sync`'s options and trm's flags the quick path parses are declared to click from the same table
+    (``core/defaults.py``), and its defaults are the settings' own."""
+    from repo_manager.cli import cli
+    from repo_manager.cli.commands.store import sync_command
+    from repo_manager.core import defaults, settings
+
+    declared = {param.name: tuple(param.opts) for param in sync_command.params}
+    assert {name: declared[name] for name in defaults.SYNC_OPTIONS} == \
+        {name: (option,) for name, option in defaults.SYNC_OPTIONS.items()}
+    flags = {param.name: tuple(param.opts) for param in cli.params}
+    assert (flags["quiet"], flags["json_output"]) == (defaults.FLAGS["quiet"], defaults.FLAGS["json"])
+    assert set(defaults.SYNC_SETTINGS) <= set(defaults.SYNC_OPTIONS) and \
+        set(defaults.SYNC_SETTINGS) <= {f.name for f in dataclasses.fields(Settings)}
+    assert (Settings().repository, settings.DEFAULT_CONFIG) == (Path(defaults.REPOSITORY), Path(defaults.CONFIG_FILE))
 
 
 @given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "x y", "é"]), min_size=1, max_size=6),

@@ -10,8 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from repo_manager.errors import ServerError
-from repo_manager.triton.client import TritonClient
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.core.errors import ServerError
 
 
 @pytest.fixture

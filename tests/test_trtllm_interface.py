@@ -20,17 +20,17 @@ import llm_fixtures as fx
 import numpy as np
 import pytest
 
-from repo_manager import config as cfg
-from repo_manager.errors import InputError, ServerError
-from repo_manager.llm import trtllm_interface as io
-from repo_manager.llm.node import NodeFacts
-from repo_manager.llm.triton_models import common as route
-from repo_manager.llm.trtllm_interface import ensemble_request
-from repo_manager.publish import publish_model
-from repo_manager.publish.tensorrt_llm import TrtllmOptions
-from repo_manager.repository import LocalRepository
-from repo_manager.settings import Settings
-from repo_manager.triton.client import TritonClient
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.core import config as cfg
+from repo_manager.core.errors import InputError, ServerError
+from repo_manager.core.settings import Settings
+from repo_manager.ops.llm import trtllm_interface as io
+from repo_manager.ops.llm.node import NodeFacts
+from repo_manager.ops.llm.triton_models import common as route
+from repo_manager.ops.llm.trtllm_interface import ensemble_request
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions
 
 UPSTREAM = Path(__file__).parent / "data" / "llm" / "tensorrtllm_backend-v0.19.0"
 FINGERPRINT = {"compute_capability": "9.0", "gpu_name": "NVIDIA H200", "tensorrt_llm_version": "0.19.0",
@@ -228,7 +228,7 @@ def _engine_saw(full: bool) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def served(published, tmp_path_factory):
-    from repo_manager.triton.server import TritonServer  # noqa: PLC0415
+    from repo_manager.adapters.triton.server import TritonServer
 
     root = tmp_path_factory.mktemp("trtllm-served")
     shutil.copytree(published.root, root / "repo")
@@ -344,8 +344,8 @@ def _generate_stream(url: str, model: str, body: dict) -> list[dict]:
 
 
 def test_stream_true_streams_token_by_token_through_the_ensemble_and_the_bls(tmp_path):
-    from repo_manager.llm.layout import ServingOptions  # noqa: PLC0415
-    from repo_manager.triton.server import TritonServer  # noqa: PLC0415
+    from repo_manager.adapters.triton.server import TritonServer
+    from repo_manager.ops.llm.layout import ServingOptions
 
     checkpoint = fx.llama_checkpoint(tmp_path / "ckpt")
     engine = fx.engine_dir(tmp_path / "engine", checkpoint, fingerprint=FINGERPRINT)

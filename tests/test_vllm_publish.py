@@ -16,7 +16,7 @@ import pytest
 from helpers import run_cli
 from llm_checkpoints import causal_lm, edit_config
 
-from repo_manager import config as cfg
+from repo_manager.core import config as cfg
 
 DATA = Path(__file__).parent / "data" / "llm"
 # vllm_backend README / src/model.py: name -> (type, dims, optional)
@@ -96,7 +96,7 @@ def test_the_seed_crash_is_refused_at_publish_naming_the_context_that_fits(tmp_p
 
 
 def test_cpu_plan_gives_the_kv_cache_in_bytes(checkpoint, tmp_path):
-    from repo_manager.llm.vllm import VllmOptions, plan_engine, read_checkpoint
+    from repo_manager.ops.llm.vllm import VllmOptions, plan_engine, read_checkpoint
 
     plan = plan_engine(read_checkpoint(checkpoint), VllmOptions(cpu_memory_gib=4, max_num_seqs=4),
                        gpu_memory_gib=None)
@@ -140,3 +140,90 @@ def test_bad_checkpoints_are_refused_with_one_line_and_nothing_written(case, cod
     if case == "context too long":
         assert "--max-model-len" in result.err
     _nothing_written(repo)
+
+
+@pytest.mark.parametrize("args, strategy", [
+    (("--gpu-memory", "24"), "drain"),  # vLLM takes 0.9 of the GPU: twice does not fit
+    (("--gpu-memory", "24", "--gpu-memory-utilization", "0.45"), "side-by-side"),
+    (("--cpu-memory", "4", "--max-num-seqs", "4"), "side-by-side"),  # about 2 MB planned, twice, in 4 GiB
+])
+def test_the_memory_plan_decides_side_by_side_or_drain_for_an_llm(checkpoint, tmp_path, capsys, args, strategy):
+    """An LLM version loaded beside another needs its planned memory twice (the engine allocates its KV
+    cache up front), not its files' bytes: the plan in the manifest decides the rollout's strategy."""
+    from repo_manager.adapters.repository import LocalRepository
+    from repo_manager.ops.rollout.plan import RolloutOptions, decide_strategy, footprint, model_set, planned_capacity
+
+    repo = tmp_path / "repo"
+    for _ in (1, 2):
+        result = run_cli(capsys, "--json", "publish", "model", checkpoint, "--name", "tiny", "--format", "vllm",
+                         "--repo", repo, "--no-verify", *args)
+        assert result.code == 0, result.err
+    local = LocalRepository(repo)
+    target = model_set(local, "tiny", 2)
+    sizes = footprint(local, target)
+    assert sizes["tiny"] > local.manifest("tiny", 2).total_size or strategy == "side-by-side"
+    decided, reason = decide_strategy({"tiny": (1,)}, {"tiny": (2,)}, sizes, target, RolloutOptions(),
+                                      capacity=planned_capacity(local, target))
+    assert decided == strategy, reason
+    assert "the memory the LLM plan is for" in reason
+    # a --memory-budget given still wins over the plan's capacity
+    decided, reason = decide_strategy({"tiny": (1,)}, {"tiny": (2,)}, sizes, target,
+                                      RolloutOptions(memory_budget=sizes["tiny"] * 2 - 1),
+                                      capacity=planned_capacity(local, target))
+    assert decided == "drain" and "memory budget" in reason
+
+
+def _bf16_generation(folder: Path, tokenizer, text: str):
+    """Greedy tokens of ``folder`` run by transformers in bfloat16, with their log-probabilities, as vLLM's
+    ``logprobs`` output gives them: a reduced-precision generation computed here, not by trm."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from repo_manager.ops.llm.generate import Generation
+    from repo_manager.ops.publish.vllm import GENERATED_TOKENS
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=None,
+                             max_new_tokens=GENERATED_TOKENS, pad_token_id=0, output_scores=True,
+                             return_dict_in_generate=True)
+    tokens = [int(t) for t in out.sequences[0, ids.shape[1]:]]
+    logprobs = [float(torch.log_softmax(score[0].float(), dim=-1)[t]) for score, t in zip(out.scores, tokens)]
+    return Generation(text=tokenizer.decode(tokens, skip_special_tokens=True), token_ids=tokens, logprobs=logprobs,
+                      num_input_tokens=int(ids.shape[1]), chunks=1)
+
+
+def test_the_bf16_criterion_passes_a_bf16_generation_and_fails_one_from_other_weights(checkpoint, tmp_path):
+    from transformers import AutoTokenizer
+
+    from repo_manager.core.errors import VerificationError
+    from repo_manager.ops.publish.vllm import PROMPTS, TOLERANCE_NATS, _judge_forced
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    answers = [(f"{case} (streamed)", case, _bf16_generation(checkpoint, tokenizer, text))
+               for case, text in PROMPTS.items()]
+    cases = _judge_forced(checkpoint, tokenizer, PROMPTS, answers, TOLERANCE_NATS["bf16"])
+    assert [c["case"] for c in cases] == [label for label, _, _ in answers]
+    assert all(0 <= c["worst_margin_nats"] <= TOLERANCE_NATS["bf16"] for c in cases), cases
+    assert all(c["worst_logprob_difference_nats"] <= TOLERANCE_NATS["bf16"] for c in cases), cases
+    other = causal_lm(tmp_path / "other", seed=7)  # same tokenizer and shape, other weights
+    wrong = [("short (streamed)", "short", _bf16_generation(other, tokenizer, PROMPTS["short"]))]
+    with pytest.raises(VerificationError, match="nats less likely than transformers' most likely token") as caught:
+        _judge_forced(checkpoint, tokenizer, PROMPTS, wrong, TOLERANCE_NATS["bf16"])
+    assert caught.value.exit_code == 5
+
+
+def test_tuning_with_prompts_longer_than_the_context_is_refused_before_an_engine_starts(checkpoint, tmp_path,
+                                                                                         capsys):
+    """`trm tune-batching` of a vLLM version whose max_model_len (256 here) cannot hold --input-tokens plus
+    --output-tokens: every request would be refused, so nothing is measured; one line, exit 2."""
+    repo = tmp_path / "repo"
+    assert run_cli(capsys, "publish", "model", checkpoint, "--name", "tiny", "--format", "vllm", "--repo", repo,
+                   "--no-verify").code == 0
+    assert json.loads((repo / "tiny" / "1" / "model.json").read_text())["max_model_len"] == 256
+    result = run_cli(capsys, "tune-batching", "tiny", "--repo", repo, "--ttft-p99-ms", "500", "--itl-p99-ms", "50",
+                     "--low-rps", "1", "--peak-rps", "2", "--input-tokens", "240", "--output-tokens", "32")
+    assert result.code == 2, result.err
+    assert "prompts of 240 tokens and 32 generated do not fit tiny's max_model_len of 256 tokens" in result.err
+    assert "starting the engine" not in result.err and "Traceback" not in result.err

@@ -47,3 +47,16 @@ def trm_unprivileged(*args: object) -> tuple[int, dict | None, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         pytest.skip(f"cannot drop the capabilities that let root read anything here: {exc}")
     return finish(process)
+
+
+def python_unprivileged(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a Python child that cannot write or read past file modes (as ``trm_unprivileged``)."""
+    extra: dict = {}
+    if os.geteuid() == 0:
+        extra["preexec_fn"] = _drop_read_override
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                              **extra)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot drop the capabilities that let root write anything here: {exc}")

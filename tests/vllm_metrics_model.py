@@ -58,6 +58,13 @@ class TritonPythonModel:
         self.itl = metric("vllm:time_per_output_token_seconds", family.HISTOGRAM, buckets=BUCKETS)
         self.e2e = metric("vllm:e2e_request_latency_seconds", family.HISTOGRAM, buckets=BUCKETS)
 
+    def finalize(self):
+        # metrics first, then their families, while the stub still talks to the server (left to the
+        # interpreter's exit they crash the stub, as trm's vllm backend documents)
+        for name in ("prompt", "generation", "running_gauge", "waiting_gauge", "kv", "ttft", "itl", "e2e"):
+            self.__dict__.pop(name, None)
+        self.families = []
+
     def _count(self, running=0, waiting=0):
         with self.lock:
             self.running += running

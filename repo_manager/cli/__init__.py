@@ -1,7 +1,7 @@
 """The `trm` command line: parse, call one operation, render text or JSON. Nothing else lives here.
 
 ``main()`` is the one boundary that turns errors into a one-line message and an exit code (see
-``repo_manager.errors`` for the table). Each command module registers its commands on ``cli``.
+``repo_manager.core.errors`` for the table). Each command module registers its commands on ``cli``.
 
 This module is on every command's path, `--help` and shell completion included: it imports click, the
 settings and nothing heavy (no rich, numpy, protobuf or tritonclient; tests/test_cli_views.py checks).
@@ -21,10 +21,11 @@ from typing import Any
 import click
 
 from repo_manager import __version__
-from repo_manager.errors import TrmError, UsageError
-from repo_manager.process import Terminated, terminate_on_signals
-from repo_manager.redact import printable, redact_data
-from repo_manager.settings import Settings, load_settings
+from repo_manager.adapters.process import Terminated, terminate_on_signals
+from repo_manager.core.defaults import FLAGS, SYNC_OPTIONS
+from repo_manager.core.errors import TrmError, UsageError
+from repo_manager.core.redact import printable, redact_data
+from repo_manager.core.settings import Settings, load_settings
 
 
 @dataclass
@@ -46,21 +47,25 @@ class Context:
         ``text`` may be a rich renderable (a table): it is printed to the terminal's width, in colour only
         on a terminal and never with NO_COLOR set (rich's own rules).
         """
-        if self.json or text is None:
-            click.echo(json.dumps(redact_data(json.loads(json.dumps(data, default=str))), indent=2))
-        elif isinstance(text, str):
-            click.echo(printable(text))
-        else:
-            from repo_manager.cli.terminal import console  # noqa: PLC0415 - only tables pay for rich
+        _print(data, text, self.json)
 
-            console().print(text)  # data, not markup: see repo_manager/cli/terminal.py
+
+def _print(data: Any, text: Any, want_json: bool) -> None:
+    if want_json or text is None:
+        click.echo(json.dumps(redact_data(json.loads(json.dumps(data, default=str))), indent=2))
+    elif isinstance(text, str):
+        click.echo(printable(text))
+    else:
+        from repo_manager.cli.terminal import console  # noqa: PLC0415 - only tables pay for rich
+
+        console().print(text)  # data, not markup: see repo_manager/cli/terminal.py
 
 
 pass_ctx = click.make_pass_decorator(Context)
 
 
 def repo_option(function):
-    return click.option("--repo", "repository", type=click.Path(file_okay=False),
+    return click.option(SYNC_OPTIONS["repository"], "repository", type=click.Path(file_okay=False),
                         help="Local model repository (default: settings 'repository').")(function)
 
 
@@ -74,7 +79,7 @@ def json_option(function):
     def callback(ctx: click.Context, _param, value: bool) -> None:
         if value:
             ctx.find_object(Context).json = True
-    return click.option("--json", "json_output", is_flag=True, expose_value=False, callback=callback,
+    return click.option(*FLAGS["json"], "json_output", is_flag=True, expose_value=False, callback=callback,
                         help="Print machine-readable JSON.")(function)
 
 
@@ -174,15 +179,15 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="TRM_CONFIG",
               help="Settings file (default: configs/trm.yaml when present).")
-@click.option("--json", "json_output", is_flag=True, help="Print machine-readable JSON.")
+@click.option(*FLAGS["json"], "json_output", is_flag=True, help="Print machine-readable JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks on errors.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
+@click.option(*FLAGS["quiet"], "quiet", is_flag=True, help="No progress messages.")
 @click.version_option(__version__, prog_name="trm")
 @click.pass_context
 def cli(ctx: click.Context, config_file: str | None, json_output: bool, verbose: bool, quiet: bool) -> None:
     """trm: publish, tune, store, sync and roll out versioned Triton models."""
     ctx.obj = Context(load_settings(config_file), json=json_output, verbose=verbose, quiet=quiet)
-    from repo_manager.triton.restricted import process_key  # noqa: PLC0415 - off the import path of --help
+    from repo_manager.adapters.triton.restricted import process_key  # noqa: PLC0415 - off the import path of --help
 
     ctx.with_resource(process_key(ctx.obj.settings))  # Triton's restricted-API key, for this command
 
@@ -199,7 +204,7 @@ def _completion_settings(ctx: click.Context) -> Settings:
 def complete_models(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     """Model names of the repository (--repo when typed before, else the settings' repository)."""
     try:
-        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
 
         root = ctx.params.get("repository") or _completion_settings(ctx).repository
         return [name for name in LocalRepository(root).models() if name.startswith(incomplete)]
@@ -210,7 +215,7 @@ def complete_models(ctx: click.Context, _param: click.Parameter, incomplete: str
 def complete_versions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     """Version numbers of the model named by the command's NAME argument, in the repository."""
     try:
-        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
 
         root = ctx.params.get("repository") or _completion_settings(ctx).repository
         versions = LocalRepository(root).versions(ctx.params["name"])
@@ -247,7 +252,7 @@ def _store_envs(location: str, settings: Settings) -> list[str]:
 
     def look_up() -> None:
         try:
-            from repo_manager.storage import open_store  # noqa: PLC0415
+            from repo_manager.adapters.storage import open_store  # noqa: PLC0415
 
             found.extend(open_store(location, settings, timeout_s=COMPLETION_STORE_TIMEOUT_S).list_envs())
         except Exception:  # noqa: BLE001 - an unreachable store still completes the configured names
@@ -301,10 +306,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _fail(exc: TrmError, want_json: bool, verbose: bool) -> None:
-    # every line goes through printable(): no URL credentials in any output (see repo_manager/redact.py)
+    # every line goes through printable(): no URL credentials in any output (see repo_manager/core/redact.py)
     if verbose:
         click.echo(printable(traceback.format_exc()), err=True, nl=False)
-    if want_json and not exc.reported:
+    if exc.report is not None:  # the command's result up to the failure, then the error
+        data = {**exc.report.data, "error": exc.to_dict()} if want_json else exc.report.data
+        _print(data, exc.report.text, want_json)
+    elif want_json:
         click.echo(json.dumps({"error": redact_data(exc.to_dict())}, indent=2))
     first, *rest = printable(exc.message).splitlines() or [""]
     click.echo(f"error: {first}", err=True)

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from repo_manager.redact import printable
+from repo_manager.core.redact import printable
 
 
 class _DataConsole(Console):

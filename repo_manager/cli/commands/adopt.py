@@ -21,16 +21,16 @@ def adopt_command(ctx: Context, repo_dir: str, target: str | None, dry_run: bool
                   no_verify: bool, triton_url: str | None) -> None:
     """Adopt the Triton repository REPO_DIR: every model version gets a manifest (files, sha256, original
     config, verification). Files are never modified; exit 3 when anything is refused (see --skip-broken)."""
-    from repo_manager.adopt import execute_adoption, plan_adoption  # noqa: PLC0415
-    from repo_manager.errors import InputError  # noqa: PLC0415
+    from repo_manager.core.errors import InputError, Report  # noqa: PLC0415
+    from repo_manager.ops.adopt import execute_adoption, plan_adoption  # noqa: PLC0415
 
     plan = plan_adoption(repo_dir, target)
     if dry_run:
-        ctx.emit(plan.to_dict(), _plan_text(plan.to_dict()))
+        report = Report(plan.to_dict(), _plan_text(plan.to_dict()))
         if plan.problems() and not skip_broken:
-            error = InputError(f"{len(plan.problems())} problem(s): nothing would be adopted without --skip-broken")
-            error.reported = True
-            raise error
+            raise InputError(f"{len(plan.problems())} problem(s): nothing would be adopted without --skip-broken",
+                             report=report)
+        ctx.emit(report.data, report.text)
         return
     settings = ctx.settings.replace(triton_url=triton_url)
     result = execute_adoption(plan, settings, verify_models=not no_verify, skip_broken=skip_broken,

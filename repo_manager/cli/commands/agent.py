@@ -25,6 +25,8 @@ SECONDS = Number(0, DAY_S)
 @click.option("--url", "triton_url", required=True,
               help="The Triton server beside the agent (HTTP, explicit model-control mode).")
 @click.option("--grpc-url", help="Its gRPC endpoint (HOST:PORT): loads and unloads go there, as `trm rollout`.")
+@click.option("--metrics-url", help="Its metrics endpoint (http://host:8002/metrics): an LLM's old version is "
+              "unloaded once its engine reports no stream in flight. Default: port 8002 of --url's host.")
 @click.option("--listen", default="127.0.0.1:8090", show_default=True,
               help="Agent HTTP (/healthz /readyz /status /metrics), HOST:PORT; 0.0.0.0:PORT only where "
                    "something off the host must reach it (the kubelet's probes).")
@@ -41,7 +43,7 @@ SECONDS = Number(0, DAY_S)
               help="Seconds between readiness going false and waiting for in-flight requests (the readiness "
                    "probe's period).")
 @click.option("--drain-timeout", type=SECONDS, default=120.0, show_default=True,
-              help="Longest wait for in-flight requests to finish before swapping anyway.")
+              help="Longest wait for in-flight requests (an LLM's streams) to finish before swapping anyway.")
 @click.option("--lease-ttl", type=Number(2, 600), default=60.0, show_default=True,  # agent/lease.py's bounds
               help="Seconds a drain slot lives without renewal (renewed every third of it while out of "
                    "rotation; a killed pod's slot frees after it).")
@@ -51,26 +53,27 @@ SECONDS = Number(0, DAY_S)
 @endpoint_option
 @pass_ctx
 def agent_command(ctx: Context, store: str | None, env: str, repository: str | None, cache_dir: str | None,
-                  triton_url: str, grpc_url: str | None, listen: str, interval: float, jitter: float,
-                  max_unavailable: int, no_side_by_side: bool, pod_name: str | None, drain_grace: float,
+                  triton_url: str, grpc_url: str | None, metrics_url: str | None, listen: str, interval: float,
+                  jitter: float, max_unavailable: int, no_side_by_side: bool, pod_name: str | None, drain_grace: float,
                   drain_timeout: float, lease_ttl: float, backoff: float, json_logs: bool,
                   s3_endpoint_url: str | None) -> None:
     """Keep the Triton server at --url serving what ENV in STORE says: sync through the node cache, roll
     out with zero failed requests, refuse versions that fail. Runs until SIGTERM."""
-    from repo_manager.agent import AgentOptions, run_agent  # noqa: PLC0415
-    from repo_manager.storage import check_env_name  # noqa: PLC0415
-    from repo_manager.sync import cache_dir_for  # noqa: PLC0415
+    from repo_manager.core.environments import check_env_name  # noqa: PLC0415
+    from repo_manager.ops.agent import AgentOptions, run_agent  # noqa: PLC0415
+    from repo_manager.ops.sync import cache_dir_for  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
                                     s3_endpoint_url=s3_endpoint_url)
     location = store or settings.store
     if not location:
-        from repo_manager.errors import UsageError  # noqa: PLC0415
+        from repo_manager.core.errors import UsageError  # noqa: PLC0415
 
         raise UsageError("no store given", hint="pass STORE (s3://bucket/prefix or a folder) or set TRM_STORE")
     options = AgentOptions(
         store=location, env=check_env_name(env), repository=Path(settings.repository).absolute(),
-        cache=cache_dir_for(settings).absolute(), url=triton_url, grpc_url=grpc_url, listen=listen,
+        cache=cache_dir_for(settings).absolute(), url=triton_url, grpc_url=grpc_url, metrics_url=metrics_url,
+        listen=listen,
         interval_s=interval, jitter=jitter, max_unavailable=max_unavailable, side_by_side=not no_side_by_side,
         pod=_check_pod_name(pod_name) or os.environ.get("HOSTNAME") or socket.gethostname(),
         json_logs=json_logs or ctx.json,
@@ -82,7 +85,7 @@ def _check_pod_name(name: str | None) -> str | None:
     """--pod-name is shown in /status, logs and the drain lease: a DNS-like name, as Kubernetes gives pods."""
     import re  # noqa: PLC0415
 
-    from repo_manager.errors import UsageError  # noqa: PLC0415
+    from repo_manager.core.errors import UsageError  # noqa: PLC0415
 
     if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", name):
         raise UsageError(f"--pod-name {name[:80]!r} is not a pod name (letters, digits, '.', '_', '-')")

@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 from repo_manager.cli import Context, cli, complete_models, json_option, pass_ctx, repo_option, url_option
-from repo_manager.errors import UsageError
-from repo_manager.manifest import MAX_VERSION
+from repo_manager.core.errors import UsageError
+from repo_manager.core.manifest import MAX_VERSION
 
 
 @cli.command("infer")
@@ -39,8 +39,8 @@ def infer_command(ctx: Context, name: str, texts: tuple[str, ...], query: str | 
                   repository: str | None, triton_url: str | None) -> None:
     """Send one request to NAME (embedded server on the repository, or --url) and print the outputs. For an
     LLM (a vLLM model) the generated text of each --text is streamed as it arrives."""
-    from repo_manager.inputs import check_request  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.llm.infer import is_llm, llm_infer  # noqa: PLC0415
+    from repo_manager.adapters.loadgen.inputs import check_request  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.ops.llm.infer import is_llm, llm_infer  # noqa: PLC0415
 
     if bool(texts) == bool(input_files):
         raise UsageError("give either --text or --input")
@@ -77,7 +77,7 @@ class _Serving:
 
     def config(self):
         if self.settings.triton_url:
-            from repo_manager.errors import NotFoundError  # noqa: PLC0415
+            from repo_manager.core.errors import NotFoundError  # noqa: PLC0415
 
             try:
                 return self.client().model_config(self.name, self.version)
@@ -85,15 +85,15 @@ class _Serving:
                 version = f" version {self.version}" if self.version else ""
                 raise NotFoundError(exc.message, hint=f"load {self.name}{version} there (trm rollout), or leave "
                                     "out --url to query the repository's on an embedded server") from exc
-        from repo_manager.repository import LocalRepository  # noqa: PLC0415
-        from repo_manager.serving import check_version_exists, version_config  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.ops.serving import check_version_exists, version_config  # noqa: PLC0415
 
         repo = LocalRepository(self.settings.repository)
         return version_config(repo, self.name, check_version_exists(repo, self.name, self.version))
 
     def client(self):
-        from repo_manager.serving import embedded_server  # noqa: PLC0415
-        from repo_manager.triton.client import TritonClient  # noqa: PLC0415
+        from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415
+        from repo_manager.ops.serving import embedded_server  # noqa: PLC0415
 
         if self._client is None:
             if self.settings.triton_url:
@@ -110,9 +110,9 @@ class _Serving:
 
 
 def _request(config, name: str, texts: tuple[str, ...], query: str | None, input_files: tuple[str, ...]):
-    from repo_manager.embeddings import pair_inputs, takes_pairs  # noqa: PLC0415
-    from repo_manager.inputs import load_input_files  # noqa: PLC0415
-    from repo_manager.serving import text_inputs  # noqa: PLC0415
+    from repo_manager.adapters.loadgen.inputs import load_input_files  # noqa: PLC0415
+    from repo_manager.ops.embeddings import pair_inputs, takes_pairs  # noqa: PLC0415
+    from repo_manager.ops.serving import text_inputs  # noqa: PLC0415
 
     if not texts:
         return load_input_files(list(input_files))
@@ -128,7 +128,7 @@ def _request(config, name: str, texts: tuple[str, ...], query: str | None, input
 def _render(name: str, config, outputs, texts: tuple[str, ...], query: str | None) -> tuple[dict[str, Any], str]:
     import numpy as np  # noqa: PLC0415
 
-    from repo_manager.embeddings import labelled, ranked, text_similarities  # noqa: PLC0415
+    from repo_manager.ops.embeddings import labelled, ranked, text_similarities  # noqa: PLC0415
 
     data: dict[str, Any] = {"model": name, "outputs": {k: _jsonable(v) for k, v in outputs.items()},
                             "shapes": {k: list(v.shape) for k, v in outputs.items()}}

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from repo_manager.cli import Context, Number, cli, json_option, pass_ctx, repo_option
-from repo_manager.errors import CompatibilityError, InputError, IntegrityError
-from repo_manager.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
+from repo_manager.core.errors import CompatibilityError, InputError, IntegrityError, Report
+from repo_manager.ops.llm.plan import GB, KV_DTYPES, WEIGHT_DTYPES, require_fit
 
 GIB = Number(0, 1e6, low_open=True)
 """GiB of one GPU: positive, finite, below a petabyte."""
@@ -54,17 +54,17 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
 
     Exits 11 when one sequence of --max-seq-len tokens does not fit, naming the length that does.
     """
-    from repo_manager.llm.engine import plan_for  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.ops.llm.engine import plan_for  # noqa: PLC0415 - heavy imports stay off the --help path
 
     plan = plan_for(checkpoint, gpu_memory, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                     max_batch_size=max_batch_size, max_seq_len=max_seq_len, tp=tp, max_num_tokens=max_num_tokens,
                     utilization=utilization)
-    ctx.emit(plan.to_dict(), plan_text(plan))
     try:
         require_fit(plan)
     except CompatibilityError as exc:
-        exc.reported = True
+        exc.report = Report(plan.to_dict(), plan_text(plan))
         raise
+    ctx.emit(plan.to_dict(), plan_text(plan))
 
 
 @cli.command("doctor")
@@ -80,12 +80,12 @@ def doctor_command(ctx: Context, repository: str | None, node_facts: str | None,
     """Check this serving node: GPU, driver CUDA, and every engine of the repository (architecture,
     TensorRT/TensorRT-LLM versions, memory plan). Exits 11 naming each mismatch; a CPU node without
     engines that need a GPU passes."""
-    from repo_manager.llm.doctor import diagnose  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.llm.node import NodeFacts, probe_node  # noqa: PLC0415
+    from repo_manager.ops.llm.doctor import diagnose  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.ops.llm.node import NodeFacts, probe_node  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository)
     if node_facts:
-        from repo_manager import documents  # noqa: PLC0415
+        from repo_manager.core import documents  # noqa: PLC0415
 
         try:
             node = NodeFacts.from_dict(documents.parse(Path(node_facts).read_bytes(), str(node_facts)))
@@ -99,15 +99,15 @@ def doctor_command(ctx: Context, repository: str | None, node_facts: str | None,
         node = probe_node()
     repo = settings.repository if (repository or settings.repository.is_dir()) else None
     report = diagnose(node, repo, require_gpu=require_gpu)
-    ctx.emit(report.to_dict(), "\n".join(str(f) for f in report.findings) + ("\nok" if report.ok else ""))
+    shown = Report(report.to_dict(), "\n".join(str(f) for f in report.findings) + ("\nok" if report.ok else ""))
     if not report.ok:
-        # the text above lists each failure once; with --json the one error line on stderr names them
+        # the text lists each failure once; with --json the one error line on stderr names them
         failures = report.failures
         message = ("; ".join(f"{f.subject}: {f.message}" for f in failures) if ctx.json else
                    f"{len(failures)} of {len(report.findings)} check(s) failed ([fail] above)")
-        error = CompatibilityError(message, hint="fix the node (driver, GPU) or rebuild the engines for it")
-        error.reported = True
-        raise error
+        raise CompatibilityError(message, hint="fix the node (driver, GPU) or rebuild the engines for it",
+                                 report=shown)
+    ctx.emit(shown.data, shown.text)
 
 
 # ------------------------------------------------------------------------ publish --format tensorrt-llm
@@ -150,8 +150,8 @@ def trtllm_options(function):
     """Adds the tensorrt-llm options to a command and hands them over as one ``trtllm`` argument."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        from repo_manager.llm.layout import ServingOptions  # noqa: PLC0415 - off the --help path
-        from repo_manager.publish.tensorrt_llm import TrtllmOptions  # noqa: PLC0415
+        from repo_manager.ops.llm.layout import ServingOptions  # noqa: PLC0415 - off the --help path
+        from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions  # noqa: PLC0415
 
         values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("trtllm_")}
         kwargs["trtllm"] = TrtllmOptions(
@@ -182,6 +182,9 @@ _VLLM = [
                       "--max-seq-len is taken too)."),
     click.option("--max-num-seqs", "vllm_max_num_seqs", type=COUNT,
                  help="vllm: sequences batched at once (default: 16 on CPU, 256 on a GPU)."),
+    click.option("--max-waiting-requests", "vllm_max_waiting", type=click.IntRange(0),
+                 help="vllm: reject a request at once (UNAVAILABLE) while this many wait for their first token, "
+                      "instead of queueing past capacity (trm's backend; default: no bound)."),
     click.option("--gpu-memory-utilization", "vllm_utilization", type=Number(0, 1, low_open=True), default=0.9,
                  show_default=True, help="vllm: fraction of GPU memory the engine may use."),
     click.option("--cpu-memory", "vllm_cpu_memory", type=GIB,
@@ -194,7 +197,7 @@ def vllm_options(function):
     --dtype, --max-seq-len and --tp are the tensorrt-llm options' (``trtllm``), shared by both formats."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        from repo_manager.llm.vllm import VllmOptions  # noqa: PLC0415 - off the --help path
+        from repo_manager.ops.llm.vllm import VllmOptions  # noqa: PLC0415 - off the --help path
 
         values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("vllm_")}
         trtllm = kwargs["trtllm"]
@@ -202,7 +205,7 @@ def vllm_options(function):
             gpu_memory_gib=trtllm.gpu_memory_gib, dtype=trtllm.dtype,
             max_model_len=values["vllm_max_model_len"] or trtllm.max_seq_len,
             max_num_seqs=values["vllm_max_num_seqs"], tp=trtllm.tp, utilization=values["vllm_utilization"],
-            cpu_memory_gib=values["vllm_cpu_memory"])
+            cpu_memory_gib=values["vllm_cpu_memory"], max_waiting_requests=values["vllm_max_waiting"] or None)
         return function(*args, **kwargs)
 
     for option in reversed(_VLLM):

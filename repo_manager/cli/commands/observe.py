@@ -8,9 +8,9 @@ import click
 
 from repo_manager.cli import FRACTION, NON_NEGATIVE, POSITIVE, Context, cli, json_option, pass_ctx, repo_option
 from repo_manager.cli.commands.store import endpoint_option
-from repo_manager.errors import ServerError, UsageError
-from repo_manager.redact import printable
-from repo_manager.settings import check_server_url
+from repo_manager.core.errors import ServerError, UsageError
+from repo_manager.core.redact import printable
+from repo_manager.core.settings import check_server_url
 
 
 @cli.group()
@@ -62,7 +62,7 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
                   pointer_stale_s: float, ttft_p99_ms: float | None = None, itl_p99_ms: float | None = None,
                   waiting_per_replica: float = 0.0, waiting_for: str = "30s") -> None:
     """Write Prometheus alerting rules and a Grafana dashboard for the models ENV serves (or --model ...)."""
-    from repo_manager.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
+    from repo_manager.ops.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
         Thresholds,
         watches_from_env,
         watches_from_repo,
@@ -114,7 +114,7 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
     sizes, rejections and failures; for LLM models (vLLM's metrics), running and waiting requests, KV-cache
     use, output tokens/s and TTFT/ITL p50/p99; with --agent, each agent's state and versions. --json prints one
     snapshot."""
-    from repo_manager.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
+    from repo_manager.ops.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
 
     if not interval_s > 0:
         raise UsageError(f"--interval must be positive, not {interval_s}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
 from repo_manager.cli import NUMBER, Context, cli, complete_envs, complete_models, json_option, pass_ctx, url_option
 from repo_manager.cli.commands.store import endpoint_option
-from repo_manager.errors import GateError, UsageError
+from repo_manager.core.errors import GateError, UsageError
 
 
 @cli.command("promote")
@@ -40,27 +41,27 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
                     create_env: bool, s3_endpoint_url: str | None) -> None:
     """Point environment --to at version --version of NAME after its gates pass; exit 9 when a gate
     fails, 8 when another promotion won the race (nothing is changed in either case)."""
-    from repo_manager.promote import PromotionPlan, PromotionRequest, parse_gates, promote  # noqa: PLC0415
+    from repo_manager.core.environments import parse_gates  # noqa: PLC0415
+    from repo_manager.ops.promote import PromotionRequest, execute_promotion, plan_promotion  # noqa: PLC0415
 
     settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
     request = PromotionRequest(name, to_env, version, from_env, rollback,
                                parse_gates(gates, settings) if gates is not None else None, store, to_store,
                                Path(sample) if sample else None, eval_cmd, eval_threshold, create_env)
-    try:
-        result = promote(settings, request, dry_run=dry_run, progress=ctx.progress)
-    except GateError as exc:
-        blocked = getattr(exc, "result", None)
-        if blocked is not None:
-            ctx.emit({**blocked.to_dict(), "error": exc.to_dict()}, _gate_lines(blocked.gates))
-            exc.reported = True
-        raise
-    if isinstance(result, PromotionPlan):
-        from repo_manager.inventory import diff_text, promotion_diff  # noqa: PLC0415
+    planned = plan_promotion(settings, request, progress=ctx.progress)
+    if dry_run and not planned.nothing_to_do:
+        from repo_manager.ops.inventory import diff_text, promotion_diff  # noqa: PLC0415
 
-        diff = promotion_diff(settings, request, result)
-        ctx.emit({"dry_run": True, "plan": result.to_dict(), "diff": diff},
-                 result.describe() + ("\n" + diff_text(diff) if diff else ""))
+        diff = promotion_diff(planned)
+        ctx.emit({"dry_run": True, "plan": planned.plan.to_dict(), "diff": diff},
+                 planned.plan.describe() + ("\n" + diff_text(diff) if diff else ""))
         return
+    try:
+        result = execute_promotion(settings, planned, progress=ctx.progress)
+    except GateError as exc:
+        if exc.report is not None:  # the gates' lines as the text of the blocked promotion's report
+            exc.report = dataclasses.replace(exc.report, text=_gate_lines(exc.report.result.gates))
+        raise
     plan = result.plan
     if not result.moved:
         ctx.emit(result.to_dict(), f"{plan.to_env} already serves {plan.model} version {plan.version}; nothing to do")
@@ -86,7 +87,7 @@ def _gate_lines(gates) -> str:
 def history_command(ctx: Context, env: str, name: str | None, store: str | None, s3_endpoint_url: str | None) -> None:
     """Every promotion and rollback of ENV (of model NAME only, if given), oldest first."""
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
-    from repo_manager.promote import read_history  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.ops.promote import read_history  # noqa: PLC0415 - heavy imports stay off the --help path
 
     view = read_history(settings, env, name, store)
     location, records = view.store, view.records
@@ -113,7 +114,7 @@ def _served(version: int | None) -> str:
 @pass_ctx
 def specs_command(ctx: Context) -> None:
     """The environments (and the store of each) and the model specs in configs/, for pipelines."""
-    from repo_manager.promote import env_store, model_specs  # noqa: PLC0415 - off the --help path
+    from repo_manager.core.environments import env_store, model_specs  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings
     envs = {}

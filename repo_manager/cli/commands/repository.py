@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from repo_manager.cli import Context, cli, complete_models, complete_versions, json_option, pass_ctx, repo_option
-from repo_manager.errors import InputError
+from repo_manager.core.errors import InputError, Report
 
 
 def store_option(function):
@@ -67,11 +67,11 @@ def _group(*renderables):
 @pass_ctx
 def list_command(ctx: Context, repository: str | None, all_versions: bool, store: str | None) -> None:
     """One line per model: backend, latest version, verified, size, environments serving it."""
-    from repo_manager.inventory import human_size, list_models  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import human_size, list_models  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository)
     data = list_models(settings.repository, settings, store=store, all_versions=all_versions)
-    from repo_manager.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
 
     for note in LocalRepository(settings.repository).scan()[1]:  # e.g. lost+found at a volume's root
         ctx.progress(note)
@@ -119,7 +119,7 @@ def show_command(ctx: Context, name: str, version: int | None, repository: str |
 
     The config shown is that of --version (default: the latest); --json has every record in full.
     """
-    from repo_manager.inventory import show_model  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import show_model  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository)
     info = show_model(settings.repository, name, version, settings, store=store)
@@ -127,7 +127,7 @@ def show_command(ctx: Context, name: str, version: int | None, repository: str |
 
 
 def _show_renderable(info: dict[str, Any]):
-    from repo_manager.inventory import size_text  # noqa: PLC0415
+    from repo_manager.ops.inventory import size_text  # noqa: PLC0415
 
     with_envs = "stores" in info
     shown = info["manifest"]["version"]
@@ -187,16 +187,16 @@ def diff_command(ctx: Context, name: str, a: int, b: int, repository: str | None
 
     Exits 0 whether or not they differ (a difference is information); --json for pipelines.
     """
-    from repo_manager.inventory import diff_manifests, diff_text  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import diff_manifests, diff_text  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository)
     if store:
-        from repo_manager.storage import open_store  # noqa: PLC0415
+        from repo_manager.adapters.storage import open_store  # noqa: PLC0415
 
         source = open_store(store, settings)
         first, second = source.get_manifest(name, a), source.get_manifest(name, b)
     else:
-        from repo_manager.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
 
         repo = LocalRepository(settings.repository)
         first, second = repo.manifest(name, a), repo.manifest(name, b)
@@ -206,12 +206,13 @@ def diff_command(ctx: Context, name: str, a: int, b: int, repository: str | None
 
 @cli.command("validate")
 @click.argument("repo_dir", required=False, type=click.Path(file_okay=False))
-@click.option("--fix", is_flag=True, help="Remove leftover staging folders and repair config.pbtxt files.")
+@click.option("--fix", is_flag=True, help="Remove leftover staging folders, repair config.pbtxt files and point a "
+              "vLLM model.json at its own version folder.")
 @json_option
 @pass_ctx
 def validate_command(ctx: Context, repo_dir: str | None, fix: bool) -> None:
     """Check layout, configs, manifests and checksums; exit 3 when there is any problem."""
-    from repo_manager.inventory import validate_repository  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import validate_repository  # noqa: PLC0415 - off the --help path
 
     root = repo_dir or ctx.settings.repository
     report = validate_repository(root, fix=fix)
@@ -219,8 +220,6 @@ def validate_command(ctx: Context, repo_dir: str | None, fix: bool) -> None:
     text = "\n".join([f"{root}: {len(problems)} problem(s)"] + [f"  - {p}" for p in problems]) \
         if problems else f"{root}: OK ({report['models']} models, {report['versions']} versions)"
     text += "".join(f"\n  note: {n}" for n in report["notes"])
-    ctx.emit(report, text)
     if problems:
-        error = InputError(f"{len(problems)} problem(s) in {root}")
-        error.reported = True
-        raise error
+        raise InputError(f"{len(problems)} problem(s) in {root}", report=Report(report, text))
+    ctx.emit(report, text)

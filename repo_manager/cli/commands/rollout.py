@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from repo_manager.cli import FRACTION, NON_NEGATIVE, Context, cli, complete_models, json_option, pass_ctx, repo_option
-from repo_manager.errors import ServerError, TrmError
-from repo_manager.settings import check_server_url
+from repo_manager.core.errors import Report, ServerError
+from repo_manager.core.settings import check_server_url
 
 
 @cli.command("rollout")
@@ -20,6 +20,12 @@ from repo_manager.settings import check_server_url
 @click.option("--grpc-url", "grpc_urls", multiple=True,
               help="Each server's gRPC address (host:8001), in --url order: loads and unloads go there, so "
                    "HTTP clients never wait behind a load. Default: control over HTTP.")
+@click.option("--metrics-url", "metrics_urls", multiple=True,
+              help="Each server's metrics endpoint (http://host:8002/metrics), in --url order: an LLM's old "
+                   "version is unloaded once its engine reports no stream in flight. Default: port 8002 of "
+                   "each --url's host.")
+@click.option("--stream-drain", "stream_drain_s", type=NON_NEGATIVE, default=120.0, show_default=True,
+              help="LLM models: longest wait, in seconds, for the old version's streams before it is unloaded.")
 @repo_option
 @click.option("--from", "source", help="Install the version (and the members it pins) from this store into "
               "--repo first (s3://bucket/prefix or a folder), as `trm sync` does.")
@@ -45,7 +51,8 @@ from repo_manager.settings import check_server_url
 @json_option
 @pass_ctx
 def rollout_command(ctx: Context, name: str, version: int | None, to_previous: bool, urls: tuple[str, ...],
-                    grpc_urls: tuple[str, ...], repository: str | None, source: str | None, canary: int, soak_s: float,
+                    grpc_urls: tuple[str, ...], metrics_urls: tuple[str, ...], stream_drain_s: float,
+                    repository: str | None, source: str | None, canary: int, soak_s: float,
                     smoke_file: str | None, max_error_rate: float, max_p99_increase: float,
                     keep_previous: bool, side_by_side: bool, memory_budget: str | None, drain_cmd: str | None,
                     restore_cmd: str | None, precheck: bool, dry_run: bool) -> None:
@@ -54,7 +61,7 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
     Exit codes: 0 done, 10 rolled back (see "reason": load_failed, smoke_failed, threshold_breached),
     6 a server became unreachable (the others are left consistent), 2 bad usage.
     """
-    from repo_manager.rollout import RolloutOptions, parse_size, plan_rollout, run_rollout  # noqa: PLC0415
+    from repo_manager.ops.rollout import RolloutOptions, parse_size, plan_rollout, run_rollout  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository)
     check_server_urls(urls, grpc_urls)
@@ -62,23 +69,14 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
                              max_p99_increase=max_p99_increase, keep_previous=keep_previous,
                              side_by_side=side_by_side, memory_budget=parse_size(memory_budget),
                              drain_cmd=drain_cmd, restore_cmd=restore_cmd, precheck=precheck,
-                             smoke_file=Path(smoke_file) if smoke_file else None)
+                             smoke_file=Path(smoke_file) if smoke_file else None, stream_drain_s=stream_drain_s)
     plan = plan_rollout(settings, name, version, list(urls), options, to_previous=to_previous, source=source,
-                        grpc_urls=list(grpc_urls), progress=ctx.progress)
+                        grpc_urls=list(grpc_urls), metrics_urls=list(metrics_urls), progress=ctx.progress)
     if dry_run:
         ctx.emit({"dry_run": True, "plan": plan.to_dict()}, plan.describe())
         return
     ctx.progress(plan.describe())
-    try:
-        result = run_rollout(settings, plan, progress=ctx.progress)
-    except TrmError as exc:
-        result = getattr(exc, "result", None)
-        if result is not None:
-            data = result.to_dict()
-            data["error"] = exc.to_dict()
-            ctx.emit(data, result.describe())
-            exc.reported = True
-        raise
+    result = run_rollout(settings, plan, progress=ctx.progress)  # a failure carries its result (error.report)
     ctx.emit(result.to_dict(), result.describe())
 
 
@@ -89,18 +87,18 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
 @pass_ctx
 def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) -> None:
     """Each server's loaded models and versions against the repository's latest."""
-    from repo_manager.rollout import describe_status, server_status  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.rollout import describe_status, server_status  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository)
     check_server_urls(urls, ())
     statuses = server_status(settings.repository, list(urls))
-    ctx.emit({"servers": [s.to_dict() for s in statuses]}, describe_status(statuses))
+    report = Report({"servers": [s.to_dict() for s in statuses]}, describe_status(statuses))
     unreachable = [s.url for s in statuses if not s.reachable]
-    if unreachable:  # the report above says what each answered; the exit code says not all did
-        error = ServerError(f"{len(unreachable)} of {len(statuses)} server(s) did not answer: "
-                            + ", ".join(unreachable), hint="check that each server runs and its --url is right")
-        error.reported = True
-        raise error
+    if unreachable:  # the report says what each answered; the exit code says not all did
+        raise ServerError(f"{len(unreachable)} of {len(statuses)} server(s) did not answer: "
+                          + ", ".join(unreachable), hint="check that each server runs and its --url is right",
+                          report=report)
+    ctx.emit(report.data, report.text)
 
 
 def check_server_urls(urls: tuple[str, ...], grpc_urls: tuple[str, ...]) -> None:

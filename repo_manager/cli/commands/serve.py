@@ -6,9 +6,9 @@ from contextlib import ExitStack
 
 import click
 
-from repo_manager import metrics
+from repo_manager.adapters import metrics
 from repo_manager.cli import Context, cli, json_option, pass_ctx, repo_option
-from repo_manager.errors import UsageError
+from repo_manager.core.errors import UsageError
 
 PORT = click.IntRange(0, 65535)
 
@@ -28,8 +28,8 @@ def serve_command(ctx: Context, repository: str | None, http_port: int | None, g
                   metrics_port: int | None, models: tuple[str, ...], tritonserver: str | None,
                   trm_metrics_port: int | None) -> None:
     """Start a real tritonserver (explicit model control) on the repository until Ctrl-C / SIGTERM."""
-    from repo_manager.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
-    from repo_manager.triton.restricted import RESTRICTED_APIS  # noqa: PLC0415
+    from repo_manager.adapters.triton.restricted import RESTRICTED_APIS  # noqa: PLC0415
+    from repo_manager.ops.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
 
     settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
     ports = {"--http-port": settings.http_port if http_port is None else http_port,

@@ -11,11 +11,13 @@ import threading
 import click
 
 from repo_manager.cli import Context, cli, complete_envs, json_option, pass_ctx, repo_option
-from repo_manager.sync.result import SyncResult
+from repo_manager.core.defaults import SYNC_OPTIONS
+from repo_manager.ops.sync import result_data
+from repo_manager.ops.sync.result import SyncResult
 
 
 def endpoint_option(function):
-    return click.option("--endpoint-url", "s3_endpoint_url",
+    return click.option(SYNC_OPTIONS["s3_endpoint_url"], "s3_endpoint_url",
                         help="S3-compatible endpoint (MinIO, SeaweedFS …). Default: settings "
                              "s3_endpoint_url, else the AWS chain ($AWS_ENDPOINT_URL_S3).")(function)
 
@@ -36,9 +38,9 @@ def endpoint_option(function):
 def push_command(ctx: Context, store: str, repository: str | None, selections: tuple[str, ...], env: str | None,
                  create_env: bool, s3_endpoint_url: str | None) -> None:
     """Upload complete versions to STORE (s3://bucket/prefix or a folder): missing blobs, then manifests."""
-    from repo_manager.push import parse_selection, push  # noqa: PLC0415 - heavy imports stay off --help
-    from repo_manager.repository import LocalRepository  # noqa: PLC0415
-    from repo_manager.storage import open_store  # noqa: PLC0415
+    from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
+    from repo_manager.ops.push import parse_selection, push  # noqa: PLC0415 - heavy imports stay off --help
 
     settings = ctx.settings.replace(repository=repository, s3_endpoint_url=s3_endpoint_url)
     target = open_store(store, settings)
@@ -76,7 +78,7 @@ class RichProgress:
         )
 
         class BytesSpeed(TransferSpeedColumn):  # a rate of bytes, not of blobs
-            def render(self, task):  # noqa: ANN001, ANN202 - rich's signature
+            def render(self, task):
                 return super().render(task) if task.description == "bytes" else ""
 
         self._bar = Progress(TextColumn("{task.description:<5}"), BarColumn(), TaskProgressColumn(),
@@ -114,15 +116,20 @@ class RichProgress:
             self._bar = None
 
 
+def sync_option(name: str, **attributes):
+    """An option of `trm sync` that its quick path (``repo_manager/entry.py``) parses too: one name for both."""
+    return click.option(SYNC_OPTIONS[name], name, **attributes)
+
+
 @cli.command("sync")
 @click.argument("store")
-@click.option("--env", shell_complete=complete_envs,
-              help="Environment whose pointer says which version of each model to serve. Without it, "
-              "the newest version of each --model.")
+@sync_option("env", shell_complete=complete_envs,
+             help="Environment whose pointer says which version of each model to serve. Without it, "
+             "the newest version of each --model.")
 @repo_option
-@click.option("--cache", "cache_dir", type=click.Path(file_okay=False),
-              help="Node-local blob cache shared by the pods of a node (default: .trm-cache beside --repo).")
-@click.option("--model", "models", multiple=True, help="Only these models (repeatable).")
+@sync_option("cache_dir", type=click.Path(file_okay=False),
+             help="Node-local blob cache shared by the pods of a node (default: .trm-cache beside --repo).")
+@sync_option("models", multiple=True, help="Only these models (repeatable).")
 @click.option("--prune", is_flag=True, help="Remove local versions the environment no longer serves (never one "
               "the server at --url has loaded) and cache blobs nothing links to.")
 @click.option("--url", "triton_url", help="The running Triton server (HTTP) of this node, e.g. "
@@ -139,30 +146,28 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
                  limit_rate: float | None, s3_endpoint_url: str | None) -> None:
     """Make the local repository serve what ENV in STORE says: only missing blobs are downloaded, verified,
     and each version folder appears complete or not at all."""
-    from repo_manager.storage import open_store  # noqa: PLC0415
-    from repo_manager.sync import cache_dir_for  # noqa: PLC0415
+    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
+    from repo_manager.ops.sync import cache_dir_for  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
                                     s3_endpoint_url=s3_endpoint_url)
     source = open_store(store, settings)
     result = None
     if env and not prune and not dry_run:
-        from repo_manager.sync.noop import try_unchanged  # noqa: PLC0415
+        from repo_manager.ops.sync.noop import try_unchanged  # noqa: PLC0415
 
         result = try_unchanged(source, cache_dir_for(settings), settings.repository, env, models)
     if result is None:
         result = _sync_in_full(ctx, settings, source, env, models, prune, dry_run, limit_rate)
         if result is None:
             return
-    from repo_manager.entry import sync_summary  # noqa: PLC0415 - the quick path prints the same text
-
     data = result.to_dict()
-    ctx.emit(data, sync_summary(data))
+    ctx.emit(data, result_data.summary(data))  # the quick path (entry.py) prints the same text
 
 
 def _sync_in_full(ctx: Context, settings, source, env: str | None, models: tuple[str, ...], prune: bool,
                   dry_run: bool, limit_rate: float | None) -> SyncResult | None:
-    from repo_manager.sync import execute, plan_sync  # noqa: PLC0415
+    from repo_manager.ops.sync import execute, plan_sync  # noqa: PLC0415
 
     plan = plan_sync(settings, source, env=env, models=models, prune=prune)
     if dry_run:
@@ -188,8 +193,8 @@ def export_command(ctx: Context, store: str, dest: str, env: str | None, models:
                    s3_endpoint_url: str | None) -> None:
     """Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), for a
     stock Triton pointed at it."""
-    from repo_manager.export import export  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.storage import open_store  # noqa: PLC0415
+    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
+    from repo_manager.ops.export import export  # noqa: PLC0415 - heavy imports stay off the --help path
 
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
     result = export(open_store(store, settings), dest, settings, env=env, models=models, progress=ctx.progress)

@@ -22,11 +22,11 @@ from repo_manager.cli import (
     repo_option,
     url_option,
 )
-from repo_manager.errors import GateError, UsageError
-from repo_manager.redact import printable
+from repo_manager.core.errors import GateError, Report, UsageError
+from repo_manager.core.redact import printable
 
 if TYPE_CHECKING:
-    from repo_manager.tuning import CheckResult, TuneResult
+    from repo_manager.ops.tuning import CheckResult, TuneResult
 
 
 @contextmanager
@@ -62,8 +62,9 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
               help="Seconds the search may take (default: 300, or what every run measures at these rates if "
                    "more): optional steps are skipped to fit; a budget below what "
                    "every run measures is refused.")
-@click.option("--requests", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
-              help="Requests per measured point (at most 15 s of traffic at low rates).")
+@click.option("--requests", type=click.IntRange(1, 10_000_000),
+              help="Requests per measured point (default 1000, at most 15 s of traffic at low rates; a vLLM "
+                   "model: 100 streams).")
 @click.option("--overload-factor", type=NUMBER, default=2.0, show_default=True,
               help="Choose a queue policy that keeps the SLO for accepted requests at this multiple of the "
                    "measured capacity and rejects the excess fast (0: no queue policy).")
@@ -77,19 +78,50 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
               help="Write tuning.md, tuning.json and p99_vs_throughput.png here.")
 @click.option("--check", "check_only", is_flag=True,
               help="CI: re-measure the served config at low and peak; fail on an SLO miss or a changed environment.")
+@click.option("--ttft-p99-ms", type=POSITIVE,
+              help="vLLM model: the time-to-first-token p99 SLO in milliseconds (with --itl-p99-ms).")
+@click.option("--itl-p99-ms", type=POSITIVE, help="vLLM model: the inter-token latency p99 SLO in milliseconds.")
+@click.option("--max-num-seqs", "seqs", metavar="N,N,...",
+              help="vLLM model: the max_num_seqs values searched (default: 1,2,4,8,16,32).")
+@click.option("--max-num-batched-tokens", "tokens", metavar="N,N,...",
+              help="vLLM model: the max_num_batched_tokens values searched (default: 256,1024,4096).")
+@click.option("--search", type=click.Choice(["fast", "grid"]),
+              help="vLLM model: bisect max_num_seqs and move the token budget only towards the SLO that missed "
+                   "(fast, the default), or measure every combination (grid).")
+@click.option("--input-tokens", type=click.IntRange(1), help="vLLM model: prompt tokens per request (default 128).")
+@click.option("--output-tokens", type=click.IntRange(2), help="vLLM model: output tokens per request (default 64).")
 @json_option
 @pass_ctx
 def tune_batching_command(ctx: Context, name: str, repository: str | None, triton_url: str | None,
                           p99_ms: float | None, low_rps: float | None, peak_rps: float | None, headroom: float,
-                          budget_s: float | None, requests: int, overload_factor: float,
+                          budget_s: float | None, requests: int | None, overload_factor: float,
                           require_overload_policy: bool, priority_levels: int, write: bool, report_dir: str | None,
-                          check_only: bool) -> None:
+                          check_only: bool, ttft_p99_ms: float | None, itl_p99_ms: float | None, seqs: str | None,
+                          tokens: str | None, search: str | None, input_tokens: int | None,
+                          output_tokens: int | None) -> None:
     """Choose NAME's dynamic-batching settings (max batch, instances, queue delay, preferred sizes) by
-    measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom."""
-    from repo_manager.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
-    from repo_manager.tuning.core import DEFAULT_BUDGET_S, check_measure_arguments  # noqa: PLC0415
+    measuring candidates on a real Triton server, under a p99 SLO at low, peak and peak x headroom.
+
+    For a vLLM model, choose the engine's max_num_seqs and max_num_batched_tokens instead, under
+    --ttft-p99-ms and --itl-p99-ms at low and peak (goodput: streams within both SLOs per second)."""
+    from repo_manager.ops.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
+    from repo_manager.ops.tuning.core import DEFAULT_BUDGET_S, check_measure_arguments  # noqa: PLC0415
 
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
+    llm_flags = {"--ttft-p99-ms": ttft_p99_ms, "--itl-p99-ms": itl_p99_ms, "--max-num-seqs": seqs,
+                 "--max-num-batched-tokens": tokens, "--search": search, "--input-tokens": input_tokens,
+                 "--output-tokens": output_tokens}
+    if any(v is not None for v in llm_flags.values()) or _is_vllm(settings, name):
+        given = [flag for flag, value in (("--p99-ms", p99_ms), ("--check", check_only or None),
+                                          ("--budget", budget_s)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} tunes Triton's dynamic batcher; a vLLM model is tuned with --ttft-p99-ms "
+                             "and --itl-p99-ms (the engine's max_num_seqs and max_num_batched_tokens)")
+        _tune_llm(ctx, settings, name, ttft_p99_ms, itl_p99_ms, low_rps, peak_rps, seqs=seqs, tokens=tokens,
+                  search=search, requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
+                  write=write, report_dir=report_dir)
+        return
+    requests = requests or 1000
     if check_only:
         if write:
             raise UsageError("--check measures only; it cannot be combined with --write")
@@ -97,12 +129,11 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         with live_progress(ctx, 60.0) as progress:
             checked = check_batching(settings, name, p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps,
                                      requests=requests, progress=progress)
-        ctx.emit(checked.to_dict(), _check_text(checked))
+        report = Report(checked.to_dict(), _check_text(checked))
         if not checked.passed:
-            error = GateError(f"{name} no longer meets its tuning: " + _check_failure(checked),
-                              hint="re-run `trm tune-batching --write` on this environment", model=name)
-            error.reported = True
-            raise error
+            raise GateError(f"{name} no longer meets its tuning: " + _check_failure(checked),
+                            hint="re-run `trm tune-batching --write` on this environment", report=report, model=name)
+        ctx.emit(report.data, report.text)
         return
     if p99_ms is None or low_rps is None or peak_rps is None:
         raise UsageError("tune-batching needs --p99-ms, --low-rps and --peak-rps")
@@ -115,7 +146,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     request.check_target(settings)  # refused before the progress display starts
     with live_progress(ctx, request.budget_s) as progress:
         result = tune_batching(settings, request, progress)
-    ctx.emit(result.to_dict(), _tune_text(result))
+    report = Report(result.to_dict(), _tune_text(result))
     if result.status == "queue-policy-required":
         overload = result.overload
         assert overload is not None
@@ -123,8 +154,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
                           "(--require-overload-policy)",
                           hint=("give --budget more time, " if overload.cut_short else "") +
                           "relax the SLO, lower --overload-factor, add capacity, or drop --require-overload-policy "
-                          "to write the batching choice alone", model=name)
-        error.reported = True
+                          "to write the batching choice alone", report=report, model=name)
         raise error
     if result.status == "chosen-without-queue-policy" and result.overload is not None:
         done = "written" if result.written_version else "chosen"
@@ -134,9 +164,83 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         closest = result.outcome.closest
         error = GateError(f"no candidate met p99 <= {p99_ms:g} ms at every level; closest: "
                           f"{closest.label if closest else 'none measured'}; nothing was written",
-                          hint="relax the SLO or the rates, or add capacity (instances, hardware)", model=name)
-        error.reported = True
+                          hint="relax the SLO or the rates, or add capacity (instances, hardware)", report=report,
+                          model=name)
         raise error
+    ctx.emit(report.data, report.text)
+
+
+def _is_vllm(settings, name: str) -> bool:
+    from repo_manager.ops.llm.infer import is_llm  # noqa: PLC0415
+
+    return is_llm(settings, name)
+
+
+def _counts(flag: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} takes whole numbers of at least 1 separated by commas (e.g. 4,8,16), "
+                         f"not {text!r}")
+    return values
+
+
+def _tune_llm(ctx: Context, settings, name: str, ttft_p99_ms: float | None, itl_p99_ms: float | None,
+              low_rps: float | None, peak_rps: float | None, *, seqs: str | None, tokens: str | None,
+              search: str | None, requests: int | None, input_tokens: int | None, output_tokens: int | None,
+              write: bool, report_dir: str | None) -> None:
+    from repo_manager.ops.tuning.llm import LLMTuneRequest, tune_llm  # noqa: PLC0415 - off --help
+
+    missing = [flag for flag, value in (("--ttft-p99-ms", ttft_p99_ms), ("--itl-p99-ms", itl_p99_ms),
+                                        ("--low-rps", low_rps), ("--peak-rps", peak_rps)) if value is None]
+    if missing:
+        raise UsageError(f"tuning the vLLM engine of {name} needs --ttft-p99-ms, --itl-p99-ms, --low-rps and "
+                         f"--peak-rps (missing: {', '.join(missing)})")
+    assert ttft_p99_ms is not None and itl_p99_ms is not None and low_rps is not None and peak_rps is not None
+    given = {k: v for k, v in (("seqs", _counts("--max-num-seqs", seqs)),
+                               ("tokens", _counts("--max-num-batched-tokens", tokens)), ("search", search),
+                               ("requests", requests), ("input_tokens", input_tokens),
+                               ("output_tokens", output_tokens)) if v is not None}
+    request = LLMTuneRequest(name, ttft_p99_ms, itl_p99_ms, low_rps, peak_rps, write=write,
+                             report_dir=Path(report_dir) if report_dir else None, **given)
+    request.check_target(settings)
+    with live_progress(ctx, 0.0) as progress:
+        result = tune_llm(settings, request, progress)
+    report = Report(result.to_dict(), _llm_text(result))
+    if result.chosen is None:
+        raise GateError(f"no engine setting met TTFT p99 <= {ttft_p99_ms:g} ms and ITL p99 <= {itl_p99_ms:g} ms "
+                        "at low and peak; nothing was written",
+                        hint="relax the SLOs or the rates, widen --max-num-seqs, or add capacity", report=report,
+                        model=name)
+    ctx.emit(report.data, report.text)
+
+
+def _llm_text(result) -> str:
+    lines = [f"{'candidate':<24} {'level':<5} {'rate':>6} {'goodput':>8} {'tok/s':>7} {'TTFT p99':>9} "
+             f"{'ITL p99':>8}  result"]
+    for p in result.outcome.points:
+        d = p.to_dict()
+        ttft = "-" if d.get("ttft_p99_ms") is None else f"{d['ttft_p99_ms']:.0f}"
+        itl = "-" if d.get("itl_p99_ms") is None else f"{d['itl_p99_ms']:.1f}"
+        lines.append(f"{p.candidate:<24} {p.level:<5} {p.rate:>5g}/s {d.get('goodput_rps', 0):>6.2f}/s "
+                     f"{d.get('output_token_throughput', 0):>7.0f} {ttft:>9} {itl:>8}  "
+                     f"{'ok' if p.meets_slo else 'MISS: ' + p.note}")
+    lines += [f"note: {n}" for n in result.outcome.notes]
+    lines.append("")
+    lines.append(f"chosen: {result.chosen.key}" if result.chosen else "no engine setting met both SLOs at low and peak")
+    if result.written_version:
+        lines.append(f"written: {result.model} version {result.written_version}")
+    elif result.chosen:
+        lines.append("dry run: nothing written (pass --write to publish the choice as a new version)")
+    if result.report_files:
+        lines.append(f"report: {Path(result.report_files[0]).parent}")
+    lines.append(f"{result.outcome.search} search: {len(result.outcome.points)} points, {result.outcome.loads} "
+                 f"engine starts, {result.seconds:.0f} s")
+    return "\n".join(lines)
 
 
 def _tune_text(result: TuneResult) -> str:

@@ -1,0 +1,85 @@
+"""Publishing a Hugging Face checkpoint: check, load, export, then stage the tokenizer, the encoder and the
+ensemble.
+
+Every check of the checkpoint (config.json, modules, weights, tokenizer, a trial forward pass) happens
+before anything is staged, so bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from repo_manager.core import config as cfg
+from repo_manager.core.errors import InputError
+from repo_manager.core.manifest import check_model_name, sha256_file
+from repo_manager.ops.publish.huggingface import LABEL_FILE, OUTPUTS
+from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
+from repo_manager.ops.publish.huggingface.configs import encoder_config, ensemble_config, label_file, tokenizer_config
+from repo_manager.ops.publish.huggingface.load import OPSET, LoadedCheckpoint
+from repo_manager.ops.publish.huggingface.reference import LibraryReference, quiet_transformers
+from repo_manager.ops.publish.huggingface.verify import checker, criterion, from_sample, to_sample, verification_cases
+
+# Default max_batch_size of a text service (all three models): a batch of short texts costs little per text,
+# and trm's onnxruntime backend runs the rows of a batch at their own lengths, so merging several client
+# requests into one call is where throughput comes from (bench/bench_hf_publish.py: 4 clients sending 8 texts
+# each got 1.5-1.7x sentence-transformers with 32, 1.2-1.4x with 8).
+TEXT_MAX_BATCH = 32
+
+
+def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | None = None,
+                      max_length: int | None = None, pooling: str | None = None, normalize: bool | None = None,
+                      prompt_name: str | None = None):
+    """A ``build`` function for ``run_publish``: tokenizer, encoder and ensemble, staged in that order."""
+    from repo_manager.ops.publish.core import Staged, copy_into  # noqa: PLC0415
+
+    if options.max_batch_size is not None and options.max_batch_size < 1:
+        raise InputError("a text service takes a batch of texts: --max-batch-size must be at least 1")
+    if options.max_batch_size is None:
+        options = dataclasses.replace(options, max_batch_size=TEXT_MAX_BATCH)
+    checkpoint = inspect_checkpoint(source, max_length, task=task, pooling=pooling, normalize=normalize,
+                                    prompt_name=prompt_name)
+    pipeline = checkpoint.pipeline
+    loaded = LoadedCheckpoint(checkpoint)  # loads tokenizer and weights: any failure here is still before staging
+    reference = LibraryReference(pipeline, checkpoint.path, checkpoint.max_length, override=max_length)
+    with quiet_transformers():  # the long case is longer than the max length on purpose: no warning
+        cases = verification_cases(loaded)
+    record = {"kind": "huggingface", "path": str(source.resolve()), **pipeline.record(),
+              "architecture": checkpoint.architecture, "model_type": checkpoint.model_type,
+              "max_length": checkpoint.max_length, "inputs": loaded.input_names,
+              "files": {rel: sha256_file(source / rel) for rel in checkpoint.files}}
+    output = OUTPUTS[pipeline.task]
+
+    def build(repo, name: str) -> list[Staged]:
+        names = {"tokenizer": check_model_name(f"{name}_tokenizer"), "encoder": check_model_name(f"{name}_encoder")}
+        # run_publish's staging scope removes these folders whatever happens before they are committed
+        staging = repo.stage(names["tokenizer"])
+        copy_into(staging, Path(__file__).with_name("tokenizer_model.py"), "model.py")
+        loaded.save_tokenizer(staging / "tokenizer.json")
+        tokenizer = Staged(names["tokenizer"], staging, tokenizer_config(names["tokenizer"], loaded, options),
+                           {**record, "converter": "tokenizers (tokenizer.json)"},
+                           environment_packages=("tokenizers", "transformers"))
+
+        staging = repo.stage(names["encoder"])
+        loaded.export(staging / "model.onnx")
+        encoder = Staged(names["encoder"], staging,
+                         encoder_config(names["encoder"], staging / "model.onnx", loaded, options),
+                         {**record, "converter": f"torch.onnx.export (TorchScript, opset {OPSET}) "
+                                                 f"with the checkpoint's {pipeline.task} head"},
+                         environment_packages=("torch", "transformers"))
+
+        labels = {LABEL_FILE: label_file(pipeline.labels)} if pipeline.task == "classify" else {}
+        encoder.labels = dict(labels)  # the encoder alone is a classifier too, for a client that calls it
+        ensemble = Staged(name, repo.stage(name), ensemble_config(name, names, loaded, options),
+                          {**record, "converter": "ensemble"}, labels=labels,
+                          reference=lambda sample: {output: reference(from_sample(sample, pipeline.task))},
+                          samples=[to_sample(items, pipeline.task) for _, items in cases],
+                          check=checker(cases, loaded),
+                          # placeholders: run_publish pins the versions it commits for the members
+                          members={names["tokenizer"]: 1, names["encoder"]: 1},
+                          environment_packages=("torch", "transformers", "tokenizers", "sentence-transformers"),
+                          verification_extra={"reference": reference.describe(),
+                                              "criterion": criterion(pipeline.task)})
+        return [tokenizer, encoder, ensemble]
+
+    return build

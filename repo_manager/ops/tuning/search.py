@@ -1,0 +1,312 @@
+"""The search: from an execution-time profile to a measured choice, inside a time budget.
+
+1. **Structures.** From the profile (``candidates.structures``): max batch sizes where the cost per
+   request still drops, instance counts 1 and 2 (and the current ones), pruned when they cannot meet
+   the SLO or carry peak × headroom, best predicted first. The current config and plain
+   ``dynamic_batching {}`` are always measured.
+2. **Levels.** Each candidate is measured at peak × headroom first (the level most candidates fail, and
+   the shortest to measure), then peak, then low; the first failed level ends it.
+3. **Queue delay.** For the best structure that passed every level with no delay, the delay is searched
+   against the low-traffic SLO by bisection between 0 and the room the zero-delay p99 leaves (keeping
+   10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
+   third of it become candidates (and, when the profile says a smaller batch is already cheap, the
+   largest delay with that size preferred, measured after the capacities below).
+4. **Capacity.** Candidates that met every level climb a common ladder of rates above peak ×
+   headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
+   capacity is skipped.
+5. **Finalists** (within one ladder step of the best) are measured again, interleaved, at the best
+   capacity. A finalist that fails a repeat loses that step. Among those left, a lower p99 wins only if
+   it is lower by more than the noise seen between repeats; otherwise the simplest wins (the current
+   config, then smaller delay, no preferred sizes, fewer instances, smaller batch).
+
+Steps 1–2 for the current config, plain batching and the top structure always run; then the structure
+predicted to carry the most, and more until one meets every level; the delay search on the eligible
+structure predicted to carry the most, the capacities of what met every level, the
+remaining structures (each climbing when it meets every level) and the finalists, each only while the
+budget allows; what was skipped is said in ``notes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from repo_manager.ops.tuning.candidates import Candidate, Profile, Pruned, preferred_sizes, structures
+from repo_manager.ops.tuning.prober import LOAD_S, Point, Prober, config_cost_s
+
+LEVELS = ("low", "peak", "headroom")
+ALWAYS_MEASURED = 3
+"""Configs every search measures at every level they meet: the current one, plain batching, the top structure."""
+STEP = 1.25
+DELAY_SHARE = 0.5
+"""A queue delay may bring the low-traffic p99 up to this share of the SLO, no further: at low traffic
+nearly every request waits the whole delay, and a delay that spends the whole SLO there leaves nothing
+for a busier minute (at 0.9, two runs on one model picked 2.4 and 13.8 ms under a 40 ms target)."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    candidate: Candidate
+    levels: dict[str, Point | None]
+    capacity_rps: float | None
+    """Largest ladder rate that met the SLO (None: not eligible)."""
+    capacity_note: str = ""
+
+    @property
+    def eligible(self) -> bool:
+        return all(p is not None and p.meets_slo for p in self.levels.values())
+
+    def closeness(self) -> tuple[int, float]:
+        """For "closest" when nothing passes: more levels met, then the smallest worst p99."""
+        measured = [p for p in self.levels.values() if p is not None]
+        worst = max((p.p99_ms for p in measured), default=float("inf"))
+        return (-sum(p.meets_slo for p in measured), worst)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.candidate.to_dict(), "eligible": self.eligible, "capacity_rps": self.capacity_rps,
+                "capacity_note": self.capacity_note,
+                "levels": {k: (p.to_dict() if p else None) for k, p in self.levels.items()}}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    profile: Profile
+    evaluations: tuple[Evaluation, ...]
+    pruned: tuple[Pruned, ...]
+    points: tuple[Point, ...]
+    chosen: Candidate | None
+    closest: Candidate | None
+    noise: float
+    """Largest relative p99 spread between repeats of one finalist."""
+    evidence: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def evaluation(self, key: str) -> Evaluation:
+        return next(e for e in self.evaluations if e.candidate.key == key)
+
+
+def _simplicity(candidate: Candidate) -> tuple:
+    return (candidate.origin != "current", candidate.delay_us, len(candidate.preferred), candidate.instances,
+            candidate.max_batch_size)
+
+
+class Search:
+    def __init__(self, prober: Prober, profile: Profile, current: Candidate, slo_ms: float, low: float,
+                 peak: float, headroom: float) -> None:
+        self.prober, self.profile, self.current, self.slo_ms = prober, profile, current, slo_ms
+        self.rates = {"low": low, "peak": peak, "headroom": peak * headroom}
+        self.candidates: dict[str, Candidate] = {}
+        self.notes: list[str] = []
+        self.capacity: dict[str, float] = {}
+        self.capacity_notes: dict[str, str] = {}
+        self.deferred: list[Candidate] = []
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _add(self, candidate: Candidate) -> Candidate:
+        return self.candidates.setdefault(candidate.key, candidate)
+
+    def _cost(self, levels: int = 3) -> float:
+        return config_cost_s(self.prober.point_cost_s, list(self.rates.values())[:levels])
+
+    def _level_point(self, candidate: Candidate, level: str) -> Point | None:
+        rate = self.rates[level]
+        return next((p for p in self.prober.points
+                     if p.candidate == candidate.key and p.rate == rate and p.level != "remeasure"), None)
+
+    def evaluate(self, candidate: Candidate) -> bool:
+        """Measure headroom, peak, low in that order; stop at the first miss. True if all met."""
+        self._add(candidate)
+        for level in ("headroom", "peak", "low"):
+            if not self.prober.point(candidate, level, self.rates[level]).meets_slo:
+                return False
+        return True
+
+    # ------------------------------------------------------------------------------------ phases
+    def run(self) -> Outcome:
+        need = self.rates["headroom"]
+        kept, pruned = structures(self.profile, self.current, self.slo_ms, need)
+        plain = Candidate(self.current.max_batch_size, self.current.instances, True, 0, (), "plain")
+        mandatory = [self.current, plain] + kept[:1]  # (ALWAYS_MEASURED: what the budget check counts)
+        for candidate in mandatory:
+            self.evaluate(candidate)
+        # until a structure meets every level, measure the next; then search its delay (the step that
+        # most often moves capacity) before spending the budget on the remaining structures
+        # the top structure is the simplest sufficient one; the one predicted to carry the most is
+        # measured next, and more until one meets every level; then the best one's delay is searched
+        rest = list(kept[1:])
+        if rest and self.prober.can_afford(self._cost()):
+            self.evaluate(rest.pop(0))
+        while rest and not any(self._evaluation(c).eligible for c in kept) and self.prober.can_afford(self._cost()):
+            self.evaluate(rest.pop(0))
+        self._delay_search(sorted(kept, key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances,
+                                                                                  self.slo_ms)))
+        # capacity decides the choice, so the eligible ones climb before the remaining structures run
+        self._capacities()
+        for candidate in rest + self.deferred:
+            if self._evaluation(candidate).levels["headroom"] is not None:
+                continue
+            if self.prober.can_afford(self._cost()):
+                self.evaluate(self._add(candidate))
+                self._capacities()
+            else:
+                pruned.append(Pruned(candidate, "not measured: time budget"))
+        chosen, noise, evidence = self._finalists()
+        evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
+        pruned = [p for p in pruned if p.candidate.key not in self.candidates]  # measured after all
+        closest = None
+        if chosen is None and evaluations:
+            closest = min(evaluations, key=Evaluation.closeness).candidate
+        return Outcome(self.profile, evaluations, tuple(pruned), tuple(self.prober.points), chosen, closest,
+                       noise, evidence, tuple(self.notes))
+
+    def _delay_search(self, kept: list[Candidate]) -> None:
+        passing = [c for c in kept if self._evaluation(c).eligible]
+        if not passing:
+            self.notes.append("delay search skipped: no structure met every level without a delay")
+            return
+        base = passing[0]
+        zero = self._level_point(base, "low")
+        assert zero is not None
+        # a delay longer than a full batch takes to arrive at the peak rate cannot fill batches further
+        fill_ms = 1000.0 * base.max_batch_size / self.rates["peak"]
+        room_ms = min(self.slo_ms * DELAY_SHARE - zero.p99_ms, fill_ms)
+        if room_ms < 0.5:
+            self.notes.append(f"delay search skipped: {base.label} leaves {room_ms:.1f} ms of low-traffic "
+                              f"p99 room under {DELAY_SHARE:.0%} of the SLO")
+            return
+        low_cost = self.prober.point_cost_s(self.rates["low"]) + LOAD_S
+        lo, hi = 0.0, room_ms
+        trial = hi
+        for _ in range(2):  # the room itself, then halfway: finer steps cost more than they change
+            if not self.prober.can_afford(low_cost + self._cost(2)):
+                self.notes.append("delay search cut short: time budget")
+                if lo <= 0:
+                    return
+                break
+            candidate = self._add(base.with_delay(int(trial * 1000)))
+            point = self.prober.point(candidate, "low", self.rates["low"])
+            if point.meets_slo and point.p99_ms <= self.slo_ms * DELAY_SHARE:
+                lo = trial
+                if trial == hi:
+                    break
+            else:
+                hi = trial
+            trial = (lo + hi) / 2
+        if lo <= 0:
+            self.notes.append(f"delay search: every delay tried took the low-traffic p99 past {DELAY_SHARE:.0%} of the "
+                              f"SLO for {base.label}")
+            return
+        found = base.with_delay(int(lo * 1000))
+        # the largest delay the low-traffic SLO allows is not always the one that carries the most: with
+        # several instances a shorter wait already fills batches and leaves more room under load, so a
+        # third of it is measured too (first: at peak it is the likelier of the two to pass)
+        for candidate in (base.with_delay(int(lo * 1000 / 3)), found):
+            if candidate.delay_us > 0 and self.prober.can_afford(self._cost()):
+                self.evaluate(self._add(candidate))
+        useful = [b for b in preferred_sizes(self.profile, base.max_batch_size) if b < base.max_batch_size]
+        if useful:  # measured with the remaining structures, after the capacities
+            self.deferred.append(Candidate(base.max_batch_size, base.instances, True, found.delay_us,
+                                           (useful[-1],), "search"))
+
+    def _capacities(self) -> None:
+        """Climb every eligible candidate that has no capacity yet, best predicted first."""
+        eligible = [c for c in self.candidates.values()
+                    if c.key not in self.capacity and self._evaluation(c).eligible]
+        eligible.sort(key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances, self.slo_ms))
+        best = max(self.capacity.values(), default=0.0)
+        for candidate in eligible:
+            if self.profile.capacity_bound(candidate.max_batch_size, candidate.instances) < best:
+                self.capacity[candidate.key] = self.rates["headroom"]
+                self.capacity_notes[candidate.key] = "ladder skipped: capacity bound below the best measured"
+                continue
+            best = max(best, self.climb(candidate))
+
+    def climb(self, candidate: Candidate, max_steps: int = 8) -> float:
+        """Capacity of an eligible candidate: the ladder above peak x headroom until the SLO breaks."""
+        capacity = self.rates["headroom"]
+        rate = capacity * STEP
+        for _ in range(max_steps):
+            if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
+                self.capacity_notes[candidate.key] = "ladder stopped: time budget"
+                break
+            point = self.prober.point(candidate, "capacity", round(rate, 1))
+            if not point.meets_slo:
+                if point.measurement is not None and not point.measurement.valid:
+                    self.capacity_notes[candidate.key] = (f"client limit at {rate:.0f}/s: capacity is at "
+                                                          f"least {capacity:.0f}/s")
+                break
+            capacity = round(rate, 1)
+            rate *= STEP
+        self.capacity[candidate.key] = capacity
+        return capacity
+
+    def _finalists(self) -> tuple[Candidate | None, float, dict[str, str]]:
+        if not self.capacity:
+            return None, 0.0, {}
+        best = max(self.capacity.values())
+        finalists = [self.candidates[k] for k, cap in self.capacity.items() if cap * STEP > best * 1.001][:3]
+        runs: dict[str, list[Point]] = {c.key: [p for p in self.prober.points
+                                                if p.candidate == c.key and abs(p.rate - best) < 0.05]
+                                        for c in finalists}
+        if len(finalists) > 1:
+            for _ in range(2):
+                for candidate in finalists:  # interleaved, so a slow minute of the machine hits everyone
+                    if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
+                        runs[candidate.key].append(self.prober.point(candidate, "remeasure", best))
+                    elif "re-measure cut short: time budget" not in self.notes:
+                        self.notes.append("re-measure cut short: time budget")
+        noise = 0.0
+        for points in runs.values():
+            values = [p.p99_ms for p in points if p.measurement is not None and p.measurement.valid]
+            if len(values) > 1 and min(values) < float("inf"):
+                noise = max(noise, (max(values) - min(values)) / (sum(values) / len(values)))
+        confirmed = {c.key: (best if runs[c.key] and all(p.meets_slo for p in runs[c.key]) else
+                             (self.capacity[c.key] if self.capacity[c.key] < best else best / STEP))
+                     for c in finalists}
+        for key, capacity in confirmed.items():
+            self.capacity[key] = round(capacity, 1)
+        top = max(confirmed.values())
+        group = [c for c in finalists if confirmed[c.key] >= top * 0.999]
+
+        def mean_p99(c: Candidate) -> float:
+            values = [p.p99_ms for p in runs[c.key]]
+            return sum(values) / len(values) if values else float("inf")
+
+        simplest = min(group, key=_simplicity)
+        fastest = min(group, key=mean_p99)
+        chosen = simplest
+        why = f"simplest of {len(group)} candidate(s) tied at {top:.0f}/s within noise {noise:.0%}"
+        if fastest is not simplest and mean_p99(simplest) - mean_p99(fastest) > noise * mean_p99(simplest):
+            chosen = fastest
+            why = (f"p99 {mean_p99(fastest):.1f} ms vs {mean_p99(simplest):.1f} ms at {top:.0f}/s, "
+                   f"a difference beyond the measured noise {noise:.0%}")
+        return chosen, noise, self._evidence(chosen, top, why)
+
+    def _evidence(self, chosen: Candidate, capacity: float, why: str) -> dict[str, str]:
+        p = self.profile
+        evidence = {
+            "rule": ("highest capacity (largest measured rate with p99 within the SLO) among candidates that met "
+                     f"the SLO at low ({self.rates['low']:.0f}/s), peak ({self.rates['peak']:.0f}/s) and "
+                     f"peak x headroom ({self.rates['headroom']:.0f}/s); ties within measured noise go to the "
+                     "simplest"),
+            "choice": f"{chosen.label}: capacity {capacity:.0f}/s; {why}",
+            "max_batch_size": (f"{chosen.max_batch_size}: execution {p.exec_at(chosen.max_batch_size):.2f} ms for a "
+                               f"full batch ({p.per_request_ms(chosen.max_batch_size):.2f} ms per request vs "
+                               f"{p.per_request_ms(1):.2f} ms alone)"),
+            "instance_count": f"{chosen.instances}: measured capacities "
+                              + ", ".join(f"{k} {v:.0f}/s" for k, v in sorted(self.capacity.items())),
+        }
+        low = self._level_point(chosen, "low")
+        low_text = f"low-traffic p99 {low.p99_ms:.1f} ms" if low else "low-traffic p99 not measured"
+        evidence["max_queue_delay_microseconds"] = f"{chosen.delay_us}: {low_text} against the SLO {self.slo_ms:g} ms"
+        evidence["preferred_batch_size"] = (f"{list(chosen.preferred)}: cost per request still drops there"
+                                            if chosen.preferred else "none: the batcher takes what is queued")
+        return evidence
+
+    def _evaluation(self, candidate: Candidate) -> Evaluation:
+        levels = {level: self._level_point(candidate, level) for level in LEVELS}
+        evaluation = Evaluation(candidate, levels, None)
+        if evaluation.eligible:
+            return Evaluation(candidate, levels, self.capacity.get(candidate.key, self.rates["headroom"]),
+                              self.capacity_notes.get(candidate.key, ""))
+        return evaluation

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole suite, as CI runs it: tests that measure time (marked `serial` in
+# tests/conftest.py) one at a time; every other test two at a time (pytest-xdist, one module per worker, the modules
+# with vLLM engines together on one).
+# The longest modules start first (tests/conftest.py, LONGEST_FIRST).
+# `pytest -q` alone runs the same tests one after the other; `pytest -m fast` the ones that start no server.
+# Each pass lists its slowest tests: the whole run must stay within CI's 40 minutes.
+#
+# A pass whose every failure came with the death of the tritonserver it used (a crash, SIGSEGV and the like;
+# the failure's report holds the server's last log lines and the kernel's line) runs those tests once more,
+# one at a time, and prints which ones. Any other failure fails the run as it is.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+status=0
+failures=$(mktemp)
+trap 'rm -f "$failures"' EXIT
+export TEST_FAILURES_FILE="$failures"
+
+run_pass() {
+    : > "$failures"
+    local code=0
+    .venv/bin/python -m pytest "$@" || code=$?
+    if [ "$code" -eq 1 ] && [ -s "$failures" ] && ! grep -qv '^crash ' "$failures"; then
+        mapfile -t crashed < <(sed 's/^crash //' "$failures" | sort -u)
+        echo "scripts/test.sh: ${#crashed[@]} test(s) failed where the tritonserver they used had died (reports above); running them once more:"
+        printf '  %s\n' "${crashed[@]}"
+        code=0
+        .venv/bin/python -m pytest -q "${crashed[@]}" || code=$?
+    fi
+    return "$code"
+}
+
+run_pass -q -m "not serial" -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@" || status=$?
+run_pass -q -m serial --durations=25 "$@" || status=$?
+exit "$status"
