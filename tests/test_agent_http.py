@@ -16,6 +16,7 @@ import statistics
 import struct
 import threading
 import time
+from pathlib import Path
 
 import rollout_models as rm
 from agent_helpers import AgentProcess
@@ -71,6 +72,30 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def accepted_sockets(pid: int, port: int) -> int:
+    """The connections to ``port`` that process ``pid`` holds a descriptor of (what it accepted and has not
+    closed): the kernel's own count, whatever else the process has open. Connections still in the listen
+    queue have no descriptor and are not counted."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] != "0A":  # 0A: the listening socket
+                inodes.add(fields[9])
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        held += target.startswith("socket:[") and target[8:-1] in inodes
+    return held
+
+
 def closed_by_peer(sock: socket.socket) -> bool:
     sock.settimeout(0.01)
     try:
@@ -85,7 +110,9 @@ def test_the_endpoint_is_read_only_bounded_and_stops_quietly(tmp_path, capfd):
     """A real Agent (folder store, not started: its status is `starting`) behind a small AgentHTTP."""
     agent = Agent(AgentOptions(store=str(tmp_path / "store"), env="production", repository=tmp_path / "repo",
                                cache=tmp_path / "cache", url="http://127.0.0.1:9"), Settings())
-    http = AgentHTTP(agent, "127.0.0.1:0", max_connections=8, head_timeout_s=0.5)
+    # a head timeout of 3 s: the 40 connections below are all opened well within it, so the cap (not the
+    # timeout) is what closes the oldest ones, even on a busy machine
+    http = AgentHTTP(agent, "127.0.0.1:0", max_connections=8, head_timeout_s=3.0)
     http.start()
     port = int(http.address.rsplit(":", 1)[1])
     try:
@@ -106,7 +133,11 @@ def test_the_endpoint_is_read_only_bounded_and_stops_quietly(tmp_path, capfd):
         assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
         held = half_open(port, 40)  # five times the cap: the oldest unfinished ones make room
         assert probe(port, "/healthz")[0] == 200 and http.evicted >= 30 and http.open_connections <= 8
-        time.sleep(1.5)  # past the head timeout: the server closed the rest itself
+        # exactly bounded, as the kernel counts this process's accepted sockets: the cap, plus one waiting for a slot
+        assert accepted_sockets(os.getpid(), port) <= 8 + 1
+        deadline = time.monotonic() + 60  # past the head timeout the server closes the rest itself (a hang detector)
+        while not all(closed_by_peer(sock) for sock in held) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert all(closed_by_peer(sock) for sock in held)
         held = half_open(port, 8)
     finally:
@@ -179,10 +210,10 @@ def test_slowloris_leaves_readyz_answering_bounded_sockets_no_tracebacks_and_the
             churner = threading.Thread(target=churn, daemon=True)
             churner.start()
             try:
-                probes = []
+                probes, counted = [], []
                 for _ in range(40):
                     probes.append(probe(agent.port))
-                    time.sleep(0.05)
+                    counted.append(accepted_sockets(agent.process.pid, agent.port))
                 peak_fds = open_fds(agent.process.pid)
             finally:
                 stop.set()
@@ -192,10 +223,11 @@ def test_slowloris_leaves_readyz_answering_bounded_sockets_no_tracebacks_and_the
             print(f"\n/readyz on loopback: quiet median {statistics.median(quiet) * 1000:.1f} ms; under "
                   f"{len(held)} half-open connections: median {statistics.median(seconds) * 1000:.1f} ms, "
                   f"p95 {seconds[int(len(seconds) * 0.95)] * 1000:.1f} ms, max {seconds[-1] * 1000:.1f} ms; "
-                  f"agent fds {baseline_fds} -> {peak_fds} (cap "
+                  f"agent fds {baseline_fds} -> {peak_fds}, accepted sockets at most {max(counted)} (cap "
                   f"{MAX_CONNECTIONS})")
-            assert seconds[-1] < 5.0  # generous: the kubelet's timeout here is 1 s, the aim under 100 ms
-            assert peak_fds < baseline_fds + MAX_CONNECTIONS + 200, "the connection cap did not hold"
+            # (a probe not answered within its 10 s socket timeout fails above: the hang detector; times are printed)
+            # the cap holds exactly: the agent's accepted sockets, as the kernel counts them, at 40 moments of the churn
+            assert max(counted) <= MAX_CONNECTIONS + 1, ("the connection cap did not hold", counted)
             # the agent keeps following its pointer while the connections are still held
             store.update_env("production", {"m": 2})
             agent.wait_serving({"m": 2})

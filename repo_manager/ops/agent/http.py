@@ -6,10 +6,12 @@ open (the test sends 3,000 half-open ones). Bounds that keep it so:
 
 - a connection must deliver its whole request head within ``HEAD_TIMEOUT_S`` and in at most
   ``MAX_HEAD_BYTES``, and take its answer within ``WRITE_TIMEOUT_S``; otherwise it is closed;
-- at most ``MAX_CONNECTIONS`` are open at once: a new one beyond that closes the oldest connection still
-  sending its request (a fresh probe, which sends its request at once, always gets in). Sockets accepted
-  but not yet counted, or closed but not yet freed, add at most a few ``ACCEPT_BATCH`` (asyncio accepts up
-  to its ``backlog`` sockets per wakeup, so that is kept small while the kernel's queue stays long);
+- at most ``MAX_CONNECTIONS`` sockets are open at once, counted from accept until the kernel has freed
+  them: one beyond that closes the oldest connection still sending its request, and is set up only once
+  that socket is closed (a fresh probe, which sends its request at once, always gets in); when every slot
+  is answering, the new one is closed at once. Connections are accepted one at a time by trm's own loop,
+  so the process holds at most ``MAX_CONNECTIONS`` + 1 of them (the one waiting for a slot); the rest
+  wait in the kernel's listen queue;
 - a peer that resets or goes away mid-answer is simply closed: nothing is logged per connection.
 
 Handlers only read the agent's status snapshot (a copy under a short lock), so a scrape never waits for
@@ -37,8 +39,9 @@ HEAD_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 8192
 MAX_CONNECTIONS = 256
-ACCEPT_BATCH = 16
 LISTEN_BACKLOG = 1024
+ACCEPT_RETRY_S = 0.1
+"""After an accept the kernel refused (out of file descriptors): the pause before the next."""
 ENDPOINTS = b"endpoints: /healthz /readyz /status /metrics\n"
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
@@ -65,9 +68,12 @@ class AgentHTTP:
         except OSError as exc:
             raise UsageError(f"cannot listen on {listen}: {exc.strerror}", hint="pick another --listen") from exc
         self._loop = asyncio.new_event_loop()
-        self._server: asyncio.base_events.Server | None = None
+        self._acceptor: asyncio.Task | None = None
         self._open: OrderedDict[asyncio.StreamWriter, bool] = OrderedDict()
-        """Open connections, oldest first; the value: True once the request head is in (answering)."""
+        """Connections set up, oldest first; the value: True once the request head is in (answering)."""
+        self._sockets = 0
+        """Accepted sockets the kernel has not freed yet (set up or not): never more than max_connections."""
+        self._freed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self.evicted = 0
@@ -95,9 +101,7 @@ class AgentHTTP:
 
     async def _shutdown(self) -> None:
         """End every open connection (quietly: its task sees the reset and returns), stop accepting, stop.
-
-        The listening socket closes last: asyncio drops (without closing) a connection it accepted but had
-        not yet set up when its server closed, so until then new ones are set up and reset on arrival."""
+        Connections accepted meanwhile are closed on arrival; the listening socket closes last."""
         self._closing = True
         deadline, quiet_rounds = self._loop.time() + WRITE_TIMEOUT_S, 0
         while self._loop.time() < deadline and quiet_rounds < 3:
@@ -109,42 +113,59 @@ class AgentHTTP:
             for writer in list(self._open):
                 writer.transport.abort()  # (not task.cancel(): asyncio's stream callback would log each one)
             await asyncio.wait(list(self._tasks), timeout=0.5)
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.cancel()
+            await asyncio.wait([self._acceptor], timeout=1.0)
         self._loop.stop()
 
     # ------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        # asyncio's backlog is also how many sockets it accepts per wakeup: a small batch keeps the sockets
-        # outside the count few; it also re-listens with that backlog, so the kernel's queue is set back after
-        self._server = self._loop.run_until_complete(asyncio.start_server(
-            self._connection, sock=self._socket, limit=MAX_HEAD_BYTES, backlog=ACCEPT_BATCH))
-        self._socket.listen(LISTEN_BACKLOG)
+        self._socket.setblocking(False)
+        self._acceptor = self._loop.create_task(self._accept_loop())
         self._started.set()
         try:
             self._loop.run_forever()
         finally:
             self._loop.close()
 
-    def _admit(self, writer: asyncio.StreamWriter) -> bool:
-        if len(self._open) >= self.max_connections:
+    async def _accept_loop(self) -> None:
+        """Accept one connection at a time, each only once a socket slot is free (see the module's doc)."""
+        while True:
+            try:
+                sock, _ = await self._loop.sock_accept(self._socket)
+            except OSError:  # out of file descriptors, or a connection reset while queued: the next one
+                await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
+            if self._closing or not await self._free_a_slot():
+                sock.close()
+                continue
+            self._sockets += 1
+            task = self._loop.create_task(self._connection(sock))
+            self._tasks.add(task)
+
+    async def _free_a_slot(self) -> bool:
+        """Make room for one more socket: close the oldest connection still sending its request and wait until
+        the kernel has freed it. False when every connection is being answered (the new one is refused)."""
+        while self._sockets >= self.max_connections:
             oldest_reading = next((w for w, answering in self._open.items() if not answering), None)
             if oldest_reading is None:
-                return False  # every slot is answering a request: this one waits for the next try
-            oldest_reading.transport.abort()
-            self._open.pop(oldest_reading, None)
+                return False
+            self._open.pop(oldest_reading)
             self.evicted += 1
-        self._open[writer] = False
+            self._freed.clear()
+            oldest_reading.transport.abort()
+            await self._freed.wait()
         return True
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._closing or not self._admit(writer):
-            writer.transport.abort()
-            return
+    async def _connection(self, sock: socket.socket) -> None:
         task = asyncio.current_task()
-        self._tasks.add(task)
+        writer: asyncio.StreamWriter | None = None
         try:
+            reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_HEAD_BYTES)
+            self._open[writer] = False
+            if self._closing:
+                return
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.head_timeout_s)
             except asyncio.LimitOverrunError:
@@ -160,9 +181,23 @@ class AgentHTTP:
         except (TimeoutError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # a slow, silent or vanished peer: closed below, nothing worth a log line
         finally:
+            await self._close(sock, writer)
             self._tasks.discard(task)
-            self._open.pop(writer, None)
-            writer.close()
+
+    async def _close(self, sock: socket.socket, writer: asyncio.StreamWriter | None) -> None:
+        """Close one connection and count its socket as freed once the kernel has it back."""
+        try:
+            if writer is None:
+                sock.close()
+            else:
+                self._open.pop(writer, None)
+                writer.close()
+                await writer.wait_closed()  # resolves once the transport has closed the socket
+        except (ConnectionError, OSError):
+            pass  # reset by the peer: closed all the same
+        finally:
+            self._sockets -= 1
+            self._freed.set()
 
     def _answer(self, head: bytes) -> tuple[int, bytes, str, bool]:
         """(status, body, content type, HEAD) for one request head."""
