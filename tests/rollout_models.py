@@ -30,6 +30,7 @@ FACTOR = {factor}
 DELAY_S = {delay}
 FAIL_LOAD = {fail_load}
 FAIL_NEGATIVE = {fail_negative}
+MARKER = {marker!r}
 IN, OUT = "{input}", "{output}"
 
 
@@ -40,6 +41,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = []
+        if MARKER:  # a test waits for this: a request is being executed
+            open(MARKER, "w").close()
         if DELAY_S:
             time.sleep(DELAY_S)
         for request in requests:
@@ -69,11 +72,11 @@ def _python_config(name: str, input_name: str, output_name: str, tag_output: str
 def _stage_python(repo, name: str, tag: int, *, factor: float = 2.0, delay: float = 0.0,
                   fail_load: bool = False, fail_negative: bool = False, input_name: str = "X",
                   output_name: str = "Y", tag_output: str = "TAG", max_batch_size: int = 8,
-                  instances: int = 1) -> Staged:
+                  instances: int = 1, marker: str = "") -> Staged:
     staging = repo.stage(name)
     (staging / "model.py").write_text(MODEL_PY.format(
         tag=tag, factor=factor, delay=delay, fail_load=fail_load, fail_negative=fail_negative,
-        input=input_name, output=output_name, tag_output=tag_output))
+        input=input_name, output=output_name, tag_output=tag_output, marker=marker))
     config = _python_config(name, input_name, output_name, tag_output, max_batch_size, instances)
     return Staged(name, staging, config, {"kind": "test", "tag": tag})
 
@@ -86,8 +89,10 @@ def tagged(repo_root: Path, name: str, tag: int, **behaviour) -> int:
     return result.version
 
 
-def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2.0, pre_delay: float = 0.005) -> int:
-    """Publish the next versions of ``pre``, ``post`` and the ensemble ``name`` pinning them.
+def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2.0, pre_delay: float = 0.005,
+             pre_marker: str = "") -> int:
+    """Publish the next versions of ``pre``, ``post`` and the ensemble ``name`` pinning them (``pre_marker``: a
+    file ``pre`` creates when it starts executing a request).
 
     The pipeline computes ``Y = X * factor``; a factor other than 2 is a version that answers wrongly.
     """
@@ -95,7 +100,7 @@ def ensemble(repo_root: Path, tag: int, *, name: str = "pipe", factor: float = 2
 
     def build(repo, _name: str) -> list[Staged]:
         pre = _stage_python(repo, "pre", tag, output_name="MID", tag_output="PRE_TAG", delay=pre_delay,
-                            factor=factor)
+                            factor=factor, marker=pre_marker)
         post = _stage_python(repo, "post", tag, input_name="MID", output_name="Y", tag_output="POST_TAG",
                              factor=1.0)
         config = cfg.ModelConfig(name=name, platform="ensemble", max_batch_size=8)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -297,8 +298,8 @@ def test_serve_stop_lets_an_ensemble_request_in_flight_finish(tmp_path):
     the second step's model until the ensemble's in-flight requests are done, although trm unloads all."""
     import rollout_models as rm
 
-    repo = tmp_path / "repo"
-    rm.ensemble(repo, 1, pre_delay=3.0)
+    repo, executing = tmp_path / "repo", tmp_path / "pre-executing"
+    rm.ensemble(repo, 1, pre_delay=3.0, pre_marker=str(executing))
     proc = serve(repo, tmp_path)
     answers: list = []
     try:
@@ -310,7 +311,7 @@ def test_serve_stop_lets_an_ensemble_request_in_flight_finish(tmp_path):
 
         sender = threading.Thread(target=request)
         sender.start()
-        time.sleep(1.0)  # the request is in `pre` (3 s) when the stop begins
+        wait_for(executing.exists, "the request to reach the ensemble's first step")  # in `pre` (3 s) now
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
         sender.join(30)
@@ -504,7 +505,6 @@ def test_the_shared_memory_a_sigkilled_server_left_is_freed_by_the_next_server(t
     assert all(Path(p).exists() for p in left)  # what the kernel's kill leaves
     other = tmp_path / "other"
     slow_model(other)
-    time.sleep(engines.SEGMENT_MIN_AGE_S + 0.5)
     with TritonServer(other) as server, TritonClient(server.url) as client:
         client.load("slow")
         running = _backend_segments({server.pid: ("", "")} | descendants(server.pid))
@@ -512,6 +512,34 @@ def test_the_shared_memory_a_sigkilled_server_left_is_freed_by_the_next_server(t
         assert not [p for p in left if Path(p).exists()]
         engines.free_dead_backend_segments()  # a running server's regions are mapped: kept
         assert all(Path(p).exists() for p in running)
+
+
+def test_a_backend_region_is_freed_only_when_no_process_maps_it_or_holds_it_open(tmp_path):
+    """The rule itself, on regions of the backends' name made here: one mapped by a live process is kept, one
+    only held open (a server between creating its region and mapping it) is kept, and one nobody uses is
+    unlinked at once, however recently it was written; once its holders are gone, the next call frees them."""
+    from repo_manager.adapters import engines
+
+    names = [f"triton_python_backend_shm_region_{uuid.uuid4()}" for _ in range(3)]
+    mapped, held, orphan = (Path("/dev/shm") / name for name in names)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nf = open(sys.argv[1], 'w')\n"
+                               "print('open', flush=True)\ntime.sleep(300)\n", str(held)],
+                              stdout=subprocess.PIPE, text=True)
+    mapper = None
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        mapper = _mapping_process(mapped)
+        orphan.write_bytes(b"x" * 4096)  # written an instant ago
+        freed = engines.free_dead_backend_segments()
+        assert str(orphan) in freed and not orphan.exists()
+        assert mapped.exists() and held.exists() and str(mapped) not in freed and str(held) not in freed
+    finally:
+        for process in (holder, mapper):
+            if process is not None:
+                process.kill()
+                process.wait()
+    freed = engines.free_dead_backend_segments()
+    assert {str(mapped), str(held)} <= set(freed) and not mapped.exists() and not held.exists()
 
 
 def _mapping_process(segment: Path) -> subprocess.Popen:
@@ -718,7 +746,9 @@ def test_a_load_longer_than_the_clients_call_timeout_is_waited_for_and_one_past_
     with TritonClient(triton.url, timeout_s=1.0) as client:
         started = time.monotonic()
         client.load("slowload", config, files)
-        assert time.monotonic() - started >= 3.0 and client.is_model_ready("slowload")
+        assert time.monotonic() - started >= 3.0  # a lower bound: the model's own 3 s sleep
+    with TritonClient(triton.url) as client:  # (the next calls need no 1 s bound, which a busy server can miss)
+        assert client.is_model_ready("slowload")
         client.unload("slowload")
     config.name = "slowload_bounded"
     with TritonClient(triton.url, timeout_s=1.0, load_timeout_s=1.0) as bounded, \

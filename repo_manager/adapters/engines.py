@@ -15,7 +15,8 @@ unlinks the segments; a SIGKILL does neither. trm covers both halves:
 
 The same holds for Triton's own Python-based backends (python, and trm's onnxruntime and vllm): each model
 instance's stub talks to tritonserver through a ``triton_<backend>_backend_shm_region_<uuid>`` segment that
-only a clean shutdown unlinks. ``free_dead_backend_segments`` unlinks those no live process maps.
+only a clean shutdown unlinks. ``free_dead_backend_segments`` unlinks those no live process maps or
+holds open.
 """
 
 from __future__ import annotations
@@ -104,36 +105,47 @@ def _descendants(pid: int) -> list[int]:
 
 
 BACKEND_SEGMENT = re.compile(r"^triton_[A-Za-z0-9_]+_backend_shm_region_[0-9a-f-]+$")
-SEGMENT_MIN_AGE_S = 5.0  # never one just created: the server maps it at once, but not in the same instant
 
 
 def free_dead_backend_segments(shm: Path = Path("/dev/shm")) -> list[str]:
     """Unlink the Python-based backends' shared-memory regions of servers that died without cleaning up
-    (a SIGKILLed tritonserver leaves one per model instance). Only segments of this user, older than
-    ``SEGMENT_MIN_AGE_S``, that no process maps; and nothing at all if the mappings of a Triton process
-    of this user could not be read (a segment it maps would look unused)."""
-    mapped, complete = _mapped_segments_of_user()
+    (a SIGKILLed tritonserver leaves one per model instance): segments of this user that no live process
+    maps or holds open; nothing at all if a Triton process of this user could not be read (a segment it
+    uses would look unused).
+
+    The segments are listed before the processes are read, so one created meanwhile is not a candidate; one
+    listed is already open in the process creating it (Triton's python backend keeps the descriptor for the
+    region's lifetime, beside the mapping), so its age does not matter."""
+    candidates = []
+    for path in shm.iterdir() if shm.is_dir() else ():
+        try:
+            if BACKEND_SEGMENT.match(path.name) and path.lstat().st_uid == os.getuid():
+                candidates.append(str(path))
+        except OSError:
+            continue  # unlinked meanwhile
+    if not candidates:
+        return []
+    used, complete = _shm_in_use_by_user(open_files=False)
+    unused = [path for path in candidates if path not in used]
+    if complete and unused:  # the descriptors too, only where a mapping did not already tell
+        used, complete = _shm_in_use_by_user(open_files=True)
+        unused = [path for path in unused if path not in used]
     if not complete:
         return []
     freed = []
-    now = time.time()
-    for path in shm.iterdir() if shm.is_dir() else ():
-        if not BACKEND_SEGMENT.match(path.name) or str(path) in mapped:
-            continue
+    for path in unused:
         try:
-            info = path.lstat()
-            if info.st_uid != os.getuid() or now - info.st_mtime < SEGMENT_MIN_AGE_S:
-                continue
-            path.unlink()
-            freed.append(str(path))
+            Path(path).unlink()
+            freed.append(path)
         except OSError:
             continue
     return freed
 
 
-def _mapped_segments_of_user() -> tuple[set[str], bool]:
-    """/dev/shm paths mapped by live processes, and whether every Triton process of this user could be read."""
-    mapped: set[str] = set()
+def _shm_in_use_by_user(*, open_files: bool) -> tuple[set[str], bool]:
+    """/dev/shm paths mapped (or, with ``open_files``, held open) by live processes, and whether every Triton
+    process of this user could be read."""
+    used: set[str] = set()
     complete = True
     uid = os.getuid()
     for entry in Path("/proc").iterdir():
@@ -141,24 +153,33 @@ def _mapped_segments_of_user() -> tuple[set[str], bool]:
             continue
         try:
             owner = entry.stat().st_uid
-            with open(entry / "maps") as handle:
-                for line in handle:
-                    if "/dev/shm/" in line:
-                        mapped.add(line[line.index("/dev/shm/"):].strip().removesuffix(" (deleted)"))
+            if open_files:
+                for fd in os.listdir(entry / "fd"):
+                    try:
+                        target = os.readlink(entry / "fd" / fd)
+                    except OSError:
+                        continue  # closed meanwhile
+                    if target.startswith("/dev/shm/"):
+                        used.add(target.removesuffix(" (deleted)"))
+            else:
+                with open(entry / "maps") as handle:
+                    for line in handle:
+                        if "/dev/shm/" in line:
+                            used.add(line[line.index("/dev/shm/"):].strip().removesuffix(" (deleted)"))
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited meanwhile
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EPERM):
-                continue  # exiting while read (ESRCH and the like): it maps nothing any more
-            # a process whose mappings cannot be read (pid 1 of a sandbox, say): only a Triton process
-            # (tritonserver or a stub: the name says it) could map a backend region
+                continue  # exiting while read (ESRCH and the like): it uses nothing any more
+            # a process that cannot be read (pid 1 of a sandbox, say): only a Triton process (tritonserver or a
+            # stub: the name says it) could use a backend region
             try:
                 name = (entry / "comm").read_text()
             except OSError:
                 continue  # gone meanwhile
             if (uid == 0 or owner == uid) and name.startswith("triton"):
                 complete = False
-    return mapped, complete
+    return used, complete
 
 
 @dataclass(frozen=True)
@@ -225,7 +246,7 @@ def free_stale_engines(folder: Path | None = None) -> dict[str, list]:
     deadline = time.monotonic() + KILL_WAIT_S
     while any(alive(pid, start) for pid, start in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
-    in_use, _ = _mapped_segments_of_user()
+    in_use, _ = _shm_in_use_by_user(open_files=False)
     for record in records:
         kept = False
         for segment in record.segments:
