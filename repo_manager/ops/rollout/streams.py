@@ -99,7 +99,9 @@ class Drained:
 
 def wait_drained(metrics_url: str, model: str, versions: tuple[int, ...], timeout_s: float,
                  *, poll_s: float = 0.25) -> Drained:
-    """Until the engines of ``versions`` have had no request for QUIET_S, or ``timeout_s``."""
+    """Until the engines of ``versions`` have had no request for QUIET_S, or ``timeout_s``. The gauges not
+    readable at the start: no wait (left None); a reading that fails later: the last one stands, and the
+    wait goes on."""
     started = time.monotonic()
     first = count = in_flight(metrics_url, model, versions)
     if count is None:
@@ -116,6 +118,10 @@ def wait_drained(metrics_url: str, model: str, versions: tuple[int, ...], timeou
         if now - started >= timeout_s:
             return Drained(now - started, count, first)
         time.sleep(poll_s)
-        count = in_flight(metrics_url, model, versions)
-        if count is None:  # the endpoint went away: nothing more to learn
-            return Drained(time.monotonic() - started, None, first)
+        # a read that fails once the wait has begun (a slow scrape on a busy node) keeps the last count and is
+        # tried again until the timeout: ending the drain there would unload under streams still in flight
+        latest = in_flight(metrics_url, model, versions)
+        if latest is None:
+            quiet_since = None  # a quiet spell is only counted on readings
+        else:
+            count = latest
