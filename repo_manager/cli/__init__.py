@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -240,27 +241,37 @@ def complete_envs(ctx: click.Context, _param: click.Parameter, incomplete: str) 
 
 COMPLETION_STORE_TIMEOUT_S = 1.0
 """How long env-name completion waits for the store (each connect and read, and the look-up as a whole);
-a store that does not answer in time completes the names of the settings only."""
+a store that does not answer in time completes the names of the settings only. ``TRM_COMPLETION_TIMEOUT_S``
+sets another (a store far away, or a busy machine)."""
+
+
+def _completion_timeout_s() -> float:
+    try:
+        value = float(os.environ.get("TRM_COMPLETION_TIMEOUT_S", COMPLETION_STORE_TIMEOUT_S))
+    except ValueError:  # completion must never break the shell: a bad value is the default
+        return COMPLETION_STORE_TIMEOUT_S
+    return value if value > 0 else COMPLETION_STORE_TIMEOUT_S
 
 
 def _store_envs(location: str, settings: Settings) -> list[str]:
     """The store's environment names, or none when it fails or does not answer within
-    COMPLETION_STORE_TIMEOUT_S. The short client timeouts bound the network; the thread also bounds what they
-    cannot (name resolution, the credential chain, a folder store on a hung mount): it is left behind, a
-    daemon, when the shell's answer is printed and the process exits."""
+    COMPLETION_STORE_TIMEOUT_S (or TRM_COMPLETION_TIMEOUT_S). The short client timeouts bound the network; the
+    thread also bounds what they cannot (name resolution, the credential chain, a folder store on a hung
+    mount): it is left behind, a daemon, when the shell's answer is printed and the process exits."""
     found: list[str] = []
+    timeout_s = _completion_timeout_s()
 
     def look_up() -> None:
         try:
             from repo_manager.adapters.storage import open_store  # noqa: PLC0415
 
-            found.extend(open_store(location, settings, timeout_s=COMPLETION_STORE_TIMEOUT_S).list_envs())
+            found.extend(open_store(location, settings, timeout_s=timeout_s).list_envs())
         except Exception:  # noqa: BLE001 - an unreachable store still completes the configured names
             pass
 
     worker = threading.Thread(target=look_up, name="trm-complete-envs", daemon=True)
     worker.start()
-    worker.join(COMPLETION_STORE_TIMEOUT_S + 0.5)
+    worker.join(timeout_s + 0.5)
     return list(found) if not worker.is_alive() else []
 
 
