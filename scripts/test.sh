@@ -4,7 +4,8 @@
 # with vLLM engines together on one).
 # The longest modules start first (tests/conftest.py, LONGEST_FIRST).
 # `pytest -q` alone runs the same tests one after the other; `pytest -m fast` the ones that start no server.
-# Each pass lists its slowest tests: the whole run must stay within CI's 40 minutes.
+# Each pass lists its 30 slowest tests and a reason per failure, and keeps a JUnit XML report in test-results/;
+# a failed test that used a tritonserver shows the end of that server's log. The whole CI run aims at 25 minutes.
 #
 # A pass whose every failure came with the death of the tritonserver it used (a crash, SIGSEGV and the like;
 # the failure's report holds the server's last log lines and the kernel's line) runs those tests once more,
@@ -30,6 +31,9 @@ run_pass() {
     return "$code"
 }
 
-run_pass -q -m "not serial" -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@" || status=$?
-run_pass -q -m serial --durations=25 "$@" || status=$?
+# each pass: a line per failure or error with its reason (-rfE), its 30 slowest tests, a JUnit XML report
+mkdir -p test-results
+run_pass -q -rfE -m "not serial" -n 2 --dist loadfile --no-loadscope-reorder --durations=30 \
+    --junitxml=test-results/two-at-a-time.xml "$@" || status=$?
+run_pass -q -rfE -m serial --durations=30 --junitxml=test-results/one-at-a-time.xml "$@" || status=$?
 exit "$status"

@@ -72,9 +72,19 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
-FAST = {"test_bad_arguments.py", "test_config.py", "test_credentials.py", "test_hostile_documents.py", "test_layers.py",
+FAST = {"test_bad_arguments.py", "test_config.py", "test_credentials.py", "test_drain_wait.py",
+        "test_hostile_documents.py", "test_layers.py",
         "test_llm_plan.py", "test_mistyped_names.py", "test_path_safety.py", "test_settings.py"}
 """Modules whose tests start no server (``-m fast``: about a minute on this machine)."""
+
+
+try:  # property tests: the same examples on every run, and no deadline a busy machine could miss
+    from hypothesis import settings as _hypothesis
+
+    _hypothesis.register_profile("trm", deadline=None, derandomize=True, database=None)
+    _hypothesis.load_profile("trm")
+except ImportError:  # hypothesis is a test extra; the modules that use it need it anyway
+    pass
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -112,6 +122,9 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 """The tritonservers the tests started and have not stopped."""
 _DEATHS: list[str] = []
 """The deaths seen since the last test report: how each server that died by itself ended, and its log's end."""
+_STOPPED_LOGS: list[str] = []
+"""The last lines of the logs of the servers stopped since the last test report (a stop removes the log)."""
+LOG_LINES = 40
 
 
 def _death_report(server: TritonServer) -> str | None:
@@ -149,6 +162,10 @@ def _server_deaths_are_reported():
     def stop_and_note(self, *args, **kwargs):
         _note_death(self)
         _LIVE.discard(self)
+        try:
+            _STOPPED_LOGS.append(f"tritonserver at {self.url}, stopped:\n{self.log_tail(LOG_LINES)}")
+        except Exception:  # noqa: BLE001 - a server that never started has no log: nothing to keep
+            pass
         return stop(self, *args, **kwargs)
 
     TritonServer.start, TritonServer.stop = start_and_track, stop_and_note
@@ -176,10 +193,20 @@ def pytest_runtest_makereport(item, call):
         deaths = list(dict.fromkeys(_DEATHS + held))
         for text in deaths:
             report.sections.append(("tritonserver died", text))
+        # the servers this failure may involve: those still running, and those stopped during it
+        for server in list(_LIVE):
+            try:
+                report.sections.append(("tritonserver log", f"tritonserver at {server.url}, running:\n"
+                                                            f"{server.log_tail(LOG_LINES)}"))
+            except Exception:  # noqa: BLE001 - a log that cannot be read adds no section
+                pass
+        for text in _STOPPED_LOGS:
+            report.sections.append(("tritonserver log", text))
         if FAILURES_FILE:
             with open(FAILURES_FILE, "a", encoding="utf-8") as handle:
                 handle.write(f"{'crash' if deaths else 'fail'} {item.nodeid}\n")
     _DEATHS.clear()
+    _STOPPED_LOGS.clear()
 
 
 @pytest.fixture(scope="session")
