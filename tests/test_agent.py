@@ -95,15 +95,16 @@ def test_drain_lease_ignores_hostile_expiries_tolerates_skew_and_keeps_agents_ap
     assert DrainLease(store, "production", "taker", 1).try_acquire()
     DrainLease(store, "production", "taker", 1).release()
 
-    # a pod whose clock is 60 s behind: its fresh entry looks expired by this clock
-    write_holders(store, "skew", f'"behind": {{"pod": "behind", "expires": {time.time() - 60 + 1}, "ttl_s": 1}}')
+    # a pod whose clock is 60 s behind: its fresh entry looks expired by this clock (a TTL of 3 s: this test's
+    # own renewals, 0.4 s apart, stay far inside it even when a busy machine stalls the test for a second)
+    write_holders(store, "skew", f'"behind": {{"pod": "behind", "expires": {time.time() - 60 + 3}, "ttl_s": 3}}')
     other = DrainLease(store, "skew", "other", 1)
     assert not other.try_acquire() and other.holders() == ["behind"]
-    for _ in range(3):  # it renews (every third of its TTL): it keeps its slot
+    for _ in range(3):  # it renews: it keeps its slot
         time.sleep(0.4)
-        write_holders(store, "skew", f'"behind": {{"pod": "behind", "expires": {time.time() - 60 + 1}, "ttl_s": 1}}')
+        write_holders(store, "skew", f'"behind": {{"pod": "behind", "expires": {time.time() - 60 + 3}, "ttl_s": 3}}')
         assert not other.try_acquire()
-    time.sleep(1.2)  # it stopped renewing: gone once this pod saw it unchanged for its TTL
+    time.sleep(3.2)  # it stopped renewing: gone once this pod saw it unchanged for its TTL
     assert other.try_acquire()
     other.release()
 
@@ -113,12 +114,13 @@ def test_drain_lease_ignores_hostile_expiries_tolerates_skew_and_keeps_agents_ap
     assert first.try_acquire() and not second.try_acquire()
 
     # the heartbeat keeps a slot for a body longer than the TTL
-    held = DrainLease(store, "beat", "long-load", 1, ttl_s=1.5)
+    # (a TTL of 4 s, renewed every third of it: a stall of a second on a busy machine does not lose it)
+    held = DrainLease(store, "beat", "long-load", 1, ttl_s=4.0)
     waiter = DrainLease(store, "beat", "waiter", 1)
     lost: list[str] = []
     assert held.acquire(threading.Event())
     with held.held(lost.append):
-        deadline = time.monotonic() + 3.5  # over two TTLs
+        deadline = time.monotonic() + 8.5  # over two TTLs
         while time.monotonic() < deadline:
             assert not waiter.try_acquire()
             time.sleep(0.1)
@@ -220,9 +222,16 @@ class ReadyBalancer:
         self.threads = [threading.Thread(target=self._probe, daemon=True)] + [
             threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
 
+    def _readyz(self, agent) -> bool:
+        """As a kubelet sees it: a probe that cannot be read (a busy agent past the probe's timeout) is not ready."""
+        try:
+            return agent.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
     def _probe(self) -> None:
         while not self.stop.is_set():
-            ready = {pod for pod, agent in self.fleet.agents.items() if agent.get("/readyz")[0] == 200}
+            ready = {pod for pod, agent in self.fleet.agents.items() if self._readyz(agent)}
             unready = tuple(sorted(set(self.fleet.agents) - ready))
             self.most_unready = max(self.most_unready, len(unready))
             if unready and (not self.unready_samples or self.unready_samples[-1] != unready):
@@ -612,7 +621,11 @@ def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(
                            timeout_s=120)
             streams = threading.Thread(target=lambda: results.append(run_llm(Target("chat", server.url), load)))
             streams.start()
-            time.sleep(1.0)  # both streams running on version 1 (each lasts 15 s)
+            # both streams running on version 1 (each lasts 15 s), as the engine stand-in's own gauge says
+            deadline = time.monotonic() + 60  # a hang detector
+            while _running_streams(server.endpoints.metrics, "chat", "1") < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _running_streams(server.endpoints.metrics, "chat", "1") == 2
             open_store(location).update_env("production", {"chat": 2})
             agent.wait_serving({"chat": 2}, timeout=120)
             streams.join(timeout=120)
@@ -624,3 +637,15 @@ def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(
     assert set(result.answered_by) == {1}
     waited = [line for line in log.splitlines() if "waited for streams in flight" in line]
     assert waited and "2 stream(s) in flight finished" in waited[-1], log
+
+
+def _running_streams(metrics_url: str, model: str, version: str) -> float:
+    """``vllm:num_requests_running`` of one model version, from the server's /metrics (0 when not there yet)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{") and f'model="{model}"' in line and \
+                f'version="{version}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

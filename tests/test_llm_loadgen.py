@@ -2,13 +2,14 @@
 
 The model (tests/stream_model.py) speaks the official vLLM backend's interface and sleeps ``FIRST_MS``
 before its first token and ``NEXT_MS`` before each next one, so TTFT >= FIRST_MS and latency >=
-FIRST_MS + (tokens - 1) * NEXT_MS hold by construction; ITL is checked in a band and upper bounds are
-generous (a shared 2-core machine), never tight timing.
+FIRST_MS + (tokens - 1) * NEXT_MS hold by construction; upper bounds only detect a hang (a shared 2-core
+machine), and the definitions (TTFT, ITL, goodput) are checked on recorded streams.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from stream_model import stream_repository
@@ -41,23 +42,24 @@ def target(server, protocol: str) -> Target:
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_closed_loop_streams_report_ttft_itl_and_the_servers_token_counts(server, protocol):
     load = LLMLoad(concurrency=2, requests=6, warmup_requests=1, input_tokens=Lengths(5),
-                   output_tokens=Lengths(TOKENS), ttft_slo_ms=FIRST_MS + 2000, itl_slo_ms=1.0)
+                   output_tokens=Lengths(TOKENS), ttft_slo_ms=FIRST_MS / 2, itl_slo_ms=10_000)
     result = run_llm(target(server, protocol), load)
     assert (result.requests, result.completed, result.broken, result.failed) == (6, 6, 0, 0)
     assert result.token_counts == "server" and result.short == 0 and result.versions == {1: 6}
     # the stand-in reports one token per response and the prompt's words as input tokens
     assert result.output_tokens.min == result.output_tokens.max == TOKENS
     assert result.input_tokens.min == result.input_tokens.max == 5
-    assert result.ttft_ms.min >= FIRST_MS and result.ttft_ms.p50 < FIRST_MS + 500
+    assert result.ttft_ms.min >= FIRST_MS and result.ttft_ms.p50 < FIRST_MS + 10_000  # (a hang detector)
     assert result.latency_ms.min >= FIRST_MS + (TOKENS - 1) * NEXT_MS
-    # a first token read late by a busy client shortens that stream's ITL: a band, not a bound
-    assert NEXT_MS * 0.5 <= result.itl_ms.p50 < NEXT_MS + 100
+    # a first token read late by a busy client shortens that stream's ITL (the rest arrive in a burst): only
+    # the upper end is asserted, as a hang detector; ITL's definition is tested on recorded streams
+    assert 0 <= result.itl_ms.p50 < NEXT_MS + 10_000
     assert result.ttft_ms.p50 <= result.ttft_ms.p90 <= result.ttft_ms.p99 <= result.ttft_ms.max
     # a request takes at least FIRST_MS + (TOKENS - 1) * NEXT_MS: 2 streams at a time bound the throughput
     least_s = (FIRST_MS + (TOKENS - 1) * NEXT_MS) / 1000
     assert 0 < result.request_throughput <= 2 / least_s
     assert result.output_token_throughput == pytest.approx(result.request_throughput * TOKENS, rel=1e-3)
-    # ITL SLO of 1 ms: no stream of this model can meet it, the TTFT one every stream meets
+    # a TTFT SLO of half the stand-in's first-token sleep: no stream can meet it, whatever the machine does
     assert result.goodput == 0.0
     data = json.loads(json.dumps(result.to_dict()))
     assert data["ttft_ms"]["p99"] == result.ttft_ms.p99 and data["broken"] == 0 and data["versions"] == {"1": 6}
@@ -149,10 +151,37 @@ def test_grpc_streams_end_so_that_the_model_can_still_be_unloaded(tmp_path):
                          LLMLoad(concurrency=3, requests=30, input_tokens=Lengths(6), output_tokens=Lengths(8)))
         assert set(result.outcomes) == {"complete"}
         client.unload(MODEL)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a hang detector: the unload takes a second or two
         while time.monotonic() < deadline:
             states = {e.get("state") for e in client.repository_index() if e["name"] == MODEL}
             if not states & {"READY", "UNLOADING"}:
                 break
             time.sleep(0.2)
         assert not states & {"READY", "UNLOADING"}, states
+
+
+def test_ttft_itl_goodput_and_throughput_follow_genai_perfs_definitions_on_recorded_streams():
+    """summarize() on streams whose times are given (no server, no clock): TTFT = first - sent, ITL =
+    (latency - TTFT) / (output tokens - 1), goodput counts complete streams within both SLOs, a one-token
+    answer has no ITL to miss, a stream cut after a token is broken and one without any is failed."""
+    from repo_manager.adapters.loadgen.llm import VLLM, _Stream, make_requests, summarize
+
+    def stream(sent, first, done, tokens, final=True, error=None):
+        return _Stream(sent=sent, first=first, done=done, responses=tokens, output_tokens=tokens, server_counts=True,
+                       input_tokens=4, final=final, error=error, version=1)
+
+    records = [stream(0.0, 0.100, 0.190, 10),   # TTFT 100 ms, ITL 10 ms: within both SLOs
+               stream(0.0, 0.300, 0.390, 10),   # TTFT 300 ms: misses the TTFT SLO
+               stream(0.1, 0.150, 0.150, 1),    # one token: TTFT 50 ms, no ITL
+               stream(0.2, 0.250, 1.000, 4),    # ITL 250 ms: misses the ITL SLO
+               stream(0.2, 0.300, 0.500, 3, final=False, error="cut"),  # broken after tokens
+               stream(0.3, math.nan, 0.400, 0, final=False, error="refused")]  # failed before any
+    load = LLMLoad(concurrency=2, requests=6, input_tokens=Lengths(4), output_tokens=Lengths(10),
+                   ttft_slo_ms=200, itl_slo_ms=50)
+    result = summarize(Target(MODEL, "http://127.0.0.1:9"), load, VLLM, records, make_requests(load, 6))
+    assert (result.completed, result.broken, result.failed) == (4, 1, 1)
+    assert result.ttft.tolist()[:4] == pytest.approx([100.0, 300.0, 50.0, 50.0])
+    assert result.itl[:4][[0, 1, 3]].tolist() == pytest.approx([10.0, 10.0, 250.0]) and math.isnan(result.itl[2])
+    assert result.duration_s == pytest.approx(1.0)  # first send to last end
+    assert result.goodput == pytest.approx(2.0)  # the first and the one-token stream, over one second
+    assert result.output_token_throughput == pytest.approx(25.0) and result.request_throughput == pytest.approx(4.0)

@@ -38,7 +38,8 @@ def target(server, protocol: str = "http") -> Target:
 
 def measured(target_: Target, spec: LoadSpec):
     """A point, measured again once if the client fell behind (a stall of the shared 2-core machine; the
-    tuner's prober does the same). The second point must be valid."""
+    tuner's prober does the same). The second point must be valid: the tests that use it allow a send lag of
+    100 ms (p95), far above a quiet machine's but within a busy one's; lag detection has its own test."""
     point = measure(target_, spec)
     return point if point.valid else measure(target_, spec)
 
@@ -46,7 +47,7 @@ def measured(target_: Target, spec: LoadSpec):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_open_loop_point_measures_every_request_and_reads_server_statistics(server, protocol):
     load(server)
-    point = measured(target(server, protocol), LoadSpec(rate=150, requests=600, warmup_s=0.5))
+    point = measured(target(server, protocol), LoadSpec(rate=150, requests=600, warmup_s=0.5, max_lag_ms=100))
     assert point.valid, point.invalid_reason
     assert point.requests == 600 and point.errors == 0 and point.protocol == protocol
     assert 0 < point.p50_ms <= point.p90_ms <= point.p99_ms <= point.max_ms
@@ -64,7 +65,8 @@ def test_queue_delay_makes_triton_form_larger_batches_and_stats_show_the_queuein
     config_delay.version_policy.specific.versions[:] = [1]
     with TritonClient(server.url) as client:
         client.load(MODEL, config_delay)
-    point = measured(target(server), LoadSpec(rate=150, requests=450, warmup_s=0.5, arrivals="constant"))
+    point = measured(target(server), LoadSpec(rate=150, requests=450, warmup_s=0.5, arrivals="constant",
+                                              max_lag_ms=100))
     assert point.valid and point.errors == 0
     assert point.server.mean_batch > 1.5 and max(point.server.batch_histogram) > 1
     assert point.server.queue_ms > point.server.compute_ms  # most of the time was spent waiting for a batch

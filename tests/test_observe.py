@@ -237,8 +237,10 @@ def test_queue_alert_fires_under_overload_and_clears_on_a_real_prometheus_and_to
         with scraping_prometheus(server, out / "trm-rules.yml", tmp_path) as (prom, log):
             assert _queue_alert(prom) is None
             # 12 clients against one 40 ms execution at a time: about 11 requests always queued
-            with BackgroundLoad(server.url, "ranker", clients=12):
-                top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--json")
+            with BackgroundLoad(server.url, "ranker", clients=12) as load:
+                load.wait_for(20)  # requests are flowing before top samples
+                top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--interval",
+                              "2", "--json")
                 _wait(lambda: _queue_alert(prom) == "firing", 40, "TrmQueueBacklog did not fire", log)
             _wait(lambda: _queue_alert(prom) is None, 30, "TrmQueueBacklog did not clear", log)
             assert top.code == 0, top.err

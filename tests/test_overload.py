@@ -7,10 +7,12 @@ on a real Triton); 300 requests/s overload it, 15 requests/s do not.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from cost_model import cost_config, cost_repository
 
 from repo_manager.adapters.loadgen import BackgroundLoad, LoadSpec, Phase, Target, Workload, measure, run_schedule
+from repo_manager.adapters.loadgen.schedule import GIVE_UP_LAG_S, UNSENT
 from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.adapters.triton.server import TritonServer
 from repo_manager.ops.tuning import Candidate
@@ -59,6 +61,13 @@ def test_a_run_the_client_cannot_drive_stops_sending_and_says_so(shedding_server
     assert not spike.valid and spike.unsent > 0 and spike.requests + spike.unsent == 300_000
     assert spike.answered + spike.rejected + spike.errors == spike.requests
     assert not after.valid and (after.requests, after.unsent) == (0, 15) and trace.recovery(1, SLO_MS) is None
+    # it stopped sending at the bound, and for good: nothing went out later than GIVE_UP_LAG_S behind its schedule,
+    # and every request after the first unsent one stayed unsent (how long the answers to what went out take is
+    # the server's queue policy's business: up to its 60 s timeout here, so the run's length is not asserted)
+    sent = trace.outcome != UNSENT
+    assert trace.lag_ms[sent].max() <= GIVE_UP_LAG_S * 1000
+    first_unsent = int(np.argmin(sent))
+    assert not sent[first_unsent:].any() and sent[:first_unsent].all()
 
 
 def test_background_load_marks_rejections_so_checks_do_not_take_them_for_wrong_answers(shedding_server):

@@ -117,8 +117,10 @@ def test_report_folder_has_table_json_and_plot(tuned):
     text = Path(folder["tuning.md"]).read_text()
     assert "**Chosen:**" in text and "| candidate | level | offered/s" in text and result.chosen.key in text
     assert Path(folder["p99_vs_throughput.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "## Overload" in text and "**Overload point**" in text
-    assert "Outcome: **policy-held**" in text and "No candidate met the SLO" not in text
+    assert "## Overload" in text and "**Overload point**" in text and "No candidate met the SLO" not in text
+    # the outcome the run measured, as the record has it (whether a policy holds on this machine in this run is
+    # measured, not asserted: PolicySearch's decisions are tested on profiles in tests/test_overload.py)
+    assert f"Outcome: **{result.overload.outcome}**" in text
     # every try's row carries the capacity it was relative to and the rate it offered
     rows = [line for line in text.splitlines() if line.startswith("| b") and "-q" in line.split("|")[1]]
     assert rows and all(line.split("|")[3].strip() == f"{result.overload.rate:.0f}" for line in rows)
@@ -128,12 +130,18 @@ def test_report_folder_has_table_json_and_plot(tuned):
 def test_written_version_carries_a_queue_policy_measured_under_an_overload_of_its_capacity(tuned):
     settings, result = tuned
     overload = result.overload
-    assert overload is not None and overload.factor in OVERLOAD_FACTORS and overload.chosen == result.chosen
+    assert overload is not None and overload.factor in OVERLOAD_FACTORS
     assert overload.rate == round(overload.factor * overload.capacity_rps, 1)
+    config = cfg.parse_config(LocalRepository(settings.repository).manifest("ranker", 2).config)
+    if overload.outcome != "policy-held":  # measured so in this run: written without a policy, and says why
+        assert overload.outcome in ("no-policy-held", "not-measurable") and overload.chosen_point is None
+        assert not Candidate.from_config(config).has_queue_policy
+        assert result.status == "chosen-without-queue-policy"
+        return
     point = overload.chosen_point
+    assert overload.chosen == result.chosen and result.status == "chosen"
     assert point.meets and point.overload.errors == 0 and point.overload.accepted_p99_ms <= SLO_MS
     assert point.recover_s is not None
-    config = cfg.parse_config(LocalRepository(settings.repository).manifest("ranker", 2).config)
     policy = config.dynamic_batching.default_queue_policy
     assert policy.timeout_action == policy.REJECT and 0 < policy.default_timeout_microseconds < SLO_MS * 1000
     assert policy.allow_timeout_override

@@ -236,22 +236,23 @@ def test_vllm_metrics_and_the_gauges_the_official_backend_lacks(served):
 
 def test_a_cancelled_stream_is_aborted_in_the_engine(served):
     """Streams cancelled after their first token are aborted in the engine: the backend sees the cancel
-    before its next output and aborts the request (its log says so). Eight streams of 120 tokens at once
-    and a cancel sent the moment the first token arrives: a fast engine generated one stream in full before
-    a cancel polled for. A try in which every stream had ended before the cancel reached the server
-    cancelled nothing (no line within 15 s): it is not counted, and the streams are sent again."""
+    before its next output and aborts the request (its log says so). MAX_WAITING streams of 120 tokens at once
+    (no more: the backend would reject the rest at once, before any token, with max_waiting_requests) and a
+    cancel sent the moment a first token arrives. A try in which every stream had been sent in full before the
+    cancel reached the server cancelled nothing: it is not counted, and the streams are sent again."""
     import threading
 
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    streams, marker = 8, "was cancelled: aborted in the engine"
+    streams, marker = MAX_WAITING, "was cancelled: aborted in the engine"
     for attempt in range(4):
-        received, first = [], threading.Event()
+        received, token = [], threading.Event()
 
-        def collect(result, error, into=received, event=first):
+        def collect(result, error, into=received, event=token):
             into.append((result, error))
-            event.set()
+            if error is None:
+                event.set()
 
         client = grpcclient.InferenceServerClient(served.endpoints.grpc)
         client.start_stream(callback=collect)
@@ -264,11 +265,13 @@ def test_a_cancelled_stream_is_aborted_in_the_engine(served):
         before = served.log_path.read_text().count(marker)
         for stream in range(streams):
             client.async_stream_infer("tiny", inputs, request_id=f"cancel-me-{attempt}-{stream}")
-        first.wait(120)
+        arrived = token.wait(300)  # a hang detector: a first token takes well under a second here
         client.stop_stream(cancel_requests=True)
         client.close()
-        assert received and received[0][1] is None, received[:1]
-        deadline = time.monotonic() + 15
+        assert arrived, [str(error) for _, error in received[:3]]
+        if sum(error is None for _, error in received) >= streams * 120:
+            continue  # every stream had been sent in full before the cancel arrived: nothing was left to abort
+        deadline = time.monotonic() + 60  # a stream was cut short: its abort is logged (a hang detector)
         while served.log_path.read_text().count(marker) == before and time.monotonic() < deadline:
             time.sleep(0.2)
         aborted = served.log_path.read_text().count(marker) - before
