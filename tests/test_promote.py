@@ -465,7 +465,8 @@ def test_the_latency_gate_passes_an_identical_version_and_blocks_a_2x_slower_one
     from repo_manager.core.environments import LatencyGate
     from repo_manager.ops.promote.latency import METRICS, _verdicts, overall_verdict
 
-    settings = dataclasses.replace(folder_settings, gates={"latency": BUSY_LATENCY})
+    # (40 requests a point: the stand-ins' p99 is their sleep plus what the hog adds, the same to both versions)
+    settings = dataclasses.replace(folder_settings, gates={"latency": BUSY_LATENCY | {"requests": 40}})
     v1 = cost_version(settings, tmp_path, 20.0)
     point(settings, "production", v1)
     twin, slower = cost_version(settings, tmp_path, 20.0), cost_version(settings, tmp_path, 40.0)
