@@ -366,6 +366,7 @@ def test_past_max_waiting_requests_requests_are_rejected_at_once_and_counted(ser
     assert _rejected_total(served) - before == result.failed
 
 
+@pytest.mark.timeout(1500)  # two engine starts (minutes each on CPU beside the other worker) and the measuring
 def test_tune_batching_of_the_engine_measures_two_settings_and_writes_the_choice_as_a_new_version(
         served, published, tmp_path):
     version_1 = published / "tiny" / "1" / "model.json"
@@ -375,7 +376,8 @@ def test_tune_batching_of_the_engine_measures_two_settings_and_writes_the_choice
     result = _trm("--json", "tune-batching", "tiny", "--repo", published, "--url", served.url,
                   "--ttft-p99-ms", "60000", "--itl-p99-ms", "10000", "--low-rps", "1", "--peak-rps", "2",
                   "--max-num-seqs", f"{MAX_NUM_SEQS // 2},{MAX_NUM_SEQS}", "--max-num-batched-tokens", "2048",
-                  "--requests", "4", "--input-tokens", "4", "--output-tokens", "4", "--write", "--report", report)
+                  "--requests", "4", "--input-tokens", "4", "--output-tokens", "4", "--write", "--report", report,
+                  timeout=1400)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert data["status"] == "chosen" and data["written_version"] == 2 and data["search"] == "fast"
