@@ -49,7 +49,7 @@ def pytest_xdist_make_scheduler(config, log):
     ``item._nodeid``, which pytest 9's node ids no longer read.)"""
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415 - only where pytest-xdist runs
+    from xdist.scheduler import LoadFileScheduling
 
     class ModulesAndEngines(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

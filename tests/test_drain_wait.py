@@ -24,7 +24,7 @@ def metrics():
     served = [0]
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             body = script[min(served[0], len(script) - 1)]
             served[0] += 1
             self.send_response(200 if body is not None else 503)

@@ -251,7 +251,7 @@ def _verify_once(client: TritonClient, candidates: list[Candidate], entry: str,
                         worst = compare(out.name, got, expected[out.name])
                         report.worst[out.name] = max(report.worst.get(out.name, 0.0), worst)
                     else:
-                        _check_against_config(entry_config, out, got, sample)
+                        check_against_config(entry_config, out, got, sample)
                     report.outputs_checked += 1
     except VerificationError:
         raise
@@ -260,7 +260,7 @@ def _verify_once(client: TritonClient, candidates: list[Candidate], entry: str,
     return report
 
 
-def _check_against_config(config: cfg.ModelConfig, out, got: np.ndarray, sample) -> None:
+def check_against_config(config: cfg.ModelConfig, out, got: np.ndarray, sample) -> None:
     want_type = cfg.dtype_name(out.data_type)
     got_type = "STRING" if got.dtype.kind in ("O", "S", "U") else cfg.dtype_name(cfg.from_numpy_dtype(got.dtype))
     if want_type != got_type:

@@ -365,7 +365,7 @@ class TritonServer:
                 pass
 
     def _wait_ready(self) -> None:
-        from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
+        from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415 - tritonclient's libraries only when asked
 
         # closed on the way out: an open keep-alive connection holds tritonserver's shutdown
         with TritonClient(self.url, timeout_s=2.0, api_key=self.api_key) as client:
@@ -391,7 +391,7 @@ class TritonServer:
         new requests are refused meanwhile (an ensemble's in-flight requests finish too: tested). Models
         still loading are left to the exit timeout.
         """
-        from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415 - avoid an import cycle
+        from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415 - tritonclient's libraries only when asked
 
         if self._process is None or not self._process.running():
             return

@@ -257,8 +257,7 @@ def _write(plan: AdoptPlan, model: ModelPlan, version: VersionPlan, files: tuple
 def _add_manifest(repo: LocalRepository, folder: Path, manifest: Manifest) -> Path:
     """Write the manifest beside the files it describes without ever exposing a partial one: written in a
     staging folder of the model, then hard-linked into place (a link never replaces an existing file)."""
-    staging = repo.stage(manifest.model)
-    try:
+    with repo.staging(manifest.model) as staging:
         cfg.atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json())  # (checked by _write)
         try:
             os.link(staging / MANIFEST_NAME, folder / MANIFEST_NAME)
@@ -269,6 +268,4 @@ def _add_manifest(repo: LocalRepository, folder: Path, manifest: Manifest) -> Pa
             if (folder / MANIFEST_NAME).exists():
                 raise InputError(f"{folder / MANIFEST_NAME} appeared while adopting") from None
             os.rename(staging / MANIFEST_NAME, folder / MANIFEST_NAME)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return folder

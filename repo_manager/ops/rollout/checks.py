@@ -35,8 +35,12 @@ from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError, TrmError, VerificationError
 from repo_manager.core.manifest import MANIFEST_NAME
-from repo_manager.ops.verify import Candidate, LoadedCandidates, compare
-from repo_manager.ops.verify import _check_against_config as check_against_config  # the check publish uses
+from repo_manager.ops.verify import (
+    Candidate,
+    LoadedCandidates,
+    check_against_config,  # the check publish uses
+    compare,
+)
 
 # Below this, a p99 difference is timer noise on a busy host, not a regression.
 P99_SLACK_MS = 5.0

@@ -422,7 +422,7 @@ def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
                 info["detail"] = f"p99 {baseline.p99_ms or 0:.1f} ms"
         executor.move(server, log)
     except RolledBackError as exc:
-        outcome = "rolled_back" if getattr(exc, "changed", True) else "refused"
+        outcome = "rolled_back" if exc.changed else "refused"
         result.servers.append(ServerResult(server.url, server.strategy, outcome, server.before,
                                            server.before, tuple(log.steps), seconds=time.monotonic() - t0,
                                            loads=tuple(log.loads)))

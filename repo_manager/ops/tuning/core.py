@@ -45,7 +45,7 @@ from repo_manager.ops.tuning.report import write_report
 from repo_manager.ops.tuning.search import ALWAYS_MEASURED, Outcome, Search
 
 
-def _quiet(message: str, used: float, budget: float) -> None:
+def quiet(message: str, used: float, budget: float) -> None:
     pass
 
 
@@ -294,7 +294,7 @@ def policy_reserve_s(request: TuneRequest, prober: Prober) -> float:
     return min(POLICY_TRIES_RESERVED * one_try, max(one_try, request.budget_s / 3))
 
 
-def tune_batching(settings: Settings, request: TuneRequest, progress: Progress = _quiet) -> TuneResult:
+def tune_batching(settings: Settings, request: TuneRequest, progress: Progress = quiet) -> TuneResult:
     """Measure candidates and choose one; with ``request.write`` publish it as a new version."""
     request.check_target(settings)
     started = time.monotonic()
@@ -413,7 +413,7 @@ class CheckResult:
 
 
 def check_batching(settings: Settings, model: str, *, p99_ms: float | None = None, low_rps: float | None = None,
-                   peak_rps: float | None = None, requests: int = 1000, progress: Progress = _quiet) -> CheckResult:
+                   peak_rps: float | None = None, requests: int = 1000, progress: Progress = quiet) -> CheckResult:
     """Re-measure the served config at low and peak; compare the environment with the tuning record."""
     check_measure_arguments(p99_ms=p99_ms, low_rps=low_rps, peak_rps=peak_rps, requests=requests)
     with served_model(settings, model) as served:

@@ -41,7 +41,7 @@ from repo_manager.core.errors import InputError, NotFoundError, ServerError, Usa
 from repo_manager.core.manifest import now_iso
 from repo_manager.core.settings import Settings
 from repo_manager.ops.llm import vllm as layout
-from repo_manager.ops.tuning.core import _quiet, environment, served_model, write_version_from
+from repo_manager.ops.tuning.core import environment, quiet, served_model, write_version_from
 from repo_manager.ops.tuning.prober import Progress
 
 VLLM_DEFAULT_BATCHED_TOKENS = 2048
@@ -462,7 +462,7 @@ def fast_search(prober: LLMProber, candidates: list[EngineCandidate], start_toke
     return notes
 
 
-def tune_llm(settings: Settings, request: LLMTuneRequest, progress: Progress = _quiet) -> LLMTuneResult:
+def tune_llm(settings: Settings, request: LLMTuneRequest, progress: Progress = quiet) -> LLMTuneResult:
     """Serve the model (``settings.triton_url`` or the embedded server), search, restore, record, write."""
     from repo_manager.ops.tuning.report import write_llm_report  # noqa: PLC0415 - matplotlib only for a report
 
