@@ -372,9 +372,11 @@ def test_tune_batching_of_the_engine_measures_two_settings_and_writes_the_choice
     version_1 = published / "tiny" / "1" / "model.json"
     before = version_1.read_bytes()
     report = tmp_path / "report"
-    # two settings (the served max_num_seqs and half of it), short windows, SLOs every setting meets here
+    # two settings (the served max_num_seqs and half of it), short windows, SLOs every setting meets here by far
+    # (the tiny engine's TTFT is well under a second); they also bound a stream that never ends to 4 x what they
+    # allow (114 s), so that a stuck stream fails the test with its record instead of hanging it
     result = _trm("--json", "tune-batching", "tiny", "--repo", published, "--url", served.url,
-                  "--ttft-p99-ms", "60000", "--itl-p99-ms", "10000", "--low-rps", "1", "--peak-rps", "2",
+                  "--ttft-p99-ms", "20000", "--itl-p99-ms", "2000", "--low-rps", "1", "--peak-rps", "2",
                   "--max-num-seqs", f"{MAX_NUM_SEQS // 2},{MAX_NUM_SEQS}", "--max-num-batched-tokens", "2048",
                   "--requests", "4", "--input-tokens", "4", "--output-tokens", "4", "--write", "--report", report,
                   timeout=1400)
