@@ -177,6 +177,8 @@ def test_listen_defaults_to_loopback():
 
     listen = next(p for p in agent_command.params if p.name == "listen")
     assert listen.default == "127.0.0.1:8090"
+    head = next(p for p in agent_command.params if p.name == "head_timeout")  # a setting, as the drain graces are
+    assert head.default == HEAD_TIMEOUT_S
 
 
 def test_slowloris_leaves_readyz_answering_bounded_sockets_no_tracebacks_and_the_agent_following(capsys, tmp_path):

@@ -44,6 +44,8 @@ SECONDS = Number(0, DAY_S)
                    "probe's period).")
 @click.option("--drain-timeout", type=SECONDS, default=120.0, show_default=True,
               help="Longest wait for in-flight requests (an LLM's streams) to finish before swapping anyway.")
+@click.option("--head-timeout", type=Number(0, 600, low_open=True), default=5.0, show_default=True,
+              help="Seconds a connection to --listen has to send its request head; a slower one is closed.")
 @click.option("--lease-ttl", type=Number(2, 600), default=60.0, show_default=True,  # agent/lease.py's bounds
               help="Seconds a drain slot lives without renewal (renewed every third of it while out of "
                    "rotation; a killed pod's slot frees after it).")
@@ -55,7 +57,7 @@ SECONDS = Number(0, DAY_S)
 def agent_command(ctx: Context, store: str | None, env: str, repository: str | None, cache_dir: str | None,
                   triton_url: str, grpc_url: str | None, metrics_url: str | None, listen: str, interval: float,
                   jitter: float, max_unavailable: int, no_side_by_side: bool, pod_name: str | None, drain_grace: float,
-                  drain_timeout: float, lease_ttl: float, backoff: float, json_logs: bool,
+                  drain_timeout: float, head_timeout: float, lease_ttl: float, backoff: float, json_logs: bool,
                   s3_endpoint_url: str | None) -> None:
     """Keep the Triton server at --url serving what ENV in STORE says: sync through the node cache, roll
     out with zero failed requests, refuse versions that fail. Runs until SIGTERM."""
@@ -77,7 +79,8 @@ def agent_command(ctx: Context, store: str | None, env: str, repository: str | N
         interval_s=interval, jitter=jitter, max_unavailable=max_unavailable, side_by_side=not no_side_by_side,
         pod=_check_pod_name(pod_name) or os.environ.get("HOSTNAME") or socket.gethostname(),
         json_logs=json_logs or ctx.json,
-        drain_grace_s=drain_grace, drain_timeout_s=drain_timeout, lease_ttl_s=lease_ttl, backoff_s=backoff)
+        drain_grace_s=drain_grace, drain_timeout_s=drain_timeout, head_timeout_s=head_timeout, lease_ttl_s=lease_ttl,
+        backoff_s=backoff)
     run_agent(options, settings)
 
 

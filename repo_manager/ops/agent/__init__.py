@@ -19,7 +19,7 @@ __all__ = ["Agent", "AgentOptions", "run_agent"]
 def run_agent(options: AgentOptions, settings: Settings) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status (0: a clean stop)."""
     agent = Agent(options, settings)
-    http = AgentHTTP(agent, options.listen)
+    http = AgentHTTP(agent, options.listen, head_timeout_s=options.head_timeout_s)
 
     def stop(signum: int, _frame: object) -> None:
         agent.log(f"stopping ({signal.Signals(signum).name})")

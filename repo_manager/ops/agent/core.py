@@ -109,6 +109,8 @@ class AgentOptions:
     drain_grace_s: float = 5.0
     """After readiness goes false, time for the load balancer to stop sending (readiness probe period)."""
     drain_timeout_s: float = 120.0
+    head_timeout_s: float = 5.0
+    """How long a connection to the agent's endpoint has to send its request head (http.HEAD_TIMEOUT_S)."""
     lease_ttl_s: float = DEFAULT_TTL_S
     backoff_s: float = 5.0
     backoff_max_s: float = 300.0

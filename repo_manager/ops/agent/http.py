@@ -73,6 +73,8 @@ class AgentHTTP:
         """Connections set up, oldest first; the value: True once the request head is in (answering)."""
         self._sockets = 0
         """Accepted sockets the kernel has not freed yet (set up or not): never more than max_connections."""
+        self._setting_up = 0
+        """Of those, the ones accepted whose connection is not set up yet (not in ``_open``)."""
         self._freed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
@@ -141,6 +143,7 @@ class AgentHTTP:
                 sock.close()
                 continue
             self._sockets += 1
+            self._setting_up += 1
             task = self._loop.create_task(self._connection(sock))
             self._tasks.add(task)
 
@@ -150,6 +153,9 @@ class AgentHTTP:
         while self._sockets >= self.max_connections:
             oldest_reading = next((w for w, answering in self._open.items() if not answering), None)
             if oldest_reading is None:
+                if self._setting_up:  # accepted a moment ago, not set up yet: evictable once they are
+                    await asyncio.sleep(0)
+                    continue
                 return False
             self._open.pop(oldest_reading)
             self.evicted += 1
@@ -162,8 +168,11 @@ class AgentHTTP:
         task = asyncio.current_task()
         writer: asyncio.StreamWriter | None = None
         try:
-            reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_HEAD_BYTES)
-            self._open[writer] = False
+            try:
+                reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_HEAD_BYTES)
+                self._open[writer] = False
+            finally:
+                self._setting_up -= 1
             if self._closing:
                 return
             try:
