@@ -184,3 +184,48 @@ def test_publish_into_a_store_that_took_the_number_renumbers_and_names_the_new_f
     assert not (c / "tiny" / "1").exists()
     assert _args(c / "tiny" / "2" / "model.json")["model"] == str((c / "tiny" / "2").resolve())
     assert _validate(capsys, c).code == 0
+
+
+def test_show_and_diff_print_the_engine_arguments_the_plan_and_the_generation_cases(capsys, checkpoint, tmp_path,
+                                                                                     monkeypatch):
+    """`trm show` of a vLLM version: its engine arguments (model.json's, less the folder), the memory plan that
+    chose them and its verification's generation cases; `trm diff`: the engine arguments that changed."""
+    repo = tmp_path / "repo"
+    _publish(capsys, checkpoint, repo)  # max_model_len 128, the checkpoint's
+    second = run_cli(capsys, "publish", "model", checkpoint, "--name", "tiny", "--format", "vllm", "--repo", repo,
+                     "--no-verify", "--max-model-len", 64, "--json")
+    assert second.code == 0, second.err
+    # a verification record in the form verify_generation writes (no engine runs here: tests/test_vllm.py
+    # publishes verified where vLLM is installed)
+    path = repo / "tiny" / "2" / "trm-manifest.json"
+    data = json.loads(path.read_text())
+    data["verification"] = {
+        "passed": True, "criterion": "equal token ids (greedy, float32)", "samples": 3,
+        "cases": [{"case": "short (non-streamed)", "prompt_tokens": 2, "tokens": 8, "responses": 1, "equal": True},
+                  {"case": "near max_model_len (streamed)", "prompt_tokens": 55, "tokens": 8, "responses": 8,
+                   "equal": True, "prompt_text_in_output": 1},
+                  {"case": "prompt longer than max_model_len", "refused": "the prompt is too long"},
+                  {"case": ["not a name"], "prompt_tokens": "x"}]}  # a malformed case: left out, not fatal
+    path.write_text(json.dumps(data))
+
+    shown = run_cli(capsys, "show", "tiny", "--repo", repo, "--json")
+    assert shown.code == 0, shown.err
+    info = shown.json()
+    installed = _args(repo / "tiny" / "2" / "model.json")
+    assert {"model": installed["model"], **info["engine"]["engine_args"]} == installed
+    assert info["engine"]["engine_args"]["max_model_len"] == 64 and info["engine"]["device"] == "cpu"
+    assert info["engine"]["reason"] == data["source"]["plan"]["memory"]["reason"]
+    assert [row["case"] for row in info["generation_cases"]] == [c["case"] for c in data["verification"]["cases"][:3]]
+    assert info["generation_cases"][1]["result"] == "prompt tail in text: 1 chars"
+    monkeypatch.setenv("COLUMNS", "160")  # a table's cells on one line each
+    text = run_cli(capsys, "show", "tiny", "--repo", repo).out
+    for expected in ("engine arguments of version 2", "max_model_len", "memory plan (cpu)", "kv_cache_memory_bytes",
+                     "near max_model_len (streamed)", "refused: the prompt is too long", "token ids equal"):
+        assert expected in text, expected
+
+    diff = run_cli(capsys, "diff", "tiny", 1, 2, "--repo", repo, "--json").json()
+    assert {"field": "max_model_len", "a": 128, "b": 64} in diff["engine"]
+    assert not [c for c in diff["source"] if c["field"].startswith("plan.engine_args.")]  # said once, under engine
+    diff_text = run_cli(capsys, "diff", "tiny", 1, 2, "--repo", repo).out
+    assert "engine arguments (model.json):\n  kv_cache_memory_bytes: " in diff_text
+    assert "  max_model_len: 128 -> 64" in diff_text

@@ -20,7 +20,14 @@ from repo_manager.adapters.repository import LocalRepository
 from repo_manager.core import config as cfg
 from repo_manager.core.environments import env_store
 from repo_manager.core.errors import IntegrityError, TrmError, UsageError
-from repo_manager.core.manifest import Manifest, read_config, read_tuning, read_verification
+from repo_manager.core.manifest import (
+    MAX_RECORD_ITEMS,
+    MAX_RECORD_TEXT,
+    Manifest,
+    read_config,
+    read_tuning,
+    read_verification,
+)
 from repo_manager.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -74,6 +81,52 @@ def verification_details(manifest: Manifest) -> list[str]:
         return []
     return [f"{out}: worst abs diff {diff:.3g}" for out, diff in record.worst_abs_diff] + \
         [f"{case}: cosine {cosine:.6f}" for case, cosine in record.cosines]
+
+
+_ALLOWANCES = {"prompt_text_in_output": "prompt tail in text: {} chars",
+               "incomplete_utf8_tokens_withheld": "incomplete character held back: {} tokens",
+               "worst_margin_nats": "worst margin {} nats", "equal_prefix": "equal prefix {} tokens"}
+
+
+def engine_details(manifest: Manifest) -> dict[str, Any] | None:
+    """An LLM version's engine arguments (a vLLM model.json as published, less the folder it names) and the
+    memory plan that chose them; None for a version whose source records no engine arguments."""
+    plan = manifest.source.get("plan") if isinstance(manifest.source, dict) else None
+    if not isinstance(plan, dict) or not isinstance(plan.get("engine_args"), dict):
+        return None
+    memory = plan.get("memory") if isinstance(plan.get("memory"), dict) else {}
+    steps = memory.get("steps") if isinstance(memory.get("steps"), list) else []
+    kv = plan.get("kv_cache_bytes")
+    args = list(plan["engine_args"].items())[:MAX_RECORD_ITEMS]
+    return {"engine_args": {str(k)[:MAX_RECORD_TEXT]: v for k, v in args
+                            if isinstance(v, int | float | bool) or isinstance(v, str) and len(v) <= MAX_RECORD_TEXT},
+            "device": plan.get("device") if isinstance(plan.get("device"), str) else None,
+            "kv_cache_bytes": kv if isinstance(kv, int) and not isinstance(kv, bool) else None,
+            "reason": memory["reason"][:MAX_RECORD_TEXT] if isinstance(memory.get("reason"), str) else None,
+            "steps": [step[:MAX_RECORD_TEXT] for step in steps[:MAX_RECORD_ITEMS] if isinstance(step, str)]}
+
+
+def generation_cases(manifest: Manifest) -> list[dict[str, Any]]:
+    """The cases of an LLM version's verification (prompt, tokens, answers, what was allowed), one row each;
+    empty for any other record."""
+    record = manifest.verification if isinstance(manifest.verification, dict) else {}
+    cases = record.get("cases") if isinstance(record.get("cases"), list) else []
+    rows = []
+    for case in cases[:MAX_RECORD_ITEMS]:
+        if not isinstance(case, dict) or not isinstance(case.get("case"), str):
+            continue
+        if isinstance(case.get("refused"), str):
+            rows.append({"case": case["case"][:MAX_RECORD_TEXT],
+                         "result": f"refused: {case['refused'][:MAX_RECORD_TEXT]}"})
+        elif "prompt_tokens" in case:
+            numbers = {k: case.get(k) for k in ("prompt_tokens", "tokens", "responses")}
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in numbers.values()):
+                continue
+            notes = [text.format(case[key]) for key, text in _ALLOWANCES.items()
+                     if isinstance(case.get(key), int | float) and not isinstance(case.get(key), bool)]
+            rows.append({"case": case["case"][:MAX_RECORD_TEXT], **numbers,
+                         "result": "; ".join(notes) if notes else "token ids equal" if case.get("equal") else "passed"})
+    return rows
 
 
 def tuning_summary(manifest: Manifest) -> dict[str, Any] | None:
@@ -300,6 +353,8 @@ def show_model(root: str | Path, name: str, version: int | None = None, settings
         "version_rows": [version_row(repo.manifest(name, v), pointers, repo) for v in versions],
         "essentials": config_essentials(shown_config, manifest.members),
         "verification_details": verification_details(manifest),
+        "engine": engine_details(manifest),
+        "generation_cases": generation_cases(manifest),
         "tuning_evidence": (tuning_summary(manifest) or {}).get("evidence", []),
     }
     if envs is not None:
@@ -420,12 +475,14 @@ def diff_manifests(a: Manifest, b: Manifest) -> dict[str, Any]:
     compared = ("slo", "chosen", "tuned_from_version")
     tuning = _dict_diff({k: v for k, v in (tune_a or {}).items() if k in compared},
                         {k: v for k, v in (tune_b or {}).items() if k in compared})
+    engine_a, engine_b = engine_details(a), engine_details(b)
     result = {
         "model": a.model, "a": a.version, "b": b.version,
         "config": config_changes,
         "files": files,
         "members": _dict_diff(a.members, b.members),
-        "source": _dict_diff(a.source, b.source),
+        "engine": _dict_diff((engine_a or {}).get("engine_args", {}), (engine_b or {}).get("engine_args", {})),
+        "source": [c for c in _dict_diff(a.source, b.source) if not c["field"].startswith("plan.engine_args.")],
         "verification": {"a": ver_a, "b": ver_b} if ver_a != ver_b else {},
         "tuning": tuning,
         "environment": _dict_diff(a.environment, b.environment),
@@ -433,7 +490,8 @@ def diff_manifests(a: Manifest, b: Manifest) -> dict[str, Any]:
                     "tuning": {"a": tune_a["text"] if tune_a else None, "b": tune_b["text"] if tune_b else None}},
     }
     result["identical"] = not (config_changes or files["added"] or files["removed"] or files["changed"]
-                               or result["members"] or result["source"] or result["verification"] or tuning)
+                               or result["members"] or result["engine"] or result["source"]
+                               or result["verification"] or tuning)
     return result
 
 
@@ -495,9 +553,10 @@ def _diff_lines(diff: dict[str, Any]) -> str:
                   f"{f['a_sha256'][:12]} -> {f['b_sha256'][:12]})" for f in files["changed"]]
     else:
         lines.append(f"files: identical ({files['unchanged']} files, same sha256)")
-    for key, title in (("members", "ensemble members"), ("source", "source"), ("tuning", "tuning")):
+    for key, title in (("members", "ensemble members"), ("engine", "engine arguments (model.json)"),
+                       ("source", "source"), ("tuning", "tuning")):
         summary = diff["summary"].get(key, {})
-        if not diff[key]:
+        if not diff.get(key):
             continue
         if key == "source" and diff["source"] and any(c["field"] == "kind" for c in diff["source"]) or \
                 key == "tuning" and None in (summary["a"], summary["b"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
@@ -165,12 +166,43 @@ def _show_renderable(info: dict[str, Any]):
                                   "\n".join(f"{k} <- {v}" for k, v in step["inputs"].items()),
                                   "\n".join(f"{k} -> {v}" for k, v in step["outputs"].items())))
         parts.append(steps)
+    if info["engine"]:
+        parts += _engine_renderables(info["engine"], shown)
     if info["verification_details"]:
         parts.append(f"verification of version {shown}: " + "; ".join(info["verification_details"]))
+    if info["generation_cases"]:
+        parts.append(_generation_table(info, shown))
     if info["tuning_evidence"]:
         parts.append(f"tuning of version {shown}: " + "; ".join(info["tuning_evidence"]))
     parts += [f"note: {n}" for n in info.get("notes", [])]
     return _group(*parts)
+
+
+def _engine_renderables(engine: dict[str, Any], shown: int) -> list[Any]:
+    from repo_manager.ops.inventory import human_size  # noqa: PLC0415
+
+    args = _table(f"engine arguments of version {shown} (model.json; model: the version folder)")
+    args.add_column("argument", style="bold")
+    args.add_column("value", overflow="fold")
+    for key, value in engine["engine_args"].items():
+        args.add_row(*_cells(key, json.dumps(value)))
+    plan = [f"memory plan ({engine['device'] or 'device not recorded'}): {engine['reason'] or 'no reason recorded'}"
+            + (f"; the engine gets {human_size(engine['kv_cache_bytes'])} of it (kv_cache_memory_bytes)"
+               if engine["kv_cache_bytes"] is not None else "")]
+    return [args, "\n".join(plan + [f"  {step}" for step in engine["steps"]])]
+
+
+def _generation_table(info: dict[str, Any], shown: int):
+    criterion = (info["manifest"]["verification"] or {}).get("criterion")
+    table = _table(f"verification of version {shown}: generations"
+                   + (f" ({criterion})" if isinstance(criterion, str) else ""))
+    for header in ("case", "prompt tokens", "tokens", "answers", "result"):
+        table.add_column(header, justify="right" if header in ("prompt tokens", "tokens", "answers") else "left",
+                         overflow="fold")
+    for row in info["generation_cases"]:
+        table.add_row(*_cells(row["case"], *(str(row[k]) if k in row else "-"
+                                             for k in ("prompt_tokens", "tokens", "responses")), row["result"]))
+    return table
 
 
 @cli.command("diff")
