@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(output)
         sys.stdout.flush()
         sys.exit(0)
-    from repo_manager.cli import main as cli_main  # noqa: PLC0415 - the full command line
+    from repo_manager.cli import main as cli_main
 
     cli_main(args)
 
@@ -104,11 +104,11 @@ def resolve(options: dict[str, Any], environ: dict[str, str] | os._Environ, cwd_
 
     Without a settings file and with no ``TRM_*`` variable but these three, that is a few lookups; else
     the settings are loaded (``load_settings``: the YAML file, every variable validated)."""
-    from repo_manager.ops.sync import node_cache  # noqa: PLC0415
+    from repo_manager.ops.sync import node_cache
 
     if cwd_has_config or environ.get(defaults.env_variable("config")) or any(
             name.startswith("TRM_") and value and name not in QUICK_SETTINGS for name, value in environ.items()):
-        from repo_manager.core.settings import load_settings  # noqa: PLC0415
+        from repo_manager.core.settings import load_settings
 
         settings = load_settings(None, dict(environ)).replace(
             **{name: options.get(name) for name in defaults.SYNC_SETTINGS})
@@ -136,7 +136,7 @@ def quick_sync(args: list[str], environ: dict[str, str] | os._Environ) -> str | 
     if resolved is None:
         return None
     repository, cache, endpoint = resolved
-    from repo_manager.ops.sync.noop import quick  # noqa: PLC0415
+    from repo_manager.ops.sync.noop import quick
 
     data = quick(options["store"], endpoint, cache, repository, options["env"], options["models"])
     if data is None:
@@ -146,20 +146,20 @@ def quick_sync(args: list[str], environ: dict[str, str] | os._Environ) -> str | 
 
 def render(data: dict[str, Any], as_json: bool) -> str:
     """The CLI's output for this result (``Context.emit``: redacted, and printable on a terminal)."""
-    import json  # noqa: PLC0415
+    import json
 
     if as_json:
         text = json.dumps(data, indent=2)
         if "@" in text:
-            from repo_manager.core.redact import redact_data  # noqa: PLC0415
+            from repo_manager.core.redact import redact_data
 
             text = json.dumps(redact_data(json.loads(text)), indent=2)
         return text + "\n"
-    from repo_manager.ops.sync.result_data import summary  # noqa: PLC0415 - only for text output
+    from repo_manager.ops.sync.result_data import summary
 
     text = summary(data)
     if "@" in text or not text.replace("\n", " ").isprintable():
-        from repo_manager.core.redact import printable  # noqa: PLC0415
+        from repo_manager.core.redact import printable
 
         text = printable(text)
     return text + "\n"

@@ -129,3 +129,25 @@ def test_no_import_cycles_not_even_type_only_ones():
                     stack.append((target, (*trail, target)))
         done.add(start)
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_trm_agents_option_defaults_are_the_agents_own():
+    """`trm agent`'s options show their defaults in --help; each is AgentOptions' default for that setting, so
+    the command line and the API cannot drift apart."""
+    import dataclasses
+
+    from repo_manager.cli.commands.agent import agent_command
+    from repo_manager.ops.agent import AgentOptions
+
+    fields = {f.name: f.default for f in dataclasses.fields(AgentOptions)}
+    compared = 0
+    for param in agent_command.params:
+        name = next((n for n in (param.name, f"{param.name}_s") if n in fields), None)
+        if name is None or not isinstance(param.default, int | float | str) or isinstance(param.default, bool):
+            continue  # no default (click's UNSET, None) or a flag
+        assert param.default == fields[name], (param.name, param.default, fields[name])
+        compared += 1
+    assert compared >= 8  # interval, jitter, max_unavailable, listen, drain grace and timeout, head timeout, ...
+    from repo_manager.ops.agent.http import HEAD_TIMEOUT_S
+
+    assert fields["head_timeout_s"] == HEAD_TIMEOUT_S  # the endpoint's own default

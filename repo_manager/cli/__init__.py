@@ -57,7 +57,7 @@ def _print(data: Any, text: Any, want_json: bool) -> None:
     elif isinstance(text, str):
         click.echo(printable(text))
     else:
-        from repo_manager.cli.terminal import console  # noqa: PLC0415 - only tables pay for rich
+        from repo_manager.cli.terminal import console
 
         console().print(text)  # data, not markup: see repo_manager/cli/terminal.py
 
@@ -95,7 +95,7 @@ class Number(click.ParamType):
         self.low, self.high, self.low_open = low, high, low_open
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        import math  # noqa: PLC0415
+        import math
 
         try:
             number = float(value)
@@ -124,13 +124,13 @@ class LazyGroup(click.Group):
     """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
+        from repo_manager.cli.commands import COMMANDS
 
         return sorted(set(COMMANDS) | set(self.commands))
 
     def _short_help(self, ctx: click.Context, name: str, limit: int = 45) -> str | None:
         """The command's one-line help; None for a hidden or unknown command."""
-        from repo_manager.cli.commands import SHORT_HELP  # noqa: PLC0415
+        from repo_manager.cli.commands import SHORT_HELP
 
         if name in SHORT_HELP and name not in self.commands:
             # a bare Command carrying the text: click shortens it exactly as it would the real command's
@@ -151,14 +151,14 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list:
-        from click.shell_completion import CompletionItem  # noqa: PLC0415
+        from click.shell_completion import CompletionItem
 
         items = [CompletionItem(name, help=text) for name in self.list_commands(ctx)
                  if name.startswith(incomplete) and (text := self._short_help(ctx, name)) is not None]
         return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        from repo_manager.cli.commands import COMMANDS  # noqa: PLC0415
+        from repo_manager.cli.commands import COMMANDS
 
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             importlib.import_module(f"repo_manager.cli.commands.{COMMANDS[cmd_name]}")
@@ -169,7 +169,7 @@ class LazyGroup(click.Group):
         name = click.utils.make_str(args[0])
         if not ctx.resilient_parsing and not name.startswith("-") and self.get_command(ctx, name) is None:
             # click suggests only among the commands imported so far; `trm lst` should hear of `list`
-            import difflib  # noqa: PLC0415
+            import difflib
 
             close = difflib.get_close_matches(name, self.list_commands(ctx))
             ctx.fail(f"No such command {name!r}." + (f" Did you mean {close[0]!r}?" if len(close) == 1 else
@@ -188,7 +188,7 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, config_file: str | None, json_output: bool, verbose: bool, quiet: bool) -> None:
     """trm: publish, tune, store, sync and roll out versioned Triton models."""
     ctx.obj = Context(load_settings(config_file), json=json_output, verbose=verbose, quiet=quiet)
-    from repo_manager.adapters.triton.restricted import process_key  # noqa: PLC0415 - off the import path of --help
+    from repo_manager.adapters.triton.restricted import process_key
 
     ctx.with_resource(process_key(ctx.obj.settings))  # Triton's restricted-API key, for this command
 
@@ -205,7 +205,7 @@ def _completion_settings(ctx: click.Context) -> Settings:
 def complete_models(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     """Model names of the repository (--repo when typed before, else the settings' repository)."""
     try:
-        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository
 
         root = ctx.params.get("repository") or _completion_settings(ctx).repository
         return [name for name in LocalRepository(root).models() if name.startswith(incomplete)]
@@ -216,7 +216,7 @@ def complete_models(ctx: click.Context, _param: click.Parameter, incomplete: str
 def complete_versions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     """Version numbers of the model named by the command's NAME argument, in the repository."""
     try:
-        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository
 
         root = ctx.params.get("repository") or _completion_settings(ctx).repository
         versions = LocalRepository(root).versions(ctx.params["name"])
@@ -263,7 +263,7 @@ def _store_envs(location: str, settings: Settings) -> list[str]:
 
     def look_up() -> None:
         try:
-            from repo_manager.adapters.storage import open_store  # noqa: PLC0415
+            from repo_manager.adapters.storage import open_store
 
             found.extend(open_store(location, settings, timeout_s=timeout_s).list_envs())
         except Exception:  # noqa: BLE001 - an unreachable store still completes the configured names

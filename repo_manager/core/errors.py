@@ -12,6 +12,7 @@ ci/pipeline.sh repeat it for their readers; tests/test_cli.py checks every copy 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os import PathLike
 from typing import Any
 
 
@@ -27,20 +28,37 @@ class Report:
     """The operation's own result object, for API callers (a ``RolloutResult``, a ``PromotionResult``)."""
 
 
+FACTS = ("model", "version", "path", "url", "store", "env", "case", "reason", "requires", "port", "log", "worst",
+         "status", "pod")
+"""The facts an error may carry, each a keyword of ``TrmError`` and an attribute of every error (None when it
+does not apply); ``--json`` prints the ones that are set."""
+
+
 class TrmError(Exception):
     """Base of all expected failures. ``hint`` tells the user what to do next; ``report`` is the command's
-    result up to the failure, when it has one."""
+    result up to the failure, when it has one; the facts (``FACTS``) say what it concerns."""
 
     exit_code = 1
     kind = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, report: Report | None = None,
-                 **facts: object) -> None:
+                 model: str | None = None, version: int | str | None = None, path: str | PathLike[str] | None = None,
+                 url: str | None = None, store: str | None = None, env: str | None = None, case: str | None = None,
+                 reason: str | None = None, requires: str | None = None, port: int | None = None,
+                 log: str | None = None, worst: float | None = None, status: int | None = None,
+                 pod: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.report = report
-        self.facts = {k: v for k, v in facts.items() if v is not None}
+        self.model, self.version, self.path, self.url, self.store = model, version, path, url, store
+        self.env, self.case, self.reason, self.requires, self.port = env, case, reason, requires, port
+        self.log, self.worst, self.status, self.pod = log, worst, status, pod
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """The facts that are set, by name (to pass on to another error: ``**exc.facts``)."""
+        return {name: getattr(self, name) for name in FACTS if getattr(self, name) is not None}
 
     def to_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"kind": self.kind, "message": self.message, "exit_code": self.exit_code}

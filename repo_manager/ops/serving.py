@@ -133,8 +133,8 @@ def _without_address(exc: TrmError, url: str) -> None:
             message = message.replace(f"{before}{url}", " on the embedded Triton")
         exc.message = message.replace(url, "the embedded Triton")
         exc.args = (exc.message,)
-    if exc.facts.get("url") == url:
-        exc.facts["url"] = "embedded Triton (stopped)"
+    if exc.url == url:
+        exc.url = "embedded Triton (stopped)"
 
 
 def wait_for_signal(ready: Callable[[], None] | None = None) -> int:

@@ -21,8 +21,8 @@ def adopt_command(ctx: Context, repo_dir: str, target: str | None, dry_run: bool
                   no_verify: bool, triton_url: str | None) -> None:
     """Adopt the Triton repository REPO_DIR: every model version gets a manifest (files, sha256, original
     config, verification). Files are never modified; exit 3 when anything is refused (see --skip-broken)."""
-    from repo_manager.core.errors import InputError, Report  # noqa: PLC0415
-    from repo_manager.ops.adopt import execute_adoption, plan_adoption  # noqa: PLC0415
+    from repo_manager.core.errors import InputError, Report
+    from repo_manager.ops.adopt import execute_adoption, plan_adoption
 
     plan = plan_adoption(repo_dir, target)
     if dry_run:

@@ -61,15 +61,15 @@ def agent_command(ctx: Context, store: str | None, env: str, repository: str | N
                   s3_endpoint_url: str | None) -> None:
     """Keep the Triton server at --url serving what ENV in STORE says: sync through the node cache, roll
     out with zero failed requests, refuse versions that fail. Runs until SIGTERM."""
-    from repo_manager.core.environments import check_env_name  # noqa: PLC0415
-    from repo_manager.ops.agent import AgentOptions, run_agent  # noqa: PLC0415
-    from repo_manager.ops.sync import cache_dir_for  # noqa: PLC0415
+    from repo_manager.core.environments import check_env_name
+    from repo_manager.ops.agent import AgentOptions, run_agent
+    from repo_manager.ops.sync import cache_dir_for
 
     settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
                                     s3_endpoint_url=s3_endpoint_url)
     location = store or settings.store
     if not location:
-        from repo_manager.core.errors import UsageError  # noqa: PLC0415
+        from repo_manager.core.errors import UsageError
 
         raise UsageError("no store given", hint="pass STORE (s3://bucket/prefix or a folder) or set TRM_STORE")
     options = AgentOptions(
@@ -86,9 +86,9 @@ def agent_command(ctx: Context, store: str | None, env: str, repository: str | N
 
 def _check_pod_name(name: str | None) -> str | None:
     """--pod-name is shown in /status, logs and the drain lease: a DNS-like name, as Kubernetes gives pods."""
-    import re  # noqa: PLC0415
+    import re
 
-    from repo_manager.core.errors import UsageError  # noqa: PLC0415
+    from repo_manager.core.errors import UsageError
 
     if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", name):
         raise UsageError(f"--pod-name {name[:80]!r} is not a pod name (letters, digits, '.', '_', '-')")

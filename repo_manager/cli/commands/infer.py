@@ -39,8 +39,8 @@ def infer_command(ctx: Context, name: str, texts: tuple[str, ...], query: str | 
                   repository: str | None, triton_url: str | None) -> None:
     """Send one request to NAME (embedded server on the repository, or --url) and print the outputs. For an
     LLM (a vLLM model) the generated text of each --text is streamed as it arrives."""
-    from repo_manager.adapters.loadgen.inputs import check_request  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.ops.llm.infer import is_llm, llm_infer  # noqa: PLC0415
+    from repo_manager.adapters.loadgen.inputs import check_request
+    from repo_manager.ops.llm.infer import is_llm, llm_infer
 
     if bool(texts) == bool(input_files):
         raise UsageError("give either --text or --input")
@@ -77,7 +77,7 @@ class _Serving:
 
     def config(self):
         if self.settings.triton_url:
-            from repo_manager.core.errors import NotFoundError  # noqa: PLC0415
+            from repo_manager.core.errors import NotFoundError
 
             try:
                 return self.client().model_config(self.name, self.version)
@@ -85,15 +85,15 @@ class _Serving:
                 version = f" version {self.version}" if self.version else ""
                 raise NotFoundError(exc.message, hint=f"load {self.name}{version} there (trm rollout), or leave "
                                     "out --url to query the repository's on an embedded server") from exc
-        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
-        from repo_manager.ops.serving import check_version_exists, version_config  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository
+        from repo_manager.ops.serving import check_version_exists, version_config
 
         repo = LocalRepository(self.settings.repository)
         return version_config(repo, self.name, check_version_exists(repo, self.name, self.version))
 
     def client(self):
-        from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415
-        from repo_manager.ops.serving import embedded_server  # noqa: PLC0415
+        from repo_manager.adapters.triton.client import TritonClient
+        from repo_manager.ops.serving import embedded_server
 
         if self._client is None:
             if self.settings.triton_url:
@@ -110,9 +110,9 @@ class _Serving:
 
 
 def _request(config, name: str, texts: tuple[str, ...], query: str | None, input_files: tuple[str, ...]):
-    from repo_manager.adapters.loadgen.inputs import load_input_files  # noqa: PLC0415
-    from repo_manager.ops.embeddings import pair_inputs, takes_pairs  # noqa: PLC0415
-    from repo_manager.ops.serving import text_inputs  # noqa: PLC0415
+    from repo_manager.adapters.loadgen.inputs import load_input_files
+    from repo_manager.ops.embeddings import pair_inputs, takes_pairs
+    from repo_manager.ops.serving import text_inputs
 
     if not texts:
         return load_input_files(list(input_files))
@@ -126,9 +126,9 @@ def _request(config, name: str, texts: tuple[str, ...], query: str | None, input
 
 
 def _render(name: str, config, outputs, texts: tuple[str, ...], query: str | None) -> tuple[dict[str, Any], str]:
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
-    from repo_manager.ops.embeddings import labelled, ranked, text_similarities  # noqa: PLC0415
+    from repo_manager.ops.embeddings import labelled, ranked, text_similarities
 
     data: dict[str, Any] = {"model": name, "outputs": {k: _jsonable(v) for k, v in outputs.items()},
                             "shapes": {k: list(v.shape) for k, v in outputs.items()}}
@@ -162,7 +162,7 @@ def _classified(config) -> dict[str, int]:
 def _class_scores(answer, config):
     """(scores in class order, the labels) from "score:index:label" strings, or from plain scores and the
     ``labels`` parameter versions published before classifiers had a label file carried."""
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     if answer.dtype.kind not in ("O", "S"):
         return answer, json.loads(config.parameters["labels"].string_value or "[]") if "labels" in \

@@ -54,7 +54,7 @@ def plan_command(ctx: Context, checkpoint: str, gpu_memory: float, dtype: str | 
 
     Exits 11 when one sequence of --max-seq-len tokens does not fit, naming the length that does.
     """
-    from repo_manager.ops.llm.engine import plan_for  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.ops.llm.engine import plan_for
 
     plan = plan_for(checkpoint, gpu_memory, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                     max_batch_size=max_batch_size, max_seq_len=max_seq_len, tp=tp, max_num_tokens=max_num_tokens,
@@ -80,12 +80,12 @@ def doctor_command(ctx: Context, repository: str | None, node_facts: str | None,
     """Check this serving node: GPU, driver CUDA, and every engine of the repository (architecture,
     TensorRT/TensorRT-LLM versions, memory plan). Exits 11 naming each mismatch; a CPU node without
     engines that need a GPU passes."""
-    from repo_manager.ops.llm.doctor import diagnose  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.ops.llm.node import NodeFacts, probe_node  # noqa: PLC0415
+    from repo_manager.ops.llm.doctor import diagnose
+    from repo_manager.ops.llm.node import NodeFacts, probe_node
 
     settings = ctx.settings.replace(repository=repository)
     if node_facts:
-        from repo_manager.core import documents  # noqa: PLC0415
+        from repo_manager.core import documents
 
         try:
             node = NodeFacts.from_dict(documents.parse(Path(node_facts).read_bytes(), str(node_facts)))
@@ -150,8 +150,8 @@ def trtllm_options(function):
     """Adds the tensorrt-llm options to a command and hands them over as one ``trtllm`` argument."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        from repo_manager.ops.llm.layout import ServingOptions  # noqa: PLC0415 - off the --help path
-        from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions  # noqa: PLC0415
+        from repo_manager.ops.llm.layout import ServingOptions
+        from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions
 
         values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("trtllm_")}
         kwargs["trtllm"] = TrtllmOptions(
@@ -197,7 +197,7 @@ def vllm_options(function):
     --dtype, --max-seq-len and --tp are the tensorrt-llm options' (``trtllm``), shared by both formats."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        from repo_manager.ops.llm.vllm import VllmOptions  # noqa: PLC0415 - off the --help path
+        from repo_manager.ops.llm.vllm import VllmOptions
 
         values = {key: kwargs.pop(key) for key in list(kwargs) if key.startswith("vllm_")}
         trtllm = kwargs["trtllm"]

@@ -62,7 +62,7 @@ def rules_command(ctx: Context, env: str | None, models: tuple[str, ...], store:
                   pointer_stale_s: float, ttft_p99_ms: float | None = None, itl_p99_ms: float | None = None,
                   waiting_per_replica: float = 0.0, waiting_for: str = "30s") -> None:
     """Write Prometheus alerting rules and a Grafana dashboard for the models ENV serves (or --model ...)."""
-    from repo_manager.ops.observe.rules import (  # noqa: PLC0415 - keep `trm --help` fast
+    from repo_manager.ops.observe.rules import (
         Thresholds,
         watches_from_env,
         watches_from_repo,
@@ -114,7 +114,7 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
     sizes, rejections and failures; for LLM models (vLLM's metrics), running and waiting requests, KV-cache
     use, output tokens/s and TTFT/ITL p50/p99; with --agent, each agent's state and versions. --json prints one
     snapshot."""
-    from repo_manager.ops.observe.top import Server, Watcher, render, snapshot  # noqa: PLC0415
+    from repo_manager.ops.observe.top import Server, Watcher, render, snapshot
 
     if not interval_s > 0:
         raise UsageError(f"--interval must be positive, not {interval_s}")
@@ -131,16 +131,16 @@ def top_command(ctx: Context, servers: tuple[str, ...], metrics_port: int, inter
         view = snapshot(parsed, interval_s, list(agents))
         ctx.emit(view.to_dict(), render(view))
         return
-    from rich.live import Live  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
+    from rich.live import Live
+    from rich.text import Text
 
-    from repo_manager.cli.terminal import console  # noqa: PLC0415
+    from repo_manager.cli.terminal import console
 
     watcher = Watcher(parsed, list(agents))
     first = watcher.view()
     if len(first.problems) == watcher.targets:
         raise ServerError("; ".join(first.problems))
-    import time  # noqa: PLC0415
+    import time
 
     with Live(Text("reading metrics ..."), console=console(), refresh_per_second=4, screen=False) as live:
         try:

@@ -41,8 +41,8 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
                     create_env: bool, s3_endpoint_url: str | None) -> None:
     """Point environment --to at version --version of NAME after its gates pass; exit 9 when a gate
     fails, 8 when another promotion won the race (nothing is changed in either case)."""
-    from repo_manager.core.environments import parse_gates  # noqa: PLC0415
-    from repo_manager.ops.promote import PromotionRequest, execute_promotion, plan_promotion  # noqa: PLC0415
+    from repo_manager.core.environments import parse_gates
+    from repo_manager.ops.promote import PromotionRequest, execute_promotion, plan_promotion
 
     settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
     request = PromotionRequest(name, to_env, version, from_env, rollback,
@@ -50,7 +50,7 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
                                Path(sample) if sample else None, eval_cmd, eval_threshold, create_env)
     planned = plan_promotion(settings, request, progress=ctx.progress)
     if dry_run and not planned.nothing_to_do:
-        from repo_manager.ops.inventory import diff_text, promotion_diff  # noqa: PLC0415
+        from repo_manager.ops.inventory import diff_text, promotion_diff
 
         diff = promotion_diff(planned)
         ctx.emit({"dry_run": True, "plan": planned.plan.to_dict(), "diff": diff},
@@ -87,7 +87,7 @@ def _gate_lines(gates) -> str:
 def history_command(ctx: Context, env: str, name: str | None, store: str | None, s3_endpoint_url: str | None) -> None:
     """Every promotion and rollback of ENV (of model NAME only, if given), oldest first."""
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
-    from repo_manager.ops.promote import read_history  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.ops.promote import read_history
 
     view = read_history(settings, env, name, store)
     location, records = view.store, view.records
@@ -114,7 +114,7 @@ def _served(version: int | None) -> str:
 @pass_ctx
 def specs_command(ctx: Context) -> None:
     """The environments (and the store of each) and the model specs in configs/, for pipelines."""
-    from repo_manager.core.environments import env_store, model_specs  # noqa: PLC0415 - off the --help path
+    from repo_manager.core.environments import env_store, model_specs
 
     settings = ctx.settings
     envs = {}

@@ -69,17 +69,17 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
     """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
     --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
     becomes a text-in ensemble: embeddings, reranker scores or classifier labels, as the checkpoint declares."""
-    from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
-    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
-    from repo_manager.core import config as cfg  # noqa: PLC0415 - heavy imports stay off the --help path
-    from repo_manager.ops.publish import publish_model  # noqa: PLC0415
-    from repo_manager.ops.publish.huggingface.checkpoint import example_checkpoint  # noqa: PLC0415
-    from repo_manager.ops.push import store_published  # noqa: PLC0415
+    from repo_manager.adapters.repository import LocalRepository
+    from repo_manager.adapters.storage import open_store
+    from repo_manager.core import config as cfg
+    from repo_manager.ops.publish import publish_model
+    from repo_manager.ops.publish.huggingface.checkpoint import example_checkpoint
+    from repo_manager.ops.push import store_published
 
     if bool(source) == bool(example):
         raise UsageError("give either SOURCE or --example")
     if example == "smollm2":
-        from repo_manager.ops.llm.examples import smollm2_checkpoint  # noqa: PLC0415
+        from repo_manager.ops.llm.examples import smollm2_checkpoint
 
         if fmt not in (None, "vllm"):
             raise UsageError("--example smollm2 is a causal LM: publish it with --format vllm")

@@ -24,14 +24,14 @@ def _created(stamp: str) -> str:
 
 
 def _verified(summary: dict[str, Any], key: str):
-    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+    from repo_manager.cli.terminal import cell
 
     return cell(summary[key], style="green" if summary["verified"] else "yellow")
 
 
 def _cells(*values: Any) -> list[Any]:
     """Every value of a row as data (never rich markup, control characters shown as escapes)."""
-    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+    from repo_manager.cli.terminal import cell
 
     return [value if not isinstance(value, str | int | float) else cell(value) for value in values]
 
@@ -43,19 +43,19 @@ def _envs_cell(envs: list[str] | dict[str, int]) -> str:
 
 
 def _table(title: str | None = None):
-    from rich import box  # noqa: PLC0415 - rich only for the commands that draw tables
-    from rich.table import Table  # noqa: PLC0415
+    from rich import box
+    from rich.table import Table
 
-    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+    from repo_manager.cli.terminal import cell
 
     return Table(title=cell(title) if title is not None else None, box=box.SIMPLE_HEAD, title_justify="left",
                  pad_edge=False)
 
 
 def _group(*renderables):
-    from rich.console import Group  # noqa: PLC0415
+    from rich.console import Group
 
-    from repo_manager.cli.terminal import cell  # noqa: PLC0415
+    from repo_manager.cli.terminal import cell
 
     return Group(*(cell(r) if isinstance(r, str) else r for r in renderables))
 
@@ -68,11 +68,11 @@ def _group(*renderables):
 @pass_ctx
 def list_command(ctx: Context, repository: str | None, all_versions: bool, store: str | None) -> None:
     """One line per model: backend, latest version, verified, size, environments serving it."""
-    from repo_manager.ops.inventory import human_size, list_models  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import human_size, list_models
 
     settings = ctx.settings.replace(repository=repository)
     data = list_models(settings.repository, settings, store=store, all_versions=all_versions)
-    from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+    from repo_manager.adapters.repository import LocalRepository
 
     for note in LocalRepository(settings.repository).scan()[1]:  # e.g. lost+found at a volume's root
         ctx.progress(note)
@@ -120,7 +120,7 @@ def show_command(ctx: Context, name: str, version: int | None, repository: str |
 
     The config shown is that of --version (default: the latest); --json has every record in full.
     """
-    from repo_manager.ops.inventory import show_model  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import show_model
 
     settings = ctx.settings.replace(repository=repository)
     info = show_model(settings.repository, name, version, settings, store=store)
@@ -128,7 +128,7 @@ def show_command(ctx: Context, name: str, version: int | None, repository: str |
 
 
 def _show_renderable(info: dict[str, Any]):
-    from repo_manager.ops.inventory import size_text  # noqa: PLC0415
+    from repo_manager.ops.inventory import size_text
 
     with_envs = "stores" in info
     shown = info["manifest"]["version"]
@@ -179,7 +179,7 @@ def _show_renderable(info: dict[str, Any]):
 
 
 def _engine_renderables(engine: dict[str, Any], shown: int) -> list[Any]:
-    from repo_manager.ops.inventory import human_size  # noqa: PLC0415
+    from repo_manager.ops.inventory import human_size
 
     args = _table(f"engine arguments of version {shown} (model.json; model: the version folder)")
     args.add_column("argument", style="bold")
@@ -219,16 +219,16 @@ def diff_command(ctx: Context, name: str, a: int, b: int, repository: str | None
 
     Exits 0 whether or not they differ (a difference is information); --json for pipelines.
     """
-    from repo_manager.ops.inventory import diff_manifests, diff_text  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import diff_manifests, diff_text
 
     settings = ctx.settings.replace(repository=repository)
     if store:
-        from repo_manager.adapters.storage import open_store  # noqa: PLC0415
+        from repo_manager.adapters.storage import open_store
 
         source = open_store(store, settings)
         first, second = source.get_manifest(name, a), source.get_manifest(name, b)
     else:
-        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository
 
         repo = LocalRepository(settings.repository)
         first, second = repo.manifest(name, a), repo.manifest(name, b)
@@ -244,7 +244,7 @@ def diff_command(ctx: Context, name: str, a: int, b: int, repository: str | None
 @pass_ctx
 def validate_command(ctx: Context, repo_dir: str | None, fix: bool) -> None:
     """Check layout, configs, manifests and checksums; exit 3 when there is any problem."""
-    from repo_manager.ops.inventory import validate_repository  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.inventory import validate_repository
 
     root = repo_dir or ctx.settings.repository
     report = validate_repository(root, fix=fix)

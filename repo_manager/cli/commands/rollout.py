@@ -61,7 +61,7 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
     Exit codes: 0 done, 10 rolled back (see "reason": load_failed, smoke_failed, threshold_breached),
     6 a server became unreachable (the others are left consistent), 2 bad usage.
     """
-    from repo_manager.ops.rollout import RolloutOptions, parse_size, plan_rollout, run_rollout  # noqa: PLC0415
+    from repo_manager.ops.rollout import RolloutOptions, parse_size, plan_rollout, run_rollout
 
     settings = ctx.settings.replace(repository=repository)
     check_server_urls(urls, grpc_urls)
@@ -87,7 +87,7 @@ def rollout_command(ctx: Context, name: str, version: int | None, to_previous: b
 @pass_ctx
 def status_command(ctx: Context, urls: tuple[str, ...], repository: str | None) -> None:
     """Each server's loaded models and versions against the repository's latest."""
-    from repo_manager.ops.rollout import describe_status, server_status  # noqa: PLC0415 - off the --help path
+    from repo_manager.ops.rollout import describe_status, server_status
 
     settings = ctx.settings.replace(repository=repository)
     check_server_urls(urls, ())

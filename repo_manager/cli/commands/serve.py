@@ -28,8 +28,8 @@ def serve_command(ctx: Context, repository: str | None, http_port: int | None, g
                   metrics_port: int | None, models: tuple[str, ...], tritonserver: str | None,
                   trm_metrics_port: int | None) -> None:
     """Start a real tritonserver (explicit model control) on the repository until Ctrl-C / SIGTERM."""
-    from repo_manager.adapters.triton.restricted import RESTRICTED_APIS  # noqa: PLC0415
-    from repo_manager.ops.serving import embedded_server, wait_for_signal  # noqa: PLC0415 - off the --help path
+    from repo_manager.adapters.triton.restricted import RESTRICTED_APIS
+    from repo_manager.ops.serving import embedded_server, wait_for_signal
 
     settings = ctx.settings.replace(repository=repository, tritonserver=tritonserver)
     ports = {"--http-port": settings.http_port if http_port is None else http_port,

@@ -38,9 +38,9 @@ def endpoint_option(function):
 def push_command(ctx: Context, store: str, repository: str | None, selections: tuple[str, ...], env: str | None,
                  create_env: bool, s3_endpoint_url: str | None) -> None:
     """Upload complete versions to STORE (s3://bucket/prefix or a folder): missing blobs, then manifests."""
-    from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
-    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
-    from repo_manager.ops.push import parse_selection, push  # noqa: PLC0415 - heavy imports stay off --help
+    from repo_manager.adapters.repository import LocalRepository
+    from repo_manager.adapters.storage import open_store
+    from repo_manager.ops.push import parse_selection, push
 
     settings = ctx.settings.replace(repository=repository, s3_endpoint_url=s3_endpoint_url)
     target = open_store(store, settings)
@@ -67,8 +67,8 @@ class RichProgress:
     def start(self, total_bytes: int, total_files: int) -> None:
         if not self.enabled or not total_files:
             return
-        from rich.console import Console  # noqa: PLC0415
-        from rich.progress import (  # noqa: PLC0415
+        from rich.console import Console
+        from rich.progress import (
             BarColumn,
             Progress,
             TaskProgressColumn,
@@ -146,15 +146,15 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
                  limit_rate: float | None, s3_endpoint_url: str | None) -> None:
     """Make the local repository serve what ENV in STORE says: only missing blobs are downloaded, verified,
     and each version folder appears complete or not at all."""
-    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
-    from repo_manager.ops.sync import cache_dir_for  # noqa: PLC0415
+    from repo_manager.adapters.storage import open_store
+    from repo_manager.ops.sync import cache_dir_for
 
     settings = ctx.settings.replace(repository=repository, cache_dir=cache_dir, triton_url=triton_url,
                                     s3_endpoint_url=s3_endpoint_url)
     source = open_store(store, settings)
     result = None
     if env and not prune and not dry_run:
-        from repo_manager.ops.sync.noop import try_unchanged  # noqa: PLC0415
+        from repo_manager.ops.sync.noop import try_unchanged
 
         result = try_unchanged(source, cache_dir_for(settings), settings.repository, env, models)
     if result is None:
@@ -167,7 +167,7 @@ def sync_command(ctx: Context, store: str, env: str | None, repository: str | No
 
 def _sync_in_full(ctx: Context, settings, source, env: str | None, models: tuple[str, ...], prune: bool,
                   dry_run: bool, limit_rate: float | None) -> SyncResult | None:
-    from repo_manager.ops.sync import execute, plan_sync  # noqa: PLC0415
+    from repo_manager.ops.sync import execute, plan_sync
 
     plan = plan_sync(settings, source, env=env, models=models, prune=prune)
     if dry_run:
@@ -193,8 +193,8 @@ def export_command(ctx: Context, store: str, dest: str, env: str | None, models:
                    s3_endpoint_url: str | None) -> None:
     """Write a plain Triton layout (<model>/config.pbtxt, <model>/<N>/files) to DEST (folder or s3://), for a
     stock Triton pointed at it."""
-    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
-    from repo_manager.ops.export import export  # noqa: PLC0415 - heavy imports stay off the --help path
+    from repo_manager.adapters.storage import open_store
+    from repo_manager.ops.export import export
 
     settings = ctx.settings.replace(s3_endpoint_url=s3_endpoint_url)
     result = export(open_store(store, settings), dest, settings, env=env, models=models, progress=ctx.progress)

@@ -35,8 +35,8 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
     if ctx.quiet:
         yield lambda message, used, budget: None
         return
-    from rich.console import Console  # noqa: PLC0415 - rich stays off the --help path
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn  # noqa: PLC0415
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed:.0f}/{task.total:.0f} s of budget"))
@@ -104,8 +104,8 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
 
     For a vLLM model, choose the engine's max_num_seqs and max_num_batched_tokens instead, under
     --ttft-p99-ms and --itl-p99-ms at low and peak (goodput: streams within both SLOs per second)."""
-    from repo_manager.ops.tuning import TuneRequest, check_batching, tune_batching  # noqa: PLC0415 - off --help
-    from repo_manager.ops.tuning.core import DEFAULT_BUDGET_S, check_measure_arguments  # noqa: PLC0415
+    from repo_manager.ops.tuning import TuneRequest, check_batching, tune_batching
+    from repo_manager.ops.tuning.core import DEFAULT_BUDGET_S, check_measure_arguments
 
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     llm_flags = {"--ttft-p99-ms": ttft_p99_ms, "--itl-p99-ms": itl_p99_ms, "--max-num-seqs": seqs,
@@ -171,7 +171,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
 
 
 def _is_vllm(settings, name: str) -> bool:
-    from repo_manager.ops.llm.infer import is_llm  # noqa: PLC0415
+    from repo_manager.ops.llm.infer import is_llm
 
     return is_llm(settings, name)
 
@@ -193,7 +193,7 @@ def _tune_llm(ctx: Context, settings, name: str, ttft_p99_ms: float | None, itl_
               low_rps: float | None, peak_rps: float | None, *, seqs: str | None, tokens: str | None,
               search: str | None, requests: int | None, input_tokens: int | None, output_tokens: int | None,
               write: bool, report_dir: str | None) -> None:
-    from repo_manager.ops.tuning.llm import LLMTuneRequest, tune_llm  # noqa: PLC0415 - off --help
+    from repo_manager.ops.tuning.llm import LLMTuneRequest, tune_llm
 
     missing = [flag for flag, value in (("--ttft-p99-ms", ttft_p99_ms), ("--itl-p99-ms", itl_p99_ms),
                                         ("--low-rps", low_rps), ("--peak-rps", peak_rps)) if value is None]

@@ -110,7 +110,8 @@ class AgentOptions:
     """After readiness goes false, time for the load balancer to stop sending (readiness probe period)."""
     drain_timeout_s: float = 120.0
     head_timeout_s: float = 5.0
-    """How long a connection to the agent's endpoint has to send its request head (http.HEAD_TIMEOUT_S)."""
+    """How long a connection to the agent's endpoint has to send its request head (``http.HEAD_TIMEOUT_S``,
+    the endpoint's own default: tests/test_layers.py holds the two, and the CLI's, equal)."""
     lease_ttl_s: float = DEFAULT_TTL_S
     backoff_s: float = 5.0
     backoff_max_s: float = 300.0

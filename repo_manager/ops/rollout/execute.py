@@ -381,12 +381,12 @@ def execute(plan: RolloutPlan, repo: LocalRepository, progress: Progress = quiet
         # refused: the pre-check stopped the first server before anything changed anywhere
         touched = bool(changed) or exc.changed
         _roll_back_all(executor, changed, result, progress)
-        result.outcome, result.reason = "rolled_back" if touched else "refused", str(exc.facts.get("reason"))
+        result.outcome, result.reason = "rolled_back" if touched else "refused", str(exc.reason)
         _finish(result, started, repo)
         exc.report = Report(result.to_dict(), result.describe(), result)
         raise
     except ServerError as exc:
-        failed = exc.facts.get("url", "a server")
+        failed = exc.url or "a server"
         result.outcome, result.reason = "failed", "server_unreachable"
         on_new = [s.url for s, _ in changed]
         error = ServerError(
@@ -430,7 +430,7 @@ def _one_server(executor: Executor, server: ServerPlan, result: RolloutResult,
     except ServerError as exc:
         result.servers.append(ServerResult(server.url, server.strategy, "failed", server.before, {},
                                            tuple(log.steps), seconds=time.monotonic() - t0, loads=tuple(log.loads)))
-        exc.facts.setdefault("url", server.url)
+        exc.url = exc.url or server.url
         raise
     changed.append((server, log))
     if soak_here:

@@ -149,10 +149,10 @@ def place_checked(store: Store, cache: BlobCache, digest: str, size: int, target
     try:
         cache.place(digest, size, target)
     except CorruptBlobError as exc:
-        raise IntegrityError(f"blob {digest} in the node cache ({exc.facts['path']}) changed again right after "
+        raise IntegrityError(f"blob {digest} in the node cache ({exc.path}) changed again right after "
                              "it was fetched and verified", hint="something on this node keeps writing into the "
                              "node cache (--cache): stop it; nothing was installed from it",
-                             path=exc.facts["path"]) from exc
+                             path=exc.path) from exc
 
 
 def own_copies(repo: LocalRepository, cache: BlobCache, manifest: Manifest) -> dict[str, tuple[Path, int]]:

@@ -90,15 +90,15 @@ def _python_executable():
 
 class TritonPythonModel:
     def initialize(self, args):
-        import multiprocessing  # noqa: PLC0415
+        import multiprocessing
 
         # `kill -USR1 <stub pid>` writes every thread's Python stack to the server's log: what a load or an
         # unload that does not end is waiting on
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         multiprocessing.set_executable(_python_executable())
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-        from vllm.sampling_params import SamplingParams  # noqa: PLC0415
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.sampling_params import SamplingParams
 
         self.args = args
         self.config = json.loads(args["model_config"])
@@ -158,8 +158,8 @@ class TritonPythonModel:
         _register_engine()
 
     async def _start_engine(self, engine_args):
-        from vllm.usage.usage_lib import UsageContext  # noqa: PLC0415
-        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         self.max_model_len = vllm_config.model_config.max_model_len
@@ -441,7 +441,7 @@ class _Metrics:
     def stat_logger_factory(self):
         if not self.enabled:
             return None
-        from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+        from vllm.v1.metrics.loggers import StatLoggerBase
 
         metrics = self
 
