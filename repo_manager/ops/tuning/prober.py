@@ -33,6 +33,8 @@ Progress = Callable[[str, float, float], None]
 
 LOAD_S = 1.5
 """Allowance for loading one candidate (Triton's load API with a config override)."""
+REPEATED = ("remeasure", "confirm")
+"""Levels measured again on purpose (never answered from an earlier point)."""
 PROFILE_REQUESTS = 8
 """Requests per profiled batch size, at least (and at least ``PROFILE_MEASURE_S`` of them)."""
 PROFILE_WARMUP_S = 0.2
@@ -66,7 +68,9 @@ class Point:
     candidate: str
     """The candidate's key."""
     level: str
-    """``low``, ``peak``, ``headroom``, ``capacity``, ``delay-search`` or ``remeasure``."""
+    """``low``, ``peak``, ``headroom``, ``capacity``, ``delay-search``, ``remeasure`` (a finalist at the best
+    capacity) or ``confirm`` (a finalist's round at one of the levels, judged on its own: ``Prober.point``'s
+    ``strict``)."""
     rate: float
     meets_slo: bool
     stable: bool
@@ -155,11 +159,13 @@ class Prober:
         self.loaded = None
 
     # ------------------------------------------------------------------------------------ measuring
-    def point(self, candidate: Candidate, level: str, rate: float) -> Point:
-        """Measure ``candidate`` at ``rate`` (cached per candidate and rate unless ``remeasure``)."""
-        if level != "remeasure":
+    def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
+        """Measure ``candidate`` at ``rate`` (cached per candidate and rate unless ``remeasure`` or
+        ``confirm``). ``strict``: a near miss is not measured again (a round of the finalists' confirmation,
+        where every round counts and the worst decides)."""
+        if level not in REPEATED:
             for done in self.points:
-                if done.candidate == candidate.key and done.rate == rate and done.level != "remeasure":
+                if done.candidate == candidate.key and done.rate == rate and done.level not in REPEATED:
                     return done
         if not self.load(candidate):
             point = Point(candidate.key, level, rate, False, True, None,
@@ -183,7 +189,7 @@ class Prober:
             result = self._measure(replace(spec, requests=spec.requests * 2, seed=spec.seed + 2000))
             stable = self._stable(result)
         passed = self._passes(result, stable)
-        if not passed and result.valid and not result.saturated and result.p99_ms <= 3 * self.slo_ms:
+        if not strict and not passed and result.valid and not result.saturated and result.p99_ms <= 3 * self.slo_ms:
             # a near miss on a shared machine may be a disturbance of the machine, not the config: one
             # more measurement decides (finalists are measured again, interleaved, before any choice)
             retry = self._measure(replace(spec, seed=spec.seed + 3000))

@@ -17,7 +17,7 @@ from typing import Any
 
 from repo_manager.core.config import atomic_write_bytes
 from repo_manager.ops.tuning.overload import OverloadOutcome
-from repo_manager.ops.tuning.prober import Point
+from repo_manager.ops.tuning.prober import REPEATED, Point
 
 COLUMNS = ("candidate", "level", "offered/s", "achieved/s", "requests", "p50", "p90", "p99", "max", "mean batch",
            "batch histogram", "queue ms", "compute ms", "meets SLO", "valid", "note")
@@ -192,7 +192,7 @@ def plot(points: list[Point], slo_ms: float, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
     by_candidate: dict[str, list[tuple[float, float]]] = {}
     for p in points:
-        if p.measurement is not None and p.measurement.valid and p.level != "remeasure":
+        if p.measurement is not None and p.measurement.valid and p.level not in REPEATED:
             p99 = min(p.measurement.p99_ms, slo_ms * 20)  # saturated points: clipped, still visibly failing
             by_candidate.setdefault(p.candidate, []).append((p.measurement.achieved_rps, p99))
     for name, values in sorted(by_candidate.items()):

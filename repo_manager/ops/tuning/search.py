@@ -15,9 +15,14 @@
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
 5. **Finalists** (within one ladder step of the best) are measured again, interleaved, at the best
-   capacity. A finalist that fails a repeat loses that step. Among those left, a lower p99 wins only if
-   it is lower by more than the noise seen between repeats; otherwise the simplest wins (the current
-   config, then smaller delay, no preferred sizes, fewer instances, smaller batch).
+   capacity; a finalist that fails a repeat loses that step. Then each must *hold*: meet the SLO at every
+   level in ``CONFIRM_ROUNDS`` rounds (its search point, then rounds interleaved with the other
+   finalists, fresh arrivals each, judged strictly: the worst round decides), with p99 within
+   ``PEAK_MARGIN`` of the SLO at peak x headroom. While no finalist holds, the next candidates by capacity
+   are tried. Among those that hold, the highest capacity; a lower worst-round p99 at peak x headroom
+   wins a tie only if lower by more than the noise seen between repeats; otherwise the simplest wins (the
+   current config, then smaller delay, no preferred sizes, fewer instances, smaller batch). Every round
+   is in the record.
 
 Steps 1–2 for the current config, plain batching and the top structure always run; then the structure
 predicted to carry the most, and more until one meets every level; the delay search on the eligible
@@ -38,6 +43,13 @@ LEVELS = ("low", "peak", "headroom")
 ALWAYS_MEASURED = 3
 """Configs every search measures at every level they meet: the current one, plain batching, the top structure."""
 STEP = 1.25
+CONFIRM_ROUNDS = 3
+"""Rounds at every level a finalist must hold before it can be chosen: its search measurement, then rounds
+measured interleaved with the other finalists (fresh arrivals: a new seed and a new load run each), each
+judged on its own, without the search's second chance for a near miss; the worst round decides."""
+PEAK_MARGIN = 0.8
+"""At peak x headroom a finalist's worst round must be within this share of the SLO: the busiest level
+keeps room for a busier minute, or a measurement on another machine, than its rounds saw."""
 DELAY_SHARE = 0.5
 """A queue delay may bring the low-traffic p99 up to this share of the SLO, no further: at low traffic
 nearly every request waits the whole delay, and a delay that spends the whole SLO there leaves nothing
@@ -244,7 +256,8 @@ class Search:
         if not self.capacity:
             return None, 0.0, {}
         best = max(self.capacity.values())
-        finalists = [self.candidates[k] for k, cap in self.capacity.items() if cap * STEP > best * 1.001][:3]
+        ranked = sorted(self.capacity, key=lambda k: -self.capacity[k])  # stable: measured order breaks ties
+        finalists = [self.candidates[k] for k in ranked if self.capacity[k] * STEP > best * 1.001][:3]
         runs: dict[str, list[Point]] = {c.key: [p for p in self.prober.points
                                                 if p.candidate == c.key and abs(p.rate - best) < 0.05]
                                         for c in finalists}
@@ -265,22 +278,64 @@ class Search:
                      for c in finalists}
         for key, capacity in confirmed.items():
             self.capacity[key] = round(capacity, 1)
-        top = max(confirmed.values())
-        group = [c for c in finalists if confirmed[c.key] >= top * 0.999]
-
-        def mean_p99(c: Candidate) -> float:
-            values = [p.p99_ms for p in runs[c.key]]
-            return sum(values) / len(values) if values else float("inf")
+        # every level, in rounds: the finalists first, then (while none holds) the next best by capacity
+        held, tried, batch = [], set(), finalists
+        while batch and not held:
+            self._confirm(batch)
+            tried |= {c.key for c in batch}
+            held = [c for c in batch if self._holds(c)]
+            batch = [self.candidates[k] for k in ranked if k not in tried][:3]
+            if "confirmation cut short: time budget" in self.notes:
+                break
+        if not held:
+            self.notes.append(f"no candidate held every level in every round measured with p99 within "
+                              f"{PEAK_MARGIN:.0%} of the SLO at peak x headroom: chosen on the search's "
+                              "measurements, as the record shows")
+        group_from = held or finalists
+        top = max(self.capacity[c.key] for c in group_from)
+        group = [c for c in group_from if self.capacity[c.key] >= top * 0.999]
 
         simplest = min(group, key=_simplicity)
-        fastest = min(group, key=mean_p99)
+        fastest = min(group, key=self._worst_headroom_p99)
         chosen = simplest
         why = f"simplest of {len(group)} candidate(s) tied at {top:.0f}/s within noise {noise:.0%}"
-        if fastest is not simplest and mean_p99(simplest) - mean_p99(fastest) > noise * mean_p99(simplest):
+        worst_simplest, worst_fastest = self._worst_headroom_p99(simplest), self._worst_headroom_p99(fastest)
+        if fastest is not simplest and worst_simplest - worst_fastest > noise * worst_simplest:
             chosen = fastest
-            why = (f"p99 {mean_p99(fastest):.1f} ms vs {mean_p99(simplest):.1f} ms at {top:.0f}/s, "
-                   f"a difference beyond the measured noise {noise:.0%}")
+            why = (f"worst-round p99 at peak x headroom {worst_fastest:.1f} ms vs {worst_simplest:.1f} ms, a "
+                   f"difference beyond the measured noise {noise:.0%}")
         return chosen, noise, self._evidence(chosen, top, why)
+
+    def _rounds(self, candidate: Candidate) -> dict[str, list[Point]]:
+        """Every measurement of ``candidate`` at each level: its search point, then its confirmation rounds."""
+        return {level: [p for p in self.prober.points if p.candidate == candidate.key and p.rate == self.rates[level]
+                        and p.level != "remeasure"] for level in LEVELS}
+
+    def _holds(self, candidate: Candidate) -> bool:
+        """Met the SLO at every level in every round measured, within ``PEAK_MARGIN`` of it at peak x headroom."""
+        for level, points in self._rounds(candidate).items():
+            limit = self.slo_ms * (PEAK_MARGIN if level == "headroom" else 1.0)
+            if not points or not all(p.meets_slo and p.p99_ms <= limit for p in points):
+                return False
+        return True
+
+    def _worst_headroom_p99(self, candidate: Candidate) -> float:
+        return max((p.p99_ms for p in self._rounds(candidate)["headroom"]), default=float("inf"))
+
+    def _confirm(self, candidates: list[Candidate]) -> None:
+        """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
+        round, each measured with fresh arrivals and judged on its own; one that misses is not measured
+        further."""
+        for _ in range(CONFIRM_ROUNDS - 1):
+            for candidate in candidates:
+                for level in ("headroom", "peak", "low"):
+                    if not self._holds(candidate) or len(self._rounds(candidate)[level]) >= CONFIRM_ROUNDS:
+                        continue
+                    rate = self.rates[level]
+                    if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
+                        self.notes.append("confirmation cut short: time budget")
+                        return
+                    self.prober.point(candidate, "confirm", rate, strict=True)
 
     def _evidence(self, chosen: Candidate, capacity: float, why: str) -> dict[str, str]:
         p = self.profile
@@ -301,6 +356,12 @@ class Search:
         evidence["max_queue_delay_microseconds"] = f"{chosen.delay_us}: {low_text} against the SLO {self.slo_ms:g} ms"
         evidence["preferred_batch_size"] = (f"{list(chosen.preferred)}: cost per request still drops there"
                                             if chosen.preferred else "none: the batcher takes what is queued")
+        rounds = self._rounds(chosen)
+        evidence["rounds"] = (
+            f"{'held' if self._holds(chosen) else 'did not hold'} the SLO in every round measured "
+            f"(within {PEAK_MARGIN:.0%} of it at peak x headroom); worst p99 "
+            + ", ".join(f"{level} {max(p.p99_ms for p in points):.1f} ms over {len(points)} round(s)"
+                        for level, points in rounds.items() if points))
         return evidence
 
     def _evaluation(self, candidate: Candidate) -> Evaluation:

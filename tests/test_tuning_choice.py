@@ -1,0 +1,128 @@
+"""The choice among tune-batching's finalists, on recorded traces: deterministic, no server.
+
+``RecordedProber`` stands in for the prober: each (candidate, rate) answers the p99 values of a trace, one
+per measurement, in order, and costs nothing unless the test gives it a budget. The traces are shaped on the
+independent check of issue 35 (SLO p99 25 ms at 50 and 400 req/s, a Python-backend model): the candidate
+with the highest capacity in the search (a 4.4 ms queue delay) broke the SLO at peak when measured again,
+while a 2 ms delay held every level at a lower ladder capacity.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from repo_manager.ops.tuning.candidates import Candidate, Profile
+from repo_manager.ops.tuning.prober import REPEATED, Point
+from repo_manager.ops.tuning.search import CONFIRM_ROUNDS, PEAK_MARGIN, Search
+
+SLO_MS = 25.0
+LOW, PEAK, HEADROOM = 50.0, 400.0, 1.2
+RATES = {"low": LOW, "peak": PEAK, "headroom": PEAK * HEADROOM}
+WIDE = Candidate(32, 2, True, 4417)
+NARROW = Candidate(32, 2, True, 2000)
+NONE = Candidate(32, 2, True, 0)
+
+
+class RecordedProber:
+    """The prober's interface, answered from traces: ``traces[(key, rate)]`` is the p99 of each measurement
+    in turn (the last one repeats); a point meets the SLO when its p99 is within it."""
+
+    def __init__(self, traces: dict[tuple[str, float], list[float]], budget_s: float = float("inf"),
+                 point_s: float = 1.0) -> None:
+        self.traces, self.budget_s, self.point_s = traces, budget_s, point_s
+        self.points: list[Point] = []
+        self.used_s = 0.0
+
+    def point_cost_s(self, rate: float) -> float:
+        return self.point_s
+
+    def can_afford(self, seconds: float) -> bool:
+        return self.used_s + seconds <= self.budget_s
+
+    def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
+        done = [p for p in self.points if p.candidate == candidate.key and p.rate == rate]
+        trace = self.traces[(candidate.key, rate)]
+        p99 = trace[min(len(done), len(trace) - 1)]
+        self.used_s += self.point_s
+        point = Point(candidate.key, level, rate, p99 <= SLO_MS, True, SimpleNamespace(p99_ms=p99, valid=True))
+        self.points.append(point)
+        return point
+
+
+def _search(prober: RecordedProber, measured: dict[Candidate, float]) -> Search:
+    """A search whose candidates were measured at every level (their first trace value) and climbed to
+    ``measured`` capacities: the state ``_finalists`` starts from."""
+    search = Search(prober, Profile({1: 6.75, 32: 30.0}, 0.5, 32), NONE, SLO_MS, LOW, PEAK, HEADROOM)
+    for candidate, capacity in measured.items():
+        search._add(candidate)
+        for level in ("headroom", "peak", "low"):
+            prober.point(candidate, level, RATES[level])
+        search.capacity[candidate.key] = capacity
+        prober.traces.setdefault((candidate.key, capacity), [SLO_MS / 2])
+    return search
+
+
+def _traces(**by_candidate: dict[str, list[float]]) -> dict[tuple[str, float], list[float]]:
+    keys = {"wide": WIDE.key, "narrow": NARROW.key, "none": NONE.key}
+    return {(keys[name], RATES[level]): values for name, levels in by_candidate.items()
+            for level, values in levels.items()}
+
+
+def test_a_finalist_that_breaks_the_slo_in_a_later_round_loses_to_one_that_holds_every_round():
+    prober = RecordedProber(_traces(
+        wide={"headroom": [19.0, 42.3, 19.0], "peak": [18.0, 30.0], "low": [12.5]},  # broke at peak x headroom
+        narrow={"headroom": [9.8, 9.5, 10.4], "peak": [9.5], "low": [9.8]}))
+    search = _search(prober, {WIDE: 1875.0, NARROW: 1500.0})  # wide: one ladder step above, the only finalist
+    chosen, _noise, evidence = search._finalists()
+    assert chosen == NARROW
+    rounds = search._rounds(NARROW)
+    assert [len(rounds[level]) for level in ("low", "peak", "headroom")] == [CONFIRM_ROUNDS] * 3
+    assert [p.p99_ms for p in search._rounds(WIDE)["headroom"]] == [19.0, 42.3]  # measured no further once broken
+    assert "held the SLO in every round" in evidence["rounds"]
+    assert "headroom 10.4 ms over 3 round(s)" in evidence["rounds"]
+    confirm = [p for p in prober.points if p.level == "confirm"]
+    assert confirm and "confirm" in REPEATED  # every round is in the record, as its own level
+
+
+def test_a_finalist_within_the_slo_but_past_the_margin_at_peak_x_headroom_does_not_hold():
+    near = SLO_MS * PEAK_MARGIN + 2.0  # meets the SLO in every round, with no room left
+    prober = RecordedProber(_traces(wide={"headroom": [near], "peak": [15.0], "low": [12.0]},
+                                    narrow={"headroom": [14.0], "peak": [12.0], "low": [11.0]}))
+    search = _search(prober, {WIDE: 1875.0, NARROW: 1875.0})
+    chosen, _noise, _evidence = search._finalists()
+    assert chosen == NARROW
+    assert not search._holds(WIDE) and search._holds(NARROW)
+
+
+def test_finalists_that_both_hold_within_noise_go_to_the_smaller_queue_delay():
+    prober = RecordedProber(_traces(wide={"headroom": [12.0, 12.4, 12.2], "peak": [11.0], "low": [10.0]},
+                                    narrow={"headroom": [12.3, 12.1, 12.6], "peak": [11.2], "low": [9.0]}))
+    search = _search(prober, {WIDE: 1875.0, NARROW: 1875.0})
+    for candidate in (WIDE, NARROW):  # the capacity repeats, as measured: the noise between them is 10 %
+        prober.traces[(candidate.key, 1875.0)] = [10.0, 11.0, 10.5]
+    chosen, noise, evidence = search._finalists()
+    assert noise > 0.02 and chosen == NARROW and "simplest" in evidence["choice"]
+
+
+def test_a_budget_that_ends_before_the_rounds_keeps_the_searchs_own_verdict_and_says_so():
+    prober = RecordedProber(_traces(wide={"headroom": [15.0, 42.0], "peak": [14.0], "low": [10.0]},
+                                    narrow={"headroom": [12.0], "peak": [11.0], "low": [9.0]}), budget_s=6.0)
+    search = _search(prober, {WIDE: 1875.0, NARROW: 1500.0})  # 6 points already: nothing more fits
+    chosen, _noise, evidence = search._finalists()
+    assert chosen == WIDE  # one round, which it held: nothing measured says otherwise
+    assert "confirmation cut short: time budget" in search.notes
+    assert "over 1 round(s)" in evidence["rounds"]
+
+
+@pytest.mark.parametrize("broken_level", ["low", "peak", "headroom"])
+def test_when_no_candidate_holds_the_choice_is_named_as_unconfirmed(broken_level):
+    traces = {"headroom": [15.0], "peak": [14.0], "low": [10.0]}
+    traces[broken_level] = [traces[broken_level][0], SLO_MS * 2]
+    prober = RecordedProber(_traces(wide=dict(traces), narrow=dict(traces)))
+    search = _search(prober, {WIDE: 1875.0, NARROW: 1875.0})
+    chosen, _noise, evidence = search._finalists()
+    assert chosen in (WIDE, NARROW)
+    assert any(note.startswith("no candidate held every level") for note in search.notes)
+    assert evidence["rounds"].startswith("did not hold")
