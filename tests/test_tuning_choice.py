@@ -30,8 +30,8 @@ class RecordedProber:
     in turn (the last one repeats); a point meets the SLO when its p99 is within it."""
 
     def __init__(self, traces: dict[tuple[str, float], list[float]], budget_s: float = float("inf"),
-                 point_s: float = 1.0) -> None:
-        self.traces, self.budget_s, self.point_s = traces, budget_s, point_s
+                 point_s: float = 1.0, fallback=None) -> None:
+        self.traces, self.budget_s, self.point_s, self.fallback = traces, budget_s, point_s, fallback
         self.points: list[Point] = []
         self.used_s = 0.0
 
@@ -43,7 +43,7 @@ class RecordedProber:
 
     def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
         done = [p for p in self.points if p.candidate == candidate.key and p.rate == rate]
-        trace = self.traces[(candidate.key, rate)]
+        trace = self.traces.get((candidate.key, rate)) or self.fallback(candidate, rate)
         p99 = trace[min(len(done), len(trace) - 1)]
         self.used_s += self.point_s
         point = Point(candidate.key, level, rate, p99 <= SLO_MS, True, SimpleNamespace(p99_ms=p99, valid=True))
@@ -126,3 +126,35 @@ def test_when_no_candidate_holds_the_choice_is_named_as_unconfirmed(broken_level
     assert chosen in (WIDE, NARROW)
     assert any(note.startswith("no candidate held every level") for note in search.notes)
     assert evidence["rounds"].startswith("did not hold")
+
+
+def _with_delay(candidate: Candidate, rate: float) -> list[float]:
+    """A queue delay's trace on this model: fuller batches at peak (p99 about 10 ms up to 900/s), the delay
+    added at low traffic."""
+    if rate == RATES["low"]:
+        return [14.1 + candidate.delay_us / 1000]
+    return [10.0 if rate <= 900 else 60.0]
+
+
+def test_when_no_eligible_candidate_keeps_the_margin_short_queue_delays_are_tried_and_one_that_holds_wins():
+    """The independent check's model: without a delay the only eligible structure met the SLO at peak x
+    headroom with no room (23.3 ms of 25); a short delay fills batches at peak and holds every round."""
+    prober = RecordedProber(_traces(none={"headroom": [23.3], "peak": [21.9], "low": [14.1]}),
+                            fallback=_with_delay)
+    search = _search(prober, {NONE: 750.0})
+    search._peak_delays()
+    tried = [c for c in search.candidates.values() if c.delay_us > 0]
+    room_ms = SLO_MS - 14.1  # the whole SLO's room at low traffic (a full batch of 32 takes 80 ms to arrive)
+    assert sorted(c.delay_us for c in tried) == [int(room_ms * 250), int(room_ms * 500)]
+    assert all(search._evaluation(c).eligible for c in tried) and any("tried queue delays" in n for n in search.notes)
+    chosen, _noise, evidence = search._finalists()
+    assert chosen in tried and search._holds(chosen) and evidence["rounds"].startswith("held")
+
+
+def test_no_delay_is_tried_when_an_eligible_candidate_already_keeps_the_margin():
+    prober = RecordedProber(_traces(none={"headroom": [12.0], "peak": [11.0], "low": [14.1]}),
+                            fallback=_with_delay)
+    search = _search(prober, {NONE: 750.0})
+    measured = len(prober.points)
+    search._peak_delays()
+    assert len(prober.points) == measured and list(search.candidates) == [NONE.key]

@@ -11,6 +11,10 @@
    10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
    third of it become candidates (and, when the profile says a smaller batch is already cheap, the
    largest delay with that size preferred, measured after the capacities below).
+   When no candidate that met every level keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
+   the SLO, short delays (a quarter and a half of the room the whole SLO leaves at low traffic) are tried
+   on the best such structure too: at a busy rate a delay fills batches and can lower the peak's p99
+   (``_peak_delays``).
 4. **Capacity.** Candidates that met every level climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
@@ -162,6 +166,7 @@ class Search:
                 self._capacities()
             else:
                 pruned.append(Pruned(candidate, "not measured: time budget"))
+        self._peak_delays()
         chosen, noise, evidence = self._finalists()
         evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
         pruned = [p for p in pruned if p.candidate.key not in self.candidates]  # measured after all
@@ -219,6 +224,36 @@ class Search:
         if useful:  # measured with the remaining structures, after the capacities
             self.deferred.append(Candidate(base.max_batch_size, base.instances, True, found.delay_us,
                                            (useful[-1],), "search"))
+
+    def _peak_delays(self) -> None:
+        """When no eligible candidate keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of the SLO, a
+        short queue delay may: at a busy rate it fills batches that would otherwise leave one by one, and
+        fewer, fuller executions drain the queue sooner (the independent check's model: 2 ms took p99 at
+        400/s from about 22 to about 10 ms). The low-traffic search above does not try it when a delay would
+        take the low-traffic p99 past ``DELAY_SHARE`` of the SLO, so here a quarter and a half of the room
+        the whole SLO leaves at low traffic (at most the time a full batch takes to arrive at peak) are
+        tried on the eligible structure with the lowest p99 there, measured at every level and climbed."""
+        eligible = [c for c in self.candidates.values() if self._evaluation(c).eligible]
+        if not eligible or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in eligible):
+            return
+        base = min((c for c in eligible if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
+        if base is None:
+            return
+        zero = self._level_point(base, "low")
+        assert zero is not None  # eligible: measured at every level
+        room_ms = min(self.slo_ms - zero.p99_ms, 1000.0 * base.max_batch_size / self.rates["peak"])
+        tried = []
+        for share in (0.25, 0.5):
+            delay_us = int(room_ms * share * 1000)
+            if delay_us < 500 or not self.prober.can_afford(self._cost()):
+                continue
+            candidate = self._add(base.with_delay(delay_us))
+            tried.append(candidate.label)
+            self.evaluate(candidate)
+        self._capacities()
+        if tried:
+            self.notes.append(f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the "
+                              f"SLO: tried queue delays on {base.label}: {'; '.join(tried)}")
 
     def _capacities(self) -> None:
         """Climb every eligible candidate that has no capacity yet, best predicted first."""
