@@ -151,3 +151,18 @@ def test_trm_agents_option_defaults_are_the_agents_own():
     from repo_manager.ops.agent.http import HEAD_TIMEOUT_S
 
     assert fields["head_timeout_s"] == HEAD_TIMEOUT_S  # the endpoint's own default
+
+
+def test_the_facts_an_error_takes_are_the_facts_it_declares():
+    """``TrmError``'s keywords besides hint and report are ``FACTS``, each set as an attribute: the two lists
+    cannot drift apart."""
+    import inspect
+
+    from repo_manager.core.errors import FACTS, TrmError
+
+    keywords = [name for name, p in inspect.signature(TrmError.__init__).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and name not in ("hint", "report")]
+    assert keywords == list(FACTS)
+    error = TrmError("m", **{name: f"value of {name}" for name in FACTS})
+    assert error.facts == {name: f"value of {name}" for name in FACTS}
+    assert TrmError("m").facts == {}

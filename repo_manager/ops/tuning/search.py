@@ -250,8 +250,8 @@ class Search:
             candidate = self._add(base.with_delay(delay_us))
             tried.append(candidate.label)
             self.evaluate(candidate)
-        self._capacities()
         if tried:
+            self._capacities()
             self.notes.append(f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the "
                               f"SLO: tried queue delays on {base.label}: {'; '.join(tried)}")
 
@@ -316,12 +316,10 @@ class Search:
         # every level, in rounds: the finalists first, then (while none holds) the next best by capacity
         held, tried, batch = [], set(), finalists
         while batch and not held:
-            self._confirm(batch)
+            completed = self._confirm(batch)
             tried |= {c.key for c in batch}
             held = [c for c in batch if self._holds(c)]
-            batch = [self.candidates[k] for k in ranked if k not in tried][:3]
-            if "confirmation cut short: time budget" in self.notes:
-                break
+            batch = [self.candidates[k] for k in ranked if k not in tried][:3] if completed else []
         if not held:
             self.notes.append(f"no candidate held every level in every round measured with p99 within "
                               f"{PEAK_MARGIN:.0%} of the SLO at peak x headroom: chosen on the search's "
@@ -357,10 +355,10 @@ class Search:
     def _worst_headroom_p99(self, candidate: Candidate) -> float:
         return max((p.p99_ms for p in self._rounds(candidate)["headroom"]), default=float("inf"))
 
-    def _confirm(self, candidates: list[Candidate]) -> None:
+    def _confirm(self, candidates: list[Candidate]) -> bool:
         """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
         round, each measured with fresh arrivals and judged on its own; one that misses is not measured
-        further."""
+        further. False when the time budget ended the rounds."""
         for _ in range(CONFIRM_ROUNDS - 1):
             for candidate in candidates:
                 for level in ("headroom", "peak", "low"):
@@ -369,8 +367,9 @@ class Search:
                     rate = self.rates[level]
                     if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
                         self.notes.append("confirmation cut short: time budget")
-                        return
+                        return False
                     self.prober.point(candidate, "confirm", rate, strict=True)
+        return True
 
     def _evidence(self, chosen: Candidate, capacity: float, why: str) -> dict[str, str]:
         p = self.profile
