@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from prometheus_client import (
@@ -84,9 +85,7 @@ BUILD = Gauge("trm_build_info", "trm's version", ["version"], registry=REGISTRY)
 @functools.cache
 def _version() -> str:
     try:
-        from importlib.metadata import version  # noqa: PLC0415
-
-        return version("trm")
+        return metadata.version("trm")
     except Exception:  # noqa: BLE001 - an uninstalled checkout still exports
         return "unknown"
 

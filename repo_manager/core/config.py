@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
@@ -32,7 +33,6 @@ def _model_config_pb2() -> Any:
     name = "tritonclient.grpc.model_config_pb2"
     if name in sys.modules:
         return sys.modules[name]
-    import importlib.util  # noqa: PLC0415
 
     try:
         package = importlib.util.find_spec("tritonclient")
@@ -44,7 +44,7 @@ def _model_config_pb2() -> Any:
         return module
     except Exception:  # noqa: BLE001 - any other layout: the ordinary (slower) import
         sys.modules.pop(name, None)
-        from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+        from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - heavy library, imported where used
 
         return model_config_pb2
 
@@ -81,7 +81,7 @@ def data_type(name: str) -> int:
 
 
 def numpy_dtype(data_type_value: int) -> np.dtype:
-    import numpy as np  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - numpy only where arrays are made
 
     name = dtype_name(data_type_value)
     if name not in _triton_to_numpy():
@@ -90,7 +90,7 @@ def numpy_dtype(data_type_value: int) -> np.dtype:
 
 
 def from_numpy_dtype(dtype: np.dtype) -> int:
-    import numpy as np  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - numpy only where arrays are made
 
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):

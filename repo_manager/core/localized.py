@@ -41,8 +41,8 @@ def localized_paths(config_text: str) -> frozenset[str]:
     """The files of a version validated with ``config_text`` that are stored in their stored form."""
     if "vllm" not in config_text:  # the cheap test first: most configs are never parsed here
         return frozenset()
-    from repo_manager.core import config as cfg  # noqa: PLC0415
-    from repo_manager.core.errors import InputError  # noqa: PLC0415
+    from repo_manager.core import config as cfg  # noqa: PLC0415 - the config parser only for a vLLM config
+    from repo_manager.core.errors import InputError  # noqa: PLC0415 - only for a vLLM config
 
     try:
         backend = cfg.parse_config(config_text).backend
@@ -178,7 +178,7 @@ def localize_gpt_model_path(config: cfg.ModelConfig, version_dir: str | Path) ->
     repository it publishes to; whoever installs the version elsewhere (sync to another root, a load with
     a config override) calls this with the installed version folder.
     """
-    from repo_manager.core import config as cfg  # noqa: PLC0415
+    from repo_manager.core import config as cfg  # noqa: PLC0415 - the config parser only where a path is localized
 
     localized = cfg.ModelConfig()
     localized.CopyFrom(config)

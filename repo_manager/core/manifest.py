@@ -14,6 +14,7 @@ import binascii
 import copy
 import hashlib
 import json
+import math
 import platform
 import re
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager.core import documents
-from repo_manager.core.errors import InputError, IntegrityError
+from repo_manager.core.errors import ConfigError, InputError, IntegrityError
 from repo_manager.core.paths import check_store_path, open_inside, walk_inside
 
 MANIFEST_NAME = "trm-manifest.json"
@@ -329,8 +330,6 @@ def _bad(manifest: Manifest, where: str, wanted: str) -> IntegrityError:
 
 
 def _number(value: Any, manifest: Manifest, where: str, *, positive: bool = False) -> float:
-    import math  # noqa: PLC0415
-
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or positive and not value > 0:
         raise _bad(manifest, where, "a positive finite number" if positive else "a finite number")
@@ -495,7 +494,6 @@ def read_config(manifest: Manifest) -> Any:
     """The config (Triton's ModelConfig) ``manifest`` was validated with; IntegrityError (exit 7) when it is
     not a valid config: it is stored data, not a file the user edits."""
     from repo_manager.core import config as cfg  # noqa: PLC0415 - protobuf only for the readers that need it
-    from repo_manager.core.errors import ConfigError  # noqa: PLC0415
 
     try:
         return cfg.parse_config(manifest.config, f"the config in {_origin(manifest)}")

@@ -14,6 +14,8 @@ Commands receive a ``Settings`` and never read the environment or files for sett
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -150,7 +152,6 @@ _MAPPING_FIELDS = {"environments", "gates", "rollout"}
 def _coerce(key: str, value: Any, origin: str) -> Any:
     """A setting's value from a file (YAML types) or a ``TRM_*`` variable (text), checked for its type and
     range: a wrong one is a one-line ConfigError naming the setting, never a crash where it is used."""
-    import math  # noqa: PLC0415
 
     def bad(why: str) -> ConfigError:
         shown = value if isinstance(value, (str, int, float, bool)) else type(value).__name__
@@ -190,7 +191,6 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         return number
     if key in _MAPPING_FIELDS:
         if isinstance(value, str):  # a TRM_* variable: JSON
-            import json  # noqa: PLC0415
 
             try:
                 value = json.loads(value)

@@ -17,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.storage import open_store
 from repo_manager.core import config as cfg
 from repo_manager.core.environments import env_store
 from repo_manager.core.errors import IntegrityError, TrmError, UsageError
@@ -227,7 +228,6 @@ def environment_pointers(settings: Settings, store: str | None = None) -> dict[s
     plus the environments found in the default store. Nothing configured: empty. An unreadable store is a
     note, not an error (a listing should still show the local repository).
     """
-    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
 
     wanted: dict[str, str | None] = {}
     notes: list[str] = []

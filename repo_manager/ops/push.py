@@ -14,6 +14,7 @@ store and renumbers the local folder to match.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import shutil
@@ -177,7 +178,6 @@ def check_not_a_typo(store: Store, env: str) -> None:
     """A push may create an environment, but not one whose name is close to one the store has (``prd``
     beside ``prod``, ``STAGING`` beside ``staging``): nodes watching the intended one would never see the
     versions. Refused before anything is uploaded; ``create_env`` says the new name is meant."""
-    import difflib  # noqa: PLC0415
 
     known = store.list_envs()
     if env in known:

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,7 @@ def make_client(endpoint_url: str | None = None, max_connections: int = 32, *,
     look-ups that must answer quickly, such as shell completion); by default 5 s to connect, 60 s to read,
     three attempts."""
     import boto3  # noqa: PLC0415 - boto3 is slow to import; only S3 users pay for it
-    from botocore.config import Config  # noqa: PLC0415
+    from botocore.config import Config  # noqa: PLC0415 - botocore is slow to import; only S3 users pay for it
 
     session = boto3.session.Session()
     config = Config(max_pool_connections=max_connections, connect_timeout=timeout_s or 5,
@@ -168,7 +170,7 @@ class S3Store(Store):
 
     def _error(self, exc: Exception, key: str, action: str) -> Exception:
         """Translate a botocore failure; never includes credentials (only codes, bucket and key)."""
-        from botocore.exceptions import ClientError  # noqa: PLC0415
+        from botocore.exceptions import ClientError  # noqa: PLC0415 - heavy library, imported where used
 
         where = f"s3://{self.bucket}/{self._key(key)}"
         if isinstance(exc, ClientError):
@@ -198,7 +200,7 @@ class S3Store(Store):
         return self.endpoint_url or "AWS S3"
 
     def _call(self, action: str, key: str, fn, **kwargs) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - heavy library, imported where used
 
         try:
             return fn(Bucket=self.bucket, Key=self._key(key), **kwargs)
@@ -218,8 +220,6 @@ class S3Store(Store):
         return str(response.get("ETag", ""))
 
     def get_object(self, key: str) -> tuple[bytes, str]:
-        import http.client  # noqa: PLC0415
-
         response = self._get(key)
         try:  # only documents are read whole: bounded before anything is allocated
             length = str(response.headers.get("Content-Length") or "0")
@@ -233,8 +233,6 @@ class S3Store(Store):
             response.release_conn()
 
     def read_object(self, key: str, start: int, length: int) -> Iterator[bytes]:
-        import http.client  # noqa: PLC0415
-
         if length <= 0:
             return iter(())
         response = self._get(key, (start, start + length - 1))
@@ -255,7 +253,7 @@ class S3Store(Store):
         return int(self._call("head", key, self.client.head_object)["ContentLength"])
 
     def list_names(self, prefix: str) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - heavy library, imported where used
 
         full = self._key(prefix)
         names: list[str] = []
@@ -269,7 +267,7 @@ class S3Store(Store):
         return sorted(n for n in names if n)
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - heavy library, imported where used
 
         full = self._key(prefix)
         found: dict[str, int] = {}
@@ -342,8 +340,6 @@ class S3Store(Store):
                 handle.seek(offset)
                 data = handle.read(min(PART_SIZE, size - offset))
             return self._upload_part(key, upload_id, number, data)
-
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
         count = (size + PART_SIZE - 1) // PART_SIZE
         with self._multipart_upload(key) as upload_id:
@@ -438,8 +434,6 @@ class SignedReader:
         """This thread's keep-alive connection to the endpoint (opened on first use)."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            import http.client  # noqa: PLC0415
-
             parts = urlsplit(self.base)
             cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
             connection = self._local.connection = cls(parts.netloc, timeout=self.TIMEOUT_S)
@@ -454,7 +448,6 @@ class SignedReader:
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> _Response:
         """An open response (status 200/206); NotFoundError, ConflictError or StoreError otherwise. Read it
         to the end or ``release_conn()`` it (which closes a connection left mid-body)."""
-        import http.client  # noqa: PLC0415
 
         url = self.url(key)
         path = urlsplit(url).path
@@ -577,7 +570,7 @@ def _credentials_and_region() -> tuple[Any, str]:
     if found is not None:
         return found
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    import botocore.session  # noqa: PLC0415
+    import botocore.session  # noqa: PLC0415 - botocore is slow to import; only S3 users pay for it
 
     session = botocore.session.Session()  # env, profile, shared files, SSO, web identity, instance role
     credentials = session.get_credentials()

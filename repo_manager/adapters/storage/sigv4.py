@@ -81,7 +81,7 @@ def frozen(credentials: object) -> Keys:
 def parse_s3_url(location: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix"). Credentials in it are refused."""
     if "@" in location:  # (redact's check, imported only where a URL may carry credentials)
-        from repo_manager.core.redact import check_no_userinfo  # noqa: PLC0415
+        from repo_manager.core.redact import check_no_userinfo  # noqa: PLC0415 - off the quick sync path
 
         check_no_userinfo(location, "the store location")
     rest = location[len("s3://"):]

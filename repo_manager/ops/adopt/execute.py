@@ -162,7 +162,7 @@ def _verify_one(client, model: ModelPlan, version: VersionPlan, progress: Progre
     reference = None
     record: dict[str, Any] = {}
     if model.backend == "onnxruntime":
-        import onnxruntime  # noqa: PLC0415
+        import onnxruntime  # noqa: PLC0415 - the ONNX runtime only to run a model
 
         from repo_manager.ops.publish.onnx import onnx_reference  # noqa: PLC0415 - onnxruntime, only here
 

@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from tensorrt_llm import BuildConfig  # noqa: PLC0415 - only on a GPU machine
     try:  # TensorRT-LLM >= 1.0: the engine-building LLM lives here (the default LLM is the PyTorch one)
-        from tensorrt_llm._tensorrt_engine import LLM  # noqa: PLC0415
+        from tensorrt_llm._tensorrt_engine import LLM  # noqa: PLC0415 - heavy library, imported where used
     except ImportError:
-        from tensorrt_llm import LLM  # noqa: PLC0415
+        from tensorrt_llm import LLM  # noqa: PLC0415 - optional: present only where TensorRT-LLM is installed
 
     build = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
                         max_seq_len=args.max_seq_len, max_beam_width=args.max_beam_width,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 from repo_manager.core.errors import InputError
@@ -25,8 +26,6 @@ def _cache() -> Path:
 
 
 def smollm2_gguf() -> Path:
-    from importlib import metadata  # noqa: PLC0415
-
     try:
         files = metadata.distribution(SMOLLM2_PACKAGE).files or []
     except metadata.PackageNotFoundError as exc:
@@ -45,8 +44,8 @@ def smollm2_checkpoint(progress: Progress = quiet) -> Path:
         return folder
     gguf = smollm2_gguf()
     try:
-        import torch  # noqa: PLC0415
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch and its libraries take seconds to import; only this path needs them
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - heavy library, imported where used
     except ImportError as exc:
         raise InputError("converting the GGUF example needs torch and transformers",
                          hint="pip install 'trm[torch]' gguf") from exc

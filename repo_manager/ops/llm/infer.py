@@ -20,11 +20,11 @@ def is_llm(settings: Settings, name: str) -> bool:
     """True when ``name`` is served by the vllm backend (its config says so)."""
     try:
         if settings.triton_url:
-            from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415
+            from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415 - tritonclient only for a running server
 
             with TritonClient(settings.triton_url, timeout_s=10.0) as client:
                 return client.model_config(name).backend == "vllm"
-        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
+        from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415 - only without a running server
 
         return LocalRepository(settings.repository).config(name).backend == "vllm"
     except (NotFoundError, ServerError, InputError):
@@ -41,7 +41,7 @@ def sampling_parameters(max_tokens: int | None, temperature: float | None) -> di
 def llm_infer(ctx, settings: Settings, name: str, texts: list[str], *, max_tokens: int | None,
               temperature: float | None, version: int | None) -> None:
     """Generate for each text; stream it to stdout (unless --json), then emit the summary."""
-    from repo_manager.ops.llm.generate import generate  # noqa: PLC0415
+    from repo_manager.ops.llm.generate import generate  # noqa: PLC0415 - the LLM client only for an LLM
 
     params = sampling_parameters(max_tokens, temperature)
     results = []
@@ -61,7 +61,7 @@ def llm_infer(ctx, settings: Settings, name: str, texts: list[str], *, max_token
     if settings.triton_url:
         run(settings.triton_url)
     else:
-        from repo_manager.ops.serving import embedded_server  # noqa: PLC0415
+        from repo_manager.ops.serving import embedded_server  # noqa: PLC0415 - the embedded server only without --url
 
         ctx.progress("starting an embedded tritonserver (a vLLM engine takes a while to start)")
         with embedded_server(settings, [name], http_port=0, grpc_port=0, metrics_port=0) as info:

@@ -14,6 +14,7 @@ model's advertised size), so it can be checked by hand: see ``parameter_breakdow
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,8 +76,6 @@ def family_defaults(model_type: str) -> dict[str, Any]:
     if model_type in FAMILY_DEFAULTS:
         return FAMILY_DEFAULTS[model_type]
     try:
-        import inspect  # noqa: PLC0415
-
         from transformers import CONFIG_MAPPING  # noqa: PLC0415 - optional, slow: only for other families
 
         parameters = inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters

@@ -15,9 +15,11 @@ CPU build takes its KV cache as a number of bytes (``kv_cache_memory_bytes``), w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,8 +139,6 @@ def read_checkpoint(folder: Path) -> Checkpoint:
 def vllm_architectures() -> set[str] | None:
     """Text-generation architectures the installed vLLM has a model class for (read from its registry's
     source, without importing vLLM, which takes seconds); None when vLLM is not installed."""
-    import importlib.util  # noqa: PLC0415
-    import re  # noqa: PLC0415
 
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:

@@ -46,12 +46,15 @@ and failures.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.storage import open_store
 from repo_manager.core.config import atomic_write_bytes
 from repo_manager.core.environments import env_store
 from repo_manager.core.errors import InputError, UsageError
@@ -85,7 +88,6 @@ class Thresholds:
             raise UsageError("need --queue-per-replica >= 0, --samples >= 1 and 0 <= --max-rejected <= 1")
         if self.evaluation_interval_s <= 0 or self.pointer_stale_s <= 0:
             raise UsageError("--evaluation-interval and --pointer-stale must be positive")
-        import re  # noqa: PLC0415
 
         for flag, value in (("--queue-for", self.queue_for), ("--rejected-for", self.rejected_for),
                             ("--not-ready-for", self.not_ready_for), ("--versions-for", self.versions_for),
@@ -448,7 +450,6 @@ def watches_from_env(settings: Any, env: str, store: str | None = None, p99_ms: 
                      only: tuple[str, ...] = (), ttft_p99_ms: float | None = None,
                      itl_p99_ms: float | None = None) -> list[ModelWatch]:
     """The models ``env`` serves, at its versions, with the SLOs of those versions' tuning records."""
-    from repo_manager.adapters.storage import open_store  # noqa: PLC0415
 
     opened = open_store(env_store(settings, env, store), settings)
     pointer = opened.get_env(env)
@@ -460,7 +461,6 @@ def watches_from_env(settings: Any, env: str, store: str | None = None, p99_ms: 
 def watches_from_repo(repository: Path, names: tuple[str, ...], p99_ms: float | None = None,
                       ttft_p99_ms: float | None = None, itl_p99_ms: float | None = None) -> list[ModelWatch]:
     """Models of the local repository (``NAME`` or ``NAME:VERSION``; default the latest version)."""
-    from repo_manager.adapters.repository import LocalRepository  # noqa: PLC0415
 
     repo = LocalRepository(repository)
     watches = []

@@ -203,7 +203,7 @@ def _batches(server: Server, timeout_s: float) -> dict[str, dict[int, int]]:
     if not server.http_url:
         return {}
     from repo_manager.adapters.loadgen.stats import StatsSnapshot  # noqa: PLC0415 - tritonclient only when asked
-    from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415
+    from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415 - tritonclient only when asked
 
     try:
         with TritonClient(server.http_url, timeout_s=timeout_s) as client:

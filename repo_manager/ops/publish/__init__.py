@@ -29,19 +29,19 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     options = options or cfg.ConfigOptions()
     fmt = fmt or detect_format(source)
     if fmt == "onnx":
-        from repo_manager.ops.publish.onnx import build_onnx  # noqa: PLC0415
+        from repo_manager.ops.publish.onnx import build_onnx  # noqa: PLC0415 - a format's builder only for it
         build = build_onnx(source, options)
     elif fmt == "python":
-        from repo_manager.ops.publish.python_model import build_python  # noqa: PLC0415
+        from repo_manager.ops.publish.python_model import build_python  # noqa: PLC0415 - a format's builder only for it
         build = build_python(source, inputs or [], outputs or [], options)
     elif fmt == "huggingface":
-        from repo_manager.ops.publish.huggingface.build import build_huggingface  # noqa: PLC0415
+        from repo_manager.ops.publish.huggingface.build import build_huggingface  # noqa: PLC0415 - a format's builder only for it
         hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length", "pooling", "normalize",
                                                                            "prompt_name")}
         build = build_huggingface(source, options, **hf_options)
     elif fmt == "tensorrt-llm":
-        from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415
-        from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415
+        from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415 - the node probe only for an engine
+        from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415 - a format's builder only for it
         node = format_options.get("node") or probe_node()
         trtllm = format_options.get("trtllm") or TrtllmOptions()
         if not trtllm.builder and settings.trtllm_builder:
@@ -50,12 +50,12 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
         return run_publish(settings, name, build, verify_model=False, progress=progress,
                            skipped_verification=skipped_verification(node))
     elif fmt == "vllm":
-        from repo_manager.ops.llm.vllm import VllmOptions  # noqa: PLC0415
-        from repo_manager.ops.publish.vllm import build_vllm, prepare_vllm  # noqa: PLC0415
+        from repo_manager.ops.llm.vllm import VllmOptions  # noqa: PLC0415 - only for vLLM
+        from repo_manager.ops.publish.vllm import build_vllm, prepare_vllm  # noqa: PLC0415 - a format's builder only for it
         vllm_options = format_options.get("vllm") or VllmOptions()
         gpu = vllm_options.gpu_memory_gib
         if gpu is None:
-            from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415
+            from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415 - the node probe only for an engine
             node = format_options.get("node") or probe_node()
             gpu = node.gpus[0].memory_bytes / 1024**3 if node.gpus else None
         build = build_vllm(prepare_vllm(source, vllm_options, gpu_memory_gib=gpu), progress)

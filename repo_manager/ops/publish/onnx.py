@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError
 from repo_manager.core.paths import SourceReadError, open_inside
+from repo_manager.ops.publish.core import Staged, copy_inside, copy_into, source_record
 
 _ONNX_TO_TRITON = {
     onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.FLOAT16: "FP16", onnx.TensorProto.DOUBLE: "FP64",
@@ -114,7 +115,6 @@ def onnx_config(name: str, sig: OnnxSignature, options: cfg.ConfigOptions) -> cf
 
 def build_onnx(source: Path, options: cfg.ConfigOptions):
     """A ``build`` function for ``run_publish``: stage model.onnx (+ external data) with its config."""
-    from repo_manager.ops.publish.core import Staged, copy_inside, copy_into, source_record  # noqa: PLC0415
 
     if source.is_dir():
         found = next(source.glob("*.onnx"))

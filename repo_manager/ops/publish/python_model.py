@@ -13,6 +13,7 @@ from pathlib import Path
 from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError
 from repo_manager.core.manifest import scan_files
+from repo_manager.ops.publish.core import Staged, copy_inside
 
 
 def python_config(name: str, source: Path, inputs: list[cfg.TensorSpec], outputs: list[cfg.TensorSpec],
@@ -33,8 +34,6 @@ def python_config(name: str, source: Path, inputs: list[cfg.TensorSpec], outputs
 
 def build_python(source: Path, inputs: list[cfg.TensorSpec], outputs: list[cfg.TensorSpec],
                  options: cfg.ConfigOptions):
-    from repo_manager.ops.publish.core import Staged, copy_inside  # noqa: PLC0415
-
     if not (source / "model.py").is_file():
         raise InputError(f"{source} has no model.py")
     # every file, read inside the folder: a link anywhere or an unreadable file or folder is refused (exit 3)

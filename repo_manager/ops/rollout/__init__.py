@@ -43,8 +43,8 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
     if source is not None:
         if version is None:
             raise UsageError("--from STORE needs --version N")
-        from repo_manager.adapters.storage import open_store  # noqa: PLC0415
-        from repo_manager.ops.sync import plan_versions  # noqa: PLC0415
+        from repo_manager.adapters.storage import open_store  # noqa: PLC0415 - only a rollout --from STORE
+        from repo_manager.ops.sync import plan_versions  # noqa: PLC0415 - only a rollout --from STORE
 
         progress(f"planning the install of {model} version {version} from {source}")
         install = plan_versions(settings, open_store(source, settings), {model: version})
@@ -56,8 +56,8 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
     plan = build_plan(repo, model, version, urls, options, to_previous=to_previous, grpc_urls=grpc_urls,
                       metrics_urls=metrics_urls)
     if options.smoke_file is not None:  # a smoke file that cannot be used is bad input, before any server changes
-        from repo_manager.core import config as cfg  # noqa: PLC0415
-        from repo_manager.ops.rollout.checks import smoke_cases  # noqa: PLC0415
+        from repo_manager.core import config as cfg  # noqa: PLC0415 - only with a smoke file
+        from repo_manager.ops.rollout.checks import smoke_cases  # noqa: PLC0415 - only with a smoke file
 
         smoke_cases(cfg.parse_config(repo.manifest(plan.target.model, plan.target.version).config),
                     options.smoke_file)
@@ -67,8 +67,8 @@ def plan_rollout(settings: Settings, model: str, version: int | None, urls: list
 def run_rollout(settings: Settings, plan: RolloutPlan, progress: Progress = quiet) -> RolloutResult:
     """Install what the plan installs (``--from``), then move the servers."""
     if plan.install is not None:
-        from repo_manager.adapters.storage import open_store  # noqa: PLC0415
-        from repo_manager.ops.sync import execute as install  # noqa: PLC0415
+        from repo_manager.adapters.storage import open_store  # noqa: PLC0415 - only a rollout --from STORE
+        from repo_manager.ops.sync import execute as install  # noqa: PLC0415 - only a rollout --from STORE
 
         progress(f"installing from {plan.install.store}")
         result = install(plan.install, open_store(plan.install.store, settings))

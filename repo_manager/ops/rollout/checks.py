@@ -35,6 +35,7 @@ from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError, TrmError, VerificationError
 from repo_manager.core.manifest import MANIFEST_NAME
+from repo_manager.ops.llm.generate import generate
 from repo_manager.ops.verify import (
     Candidate,
     LoadedCandidates,
@@ -123,7 +124,6 @@ def generates(config: cfg.ModelConfig) -> bool:
 
 def smoke_generation(client: TritonClient, model: str, version: int | None, what: str) -> int:
     """One streamed generation of SMOKE_TOKENS tokens from ``model`` (``version``, when given)."""
-    from repo_manager.ops.llm.generate import generate  # noqa: PLC0415
 
     try:
         result = generate(client.url, model, SMOKE_PROMPT,

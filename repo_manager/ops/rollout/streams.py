@@ -57,7 +57,7 @@ def planned_memory(manifest: Manifest) -> tuple[int, int] | None:
 def metrics_url_for(url: str, metrics_url: str | None = None) -> str:
     """The metrics endpoint of the Triton server at ``url``: ``metrics_url`` when given, else the same host
     on Triton's default metrics port."""
-    from repo_manager.ops.observe.top import Server  # noqa: PLC0415
+    from repo_manager.ops.observe.top import Server  # noqa: PLC0415 - `trm top`'s parser only where streams drain
 
     return Server.parse(metrics_url or url, DEFAULT_METRICS_PORT).metrics_url
 
@@ -65,7 +65,7 @@ def metrics_url_for(url: str, metrics_url: str | None = None) -> str:
 def in_flight(metrics_url: str, model: str, versions: tuple[int, ...], timeout_s: float = 3.0) -> int | None:
     """Running + waiting requests of ``model``'s ``versions`` as their engines report them; None when the
     endpoint cannot be read or reports no engine gauge for any of them."""
-    from repo_manager.ops.observe.top import MAX_METRICS_BYTES, parse_llm  # noqa: PLC0415
+    from repo_manager.ops.observe.top import MAX_METRICS_BYTES, parse_llm  # noqa: PLC0415 - `trm top`'s parser only where streams drain
 
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:

@@ -258,8 +258,8 @@ def check_engines(actions: list[ModelAction], node: NodeFacts | None) -> None:
     plan, so a node without a GPU syncs models without engines as before."""
     if all(a.action == PRESENT or not _from_tensorrt_llm(a.manifest) for a in actions):
         return  # nothing an engine check judges: do not pay for importing the LLM checks
-    from repo_manager.ops.llm.doctor import check_engine_compatible, holds_engine  # noqa: PLC0415
-    from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415
+    from repo_manager.ops.llm.doctor import check_engine_compatible, holds_engine  # noqa: PLC0415 - only for a version that holds an engine
+    from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415 - only for a version that holds an engine
 
     engines = [a for a in actions if a.action != PRESENT and holds_engine(a.manifest)]
     if not engines:

@@ -37,6 +37,7 @@ from typing import Any
 from repo_manager.adapters.loadgen import Target
 from repo_manager.adapters.loadgen.llm import Lengths, LLMLoad, LLMResult, calibrate, run_llm
 from repo_manager.adapters.repository import LocalRepository
+from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError, NotFoundError, ServerError, UsageError
 from repo_manager.core.manifest import now_iso
 from repo_manager.core.settings import Settings
@@ -305,7 +306,6 @@ class LLMProber:
         """Restart the engine with ``candidate``: the served config naming the candidate (Triton reloads a
         model only when its config changed: with the same config and a new model.json alone it answered
         "successfully loaded" and kept the running engine) and the candidate's model.json as a file override."""
-        from repo_manager.core import config as cfg  # noqa: PLC0415
 
         self.loads += 1
         config = cfg.ModelConfig.FromString(self.base_config.SerializeToString())
@@ -515,7 +515,6 @@ def tune_llm(settings: Settings, request: LLMTuneRequest, progress: Progress = q
 def write_llm_version(repo: LocalRepository, result: LLMTuneResult, engine_args: dict[str, Any]) -> int:
     """A new version: the tuned version's files and config, model.json with the chosen engine arguments."""
     assert result.chosen is not None and result.version is not None
-    from repo_manager.core import config as cfg  # noqa: PLC0415
 
     manifest = repo.manifest(result.model, result.version)
     config = cfg.parse_config(manifest.config, f"manifest of {result.model}/{result.version}")

@@ -152,7 +152,7 @@ def plot_overload(overload: OverloadOutcome, slo_ms: float, path: Path, title: s
     import matplotlib  # noqa: PLC0415 - only a report needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when a picture is drawn
 
     traced = [p for p in overload.points if p.trace is not None]
     fig, axes = plt.subplots(len(traced), 1, figsize=(9, 2.6 * len(traced) + 0.6), squeeze=False, sharex=True)
@@ -187,7 +187,7 @@ def plot(points: list[Point], slo_ms: float, path: Path, title: str) -> None:
     import matplotlib  # noqa: PLC0415 - only a report needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when a picture is drawn
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     by_candidate: dict[str, list[tuple[float, float]]] = {}
@@ -273,7 +273,7 @@ def plot_llm(record: dict[str, Any], path: Path) -> None:
     import matplotlib  # noqa: PLC0415 - only a report needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when a picture is drawn
 
     slo = record["slo"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))

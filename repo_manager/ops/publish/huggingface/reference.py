@@ -12,6 +12,7 @@ the export's assumptions cannot fail).
 
 from __future__ import annotations
 
+import logging as std_logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,9 +30,8 @@ from repo_manager.ops.publish.huggingface.pipeline import Pipeline
 def quiet_transformers() -> Iterator[None]:
     """transformers' and sentence-transformers' load reports, length warnings and progress bars off: trm
     prints its own one-line outcome."""
-    import logging as std_logging  # noqa: PLC0415
 
-    from transformers.utils import logging  # noqa: PLC0415
+    from transformers.utils import logging  # noqa: PLC0415 - heavy library, imported where used
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     st_logger = std_logging.getLogger("sentence_transformers")
@@ -94,21 +94,21 @@ class LibraryReference:
 
     def _build(self, path: str) -> Any:
         if self.pipeline.task == "classify":
-            from transformers import pipeline  # noqa: PLC0415
+            from transformers import pipeline  # noqa: PLC0415 - heavy library, imported where used
 
             return pipeline("text-classification", model=path, device="cpu", top_k=None)
         if self.pipeline.task == "rerank":
-            from sentence_transformers import CrossEncoder  # noqa: PLC0415
+            from sentence_transformers import CrossEncoder  # noqa: PLC0415 - heavy library, imported where used
 
             return CrossEncoder(path, device="cpu", max_length=self.override)
-        from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+        from sentence_transformers import SentenceTransformer  # noqa: PLC0415 - heavy library, imported where used
 
         if self.pipeline.sentence_transformers:
             model = SentenceTransformer(path, device="cpu")
             if self.override:
                 model.max_seq_length = self.override
             return model
-        from sentence_transformers.models import Normalize, Pooling, Transformer  # noqa: PLC0415
+        from sentence_transformers.models import Normalize, Pooling, Transformer  # noqa: PLC0415 - heavy library, imported where used
 
         transformer = Transformer(path, max_seq_length=self.override)
         modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=self.pipeline.pooling[0])]
