@@ -217,3 +217,22 @@ def test_a_blob_is_copied_from_another_store_part_by_part_and_checked(store, sou
         store.put_stream(blob_key(wrong), iter([data[:1024]]), 1024, wrong)
     assert not store.has_blob(wrong)
 
+
+
+def test_a_blob_copied_with_a_local_copy_is_uploaded_from_it_and_checked(store, tmp_path):
+    """``copy_blob(..., local=PATH)`` (promote: the node cache holds the bytes it verified): where the service
+    cannot copy, the blob is uploaded from the local file, the source is not read again; a local file that no
+    longer matches the digest creates nothing."""
+    from repo_manager.adapters.storage import open_store
+
+    source = open_store(str(tmp_path / "source"))  # a folder: never a server-side copy; it lacks the blob
+    data = b"verified bytes " * 1000
+    path, digest = _blob(tmp_path, data)
+    assert store.copy_blob(source, digest, len(data), local=path) is False
+    assert b"".join(store.read_blob(digest)) == data
+    changed = tmp_path / "changed"
+    changed.write_bytes(b"x" * len(data))
+    wrong = hashlib.sha256(b"y" * len(data)).hexdigest()
+    with pytest.raises(IntegrityError):
+        store.copy_blob(source, wrong, len(data), local=changed)
+    assert not store.has_blob(wrong)

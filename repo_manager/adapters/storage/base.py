@@ -194,14 +194,19 @@ class Store(ABC):
             return False  # another writer stored it meanwhile: the same bytes, by its name
         return True
 
-    def copy_blob(self, source: Store, digest: str, size: int, key: str | None = None) -> bool:
+    def copy_blob(self, source: Store, digest: str, size: int, key: str | None = None, *,
+                  local: Path | None = None) -> bool:
         """Blob ``digest`` of ``source`` into this store at ``key`` (default: its blob key): inside the service
-        where both stores allow it, else streamed through this machine a part at a time (bounded memory,
+        where both stores allow it, else uploaded from ``local`` (a verified copy on this machine, such as the
+        node cache's) when given, else streamed through this machine a part at a time (bounded memory,
         whatever the blob's size) and checked against ``size`` and ``digest``. True when copied server-side."""
         key = key or blob_key(digest)
         if self.copy_server_side(source, digest, key) and self.object_size(key) == size:
             return True
-        self.put_stream(key, source.read_blob(digest, 0, size), size, digest)
+        if local is not None:
+            self.put_file(key, local, size, digest)
+        else:
+            self.put_stream(key, source.read_blob(digest, 0, size), size, digest)
         return False
 
     def read_blob(self, digest: str, start: int = 0, length: int | None = None) -> Iterator[bytes]:

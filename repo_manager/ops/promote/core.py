@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager.adapters.cache import BlobCache
-from repo_manager.adapters.storage import EnvPointer, Store, blob_key, open_store
+from repo_manager.adapters.storage import EnvPointer, Store, open_store
 from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.adapters.triton.connect import triton_client
 from repo_manager.core import config as cfg
@@ -425,11 +425,9 @@ def copy_version(source: Store, target: Store, fetched: g.FetchedVersion,
         for entry in manifest.files:
             if target.has_blob(entry.sha256):
                 continue
-            key = blob_key(entry.sha256)
-            if target.copy_server_side(source, entry.sha256, key) and target.blob_size(entry.sha256) == entry.size:
-                server_side += 1
-            else:
-                target.put_blob(entry.sha256, cache.path(entry.sha256), entry.size)
+            # the cache holds the bytes verified against the manifest: uploaded from there unless copied inside
+            # the service
+            server_side += target.copy_blob(source, entry.sha256, entry.size, local=cache.path(entry.sha256))
             count += 1
             size += entry.size
     for manifest in manifests:
