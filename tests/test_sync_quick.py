@@ -212,32 +212,13 @@ class _OneAnswer:
             connection.close()
 
 
-def _chunked(payload: bytes, cuts: list[int]) -> bytes:
-    out, start = b"", 0
-    for cut in sorted({c % (len(payload) + 1) for c in cuts}) + [len(payload)]:
-        if cut > start:
-            out += f"{cut - start:x}\r\n".encode() + payload[start:cut] + b"\r\n"
-            start = cut
-    return out + b"0\r\n\r\n"
-
-
-@settings(max_examples=25, deadline=None)
-@given(payload=st.binary(max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=6), close=st.booleans())
-def test_signed_get_reads_chunked_answers_kept_open_or_not(payload, cuts, close):
-    answer = b"HTTP/1.1 200 OK\r\nETag: \"t\"\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(payload, cuts)
-    server = _OneAnswer(answer, close=close)
-    try:
-        response = sigv4.signed_get(server.url, {"x-amz-date": "20260101T000000Z"}, timeout=5)
-    finally:
-        server.stop()
-    assert (response.status, response.body, response.headers["etag"]) == (200, payload, '"t"')
-
-
 @pytest.mark.parametrize(("raw", "close", "expected"), [
     (b"HTTP/1.1 304 Not Modified\r\nETag: \"t\"\r\n\r\n", False, (304, b"")),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", False, (200, b"hello")),
     (b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\n<Code>N</", True, (404, b"<Code>N</")),
-    (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", True, (200, b"until the end")),
+    # not the plainest answer: refused, and the quick path leaves the read to the full path
+    (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", True, OSError),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", True, OSError),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort", True, OSError),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", True, OSError),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", True, OSError),

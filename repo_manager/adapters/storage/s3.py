@@ -44,7 +44,6 @@ from repo_manager.adapters.storage.sigv4 import (
     Signer,
     env_keys,
     frozen,
-    get_if_none_match,
     object_url,
     parse_s3_url,
     s3_base_url,
@@ -392,26 +391,22 @@ class SignedReader:
         self.signer = Signer(self.region)
 
     def conditional_get(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
-        """GET with ``If-None-Match: etag`` on a connection of its own (``sigv4.get_if_none_match``: no pool,
-        not even ``http.client``, see sigv4.py). (None, etag) when unchanged (304), else (content, its ETag)."""
-        url = self.url(key)
-        for attempt in range(1, self.RETRIES + 1):
-            try:
-                response = get_if_none_match(self.signer, url, frozen(self.credentials), etag, timeout=10)
-            except OSError as exc:
-                if attempt == self.RETRIES:
-                    raise self._unreachable(key, exc) from exc
-                time.sleep(0.2 * 2 ** attempt)
-                continue
+        """GET with ``If-None-Match: etag`` over this thread's connection, like every other read. (None, etag)
+        when unchanged (304), else (content, its ETag); the content is a document, bounded before it is read."""
+        response = self.get(key, if_none_match=etag)
+        try:
             if response.status == 304:
-                return None, etag or response.headers.get("etag", "")
-            if response.status == 200:
-                return response.body, response.headers.get("etag", "")
-            if response.status >= 500 and attempt < self.RETRIES:
-                time.sleep(0.2 * 2 ** attempt)
-                continue
-            self._refuse(key, response.status, response.body[:2048])
-        raise AssertionError("unreachable")
+                response.read()  # no body: this ends the answer, the connection is kept
+                return None, etag or str(response.headers.get("ETag", ""))
+            length = str(response.headers.get("Content-Length") or "0")
+            documents.check_size(int(length) if length.isdigit() else 0, f"s3://{self.bucket}/{key}")
+            data = response.read(documents.MAX_DOCUMENT_BYTES + 1)
+            documents.check_size(len(data), f"s3://{self.bucket}/{key}")
+            return data, str(response.headers.get("ETag", ""))
+        except (http.client.HTTPException, OSError) as exc:
+            raise self._unreachable(key, exc) from exc
+        finally:
+            response.release_conn()
 
     def _unreachable(self, key: str, exc: Exception) -> StoreError:
         return StoreError(f"S3 endpoint {self.endpoint} is not reachable (download of {key}): {type(exc).__name__}",
@@ -445,9 +440,11 @@ class SignedReader:
         if connection is not None:
             connection.close()
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> _Response:
-        """An open response (status 200/206); NotFoundError, ConflictError or StoreError otherwise. Read it
-        to the end or ``release_conn()`` it (which closes a connection left mid-body)."""
+    def get(self, key: str, byte_range: tuple[int, int] | None = None, *,
+            if_none_match: str | None = None) -> _Response:
+        """An open response (status 200/206, or 304 when ``if_none_match`` is still the object's tag);
+        NotFoundError, ConflictError or StoreError otherwise. Read it to the end or ``release_conn()`` it
+        (which closes a connection left mid-body)."""
 
         url = self.url(key)
         path = urlsplit(url).path
@@ -455,6 +452,8 @@ class SignedReader:
             headers = self.headers(url)
             if byte_range:
                 headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+            if if_none_match:
+                headers["If-None-Match"] = if_none_match
             reused = getattr(self._local, "connection", None) is not None
             try:
                 connection = self._connection()
@@ -467,7 +466,7 @@ class SignedReader:
                 if not reused:  # an idle connection the server closed is retried at once, on a new one
                     time.sleep(0.2 * 2 ** attempt)
                 continue
-            if response.status in (200, 206):
+            if response.status in (200, 206) or response.status == 304 and if_none_match:
                 return _Response(response, self._drop_connection)
             try:
                 body = response.read(2048)

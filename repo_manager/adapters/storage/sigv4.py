@@ -7,15 +7,15 @@ every GET. botocore's signer costs ~0.1 s of imports and a few hundred microseco
 string to sign, derived key); ``tests/test_storage_contract.py`` checks it against botocore's signer byte
 for byte. Credentials still come from the standard chain: the environment directly, else botocore's chain.
 
-``signed_get`` is one GET over a fresh socket, trm's reader of an environment pointer: the one read of an
-unchanged sync (``ops/sync/noop.quick``, before the store classes are imported) and ``S3Store``'s pointer
-reads (``SignedReader.conditional_get``: ``get_env``, ``get_env_if_changed``, each poll of `trm agent`), both
-through ``get_if_none_match``. Every other read (manifests, blobs, ranges) goes over ``SignedReader``'s
-``http.client`` keep-alive connections, where one import serves hundreds of requests. For the single
-pointer read, ``http.client`` is kept out: its import (its ``email`` parser above all) costs more than the
-whole request. Measured as whole processes by ``bench/bench_sync_reader.py`` (an unchanged ``trm sync`` of
-two models from a real SeaweedFS, 20 interleaved runs per variant, medians; 2 CPUs beside a CI run, load
-average 3.7–4.2, two rounds):
+``signed_get`` is one GET over a fresh socket: the one read of an unchanged sync (``ops/sync/noop.quick``,
+before the store classes are imported), the environment pointer with ``If-None-Match``. It reads only the
+plainest answer (a Content-Length, or a 304); anything else sends the command to the full path. Every read of
+``S3Store`` (pointers, manifests, blobs, ranges) goes over ``SignedReader``'s ``http.client`` keep-alive
+connections, where one import serves hundreds of requests. For the quick path's single read, ``http.client``
+is kept out: its import (its ``email`` parser above all) costs more than the whole request. Measured as
+whole processes by ``bench/bench_sync_reader.py`` (an unchanged ``trm sync`` of two models from a real
+SeaweedFS, 20 interleaved runs per variant, medians; 2 CPUs beside a CI run, load average 3.7–4.2, two
+rounds):
 
 =====================================  ==============  ==============
 the pointer read                       wall            CPU
@@ -164,7 +164,7 @@ class Response:
 
 def get_if_none_match(signer: Signer, url: str, keys: Keys, etag: str | None, timeout: float = 10.0) -> Response:
     """``GET url`` signed for ``keys``, with ``If-None-Match: etag`` when there is one (a 304 answers that the
-    object still has it), through ``signed_get``: the pointer read of ``S3Store`` and of the quick path."""
+    object still has it), through ``signed_get``: the quick path's one read."""
     headers = signer.get_headers(url, keys)
     if etag:
         headers["If-None-Match"] = etag
@@ -174,9 +174,9 @@ def get_if_none_match(signer: Signer, url: str, keys: Keys, etag: str | None, ti
 def signed_get(url: str, headers: dict[str, str], timeout: float = 10.0) -> Response:
     """``GET url`` with ``headers`` (signed by the caller) on a new connection closed after the answer.
 
-    HTTP/1.1 with ``Connection: close``: the body ends where Content-Length says, or with the chunked
-    encoding's last chunk, or when the server closes. OSError for anything malformed or cut short (the
-    caller retries or gives up like for a refused connection)."""
+    Only the plainest answer is read: HTTP/1.1 with ``Connection: close``, a body of the length its
+    Content-Length says (none for 304). Anything else (a chunked or length-less answer, a cut or malformed
+    one) is an OSError, and the quick path leaves the read to the full path and its ``http.client``."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise OSError(f"not an http(s) URL: {parts.scheme}://{parts.hostname}")
@@ -197,7 +197,7 @@ def signed_get(url: str, headers: dict[str, str], timeout: float = 10.0) -> Resp
         sock.sendall(request)
         received = bytearray()
         head: _Head | None = None
-        while head is None or not head.complete(received):
+        while head is None or len(received) - head.offset < head.length:
             chunk = sock.recv(1 << 16)
             if not chunk:
                 break
@@ -210,20 +210,23 @@ def signed_get(url: str, headers: dict[str, str], timeout: float = 10.0) -> Resp
         sock.close()
     if head is None:
         raise OSError("the connection closed before a whole answer arrived")
-    return Response(head.status, head.headers, head.body(received))
+    if len(received) - head.offset < head.length:
+        raise OSError("the connection closed before the whole body arrived")
+    return Response(head.status, head.headers, bytes(received[head.offset:head.offset + head.length]))
 
 
 class _Head:
-    """Status line and headers of an answer; where its body starts and how it ends."""
+    """Status line and headers of an answer, where its body starts and how long it is."""
 
     def __init__(self, status: int, headers: dict[str, str], offset: int) -> None:
         self.status, self.headers, self.offset = status, headers, offset
-        self.empty = status in (204, 304) or 100 <= status < 200
-        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        if status in (204, 304) or 100 <= status < 200:
+            self.length = 0
+            return
         length = headers.get("content-length")
-        if length is not None and not length.isdigit():
-            raise OSError(f"malformed Content-Length {length[:20]!r}")
-        self.length = int(length) if length is not None else None
+        if length is None or not length.isdigit() or "transfer-encoding" in headers:
+            raise OSError("not a plain answer with a Content-Length")
+        self.length = int(length)
 
     @classmethod
     def parse(cls, raw: bytes | bytearray) -> _Head | None:
@@ -242,48 +245,3 @@ class _Head:
                 raise OSError(f"malformed header line {line[:40]!r}")
             headers[name.strip().lower()] = value.strip()
         return cls(int(rest[:3]), headers, end + 4)
-
-    def complete(self, raw: bytes | bytearray) -> bool:
-        """True once ``raw`` holds the whole answer (a server that keeps the socket open is not waited for)."""
-        if self.empty:
-            return True
-        if self.chunked:
-            return raw.endswith(b"0\r\n\r\n") and _dechunk(raw, self.offset) is not None
-        return self.length is not None and len(raw) - self.offset >= self.length
-
-    def body(self, raw: bytes | bytearray) -> bytes:
-        """The payload; OSError when the server closed before all of it arrived."""
-        if self.empty:
-            return b""
-        if self.chunked:
-            payload = _dechunk(raw, self.offset)
-            if payload is None:
-                raise OSError("the connection closed in the middle of a chunked answer")
-            return payload
-        if self.length is None:
-            return bytes(raw[self.offset:])  # ends when the server closes
-        if len(raw) - self.offset < self.length:
-            raise OSError("the connection closed before the whole body arrived")
-        return bytes(raw[self.offset:self.offset + self.length])
-
-
-def _dechunk(raw: bytes | bytearray, position: int) -> bytes | None:
-    """The chunked encoding's payload from ``position`` on, or None while it is incomplete."""
-    out = bytearray()
-    while True:
-        end = raw.find(b"\r\n", position)
-        if end < 0:
-            return None
-        try:
-            size = int(bytes(raw[position:end]).split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise OSError("malformed chunked encoding") from None
-        if size < 0:
-            raise OSError("malformed chunked encoding")
-        if size == 0:
-            return bytes(out)
-        start = end + 2
-        if len(raw) < start + size + 2:
-            return None
-        out += raw[start:start + size]
-        position = start + size + 2
