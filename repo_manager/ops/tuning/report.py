@@ -137,6 +137,15 @@ def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str
                     f"rejected in {_opt_ms(point['rejection_p50_ms'])} ms (p50) / {_opt_ms(point['rejection_p99_ms'])}"
                     f" ms (p99), goodput {point['goodput_rps']:.0f}/s, recovered {point['time_to_recover_s']:.2f} s "
                     "after the load dropped."]
+        higher = overload.get("higher_overload_point")
+        if higher:
+            factor = higher["offered_rps"] / overload["capacity_rps"] if overload.get("capacity_rps") else 0
+            out += ["", f"**The same policy at {factor:.2g} x capacity** ({higher['offered_rps']:.0f}/s): accepted "
+                        f"p99 {_opt_ms(higher['accepted_p99_ms'])} ms, {higher['rejected_fraction']:.1%} rejected, "
+                        f"goodput {higher['goodput_rps']:.0f}/s, recovered "
+                        + ("-" if higher["time_to_recover_s"] is None else f"{higher['time_to_recover_s']:.2f} s")
+                        + (" after the load dropped: kept the SLO." if higher["kept_slo"] else
+                           ": did not keep the SLO (a spike this large needs more replicas).")]
     elif overload.get("closest"):
         verdict = ("**The overload could not be driven from this client**, so no policy was judged."
                    if overload.get("outcome") == "not-measurable" else
@@ -170,7 +179,8 @@ def plot_overload(overload: OverloadOutcome, slo_ms: float, path: Path, title: s
         ax.set_yscale("log")
         ax.set_ylabel("latency ms")
         verdict = "keeps the SLO" if point.meets else f"misses: {point.note}"[:110]
-        ax.set_title(f"try {number}: {point.candidate.key} at {point.rate:.0f}/s ({overload.factor:g} x "
+        factor = point.rate / point.capacity_rps if point.capacity_rps else overload.factor
+        ax.set_title(f"try {number}: {point.candidate.key} at {point.rate:.0f}/s ({factor:.2g} x "
                      f"{point.capacity_rps:.0f}/s): {verdict}", fontsize=8)
         ax.legend(fontsize=7, loc="upper right", markerscale=3)
     axes[-1, 0].set_xlabel(f"seconds from the first request ({overload.recover_rps:.0f}/s warm-up, the overload "
