@@ -10,7 +10,12 @@ batching with a large queue delay and large preferred batch sizes. Then, on one 
    time; capacity by the same ladder for every config that meets every level), and its best is the
    highest capacity;
 3. **trm's search** runs as the command does (its own embedded server, profile, search, budget), and
-   its choice is then measured on the bench server like the grid's configs.
+   its choice is then measured on the bench server like the grid's configs;
+4. **an independent check**, ``--rounds`` rounds (default 3): trm's choice and the grid's best, in turn
+   (the order alternates), are loaded on the bench server and measured by ``bench/independent_load.py``,
+   a separate process with fresh Poisson arrivals (its own seed each round): p99 at each level, then a
+   capacity ladder in 10 % steps from peak x headroom. Per round the capacity ratio trm / grid; the
+   summary is the worst round's.
 
 Prints one table (markdown) and writes ``bench/results/bench_tuning.json``. Run from the repository root:
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,11 +125,45 @@ def run(args: argparse.Namespace) -> dict:
             rows["grid best"] = best
         if tuned.chosen:
             rows["trm's choice"] = measure_all_levels(search, tuned.chosen)
+        if best and tuned.chosen and args.rounds:
+            results["independent"] = independent_rounds(args, client, server.url, base,
+                                                        {"trm": tuned.chosen,
+                                                         "grid best": search.candidates[best["key"]]})
     results.update(rows=rows, grid=grid, grid_configs=len(grid), grid_seconds=round(grid_seconds, 1))
     if best and tuned.chosen and rows["trm's choice"]["capacity_rps"]:
         results["capacity_ratio"] = round(rows["trm's choice"]["capacity_rps"] / best["capacity_rps"], 3)
     results["time_ratio"] = round(tuned.seconds / grid_seconds, 3)
     return results
+
+
+def independent_rounds(args: argparse.Namespace, client: TritonClient, url: str, base, configs: dict) -> dict:
+    """Each config measured by a separate process with fresh arrivals, ``args.rounds`` times, interleaved."""
+    rates = [args.low, args.peak, args.peak * args.headroom]
+    rounds = []
+    for number in range(args.rounds):
+        names = list(configs) if number % 2 == 0 else list(reversed(configs))
+        measured = {}
+        for name in names:
+            client.load("ranker", configs[name].apply(base))
+            command = [sys.executable, str(ROOT / "bench" / "independent_load.py"), "--url", url, "--model", "ranker",
+                       "--p99-ms", str(args.p99_ms), "--rates", *map(str, rates), "--ladder-from", str(rates[-1]),
+                       "--seed", str(101 + number)]
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            if done.returncode != 0:
+                raise SystemExit(f"independent load failed: {done.stderr.strip()[-500:]}")
+            measured[name] = json.loads(done.stdout)
+            m = measured[name]
+            print(f"  independent round {number + 1} {name} ({configs[name].key}): p99 "
+                  + " / ".join(f"{p['p99_ms']:g}" for p in m["levels"]) + f" ms, capacity {m['capacity_rps']}",
+                  file=sys.stderr, flush=True)
+        trm, grid = measured["trm"]["capacity_rps"], measured["grid best"]["capacity_rps"]
+        rounds.append({"round": number + 1, "order": names, "measured": measured,
+                       "capacity_ratio": round(trm / grid, 3) if trm and grid else None})
+    ratios = [r["capacity_ratio"] for r in rounds if r["capacity_ratio"] is not None]
+    return {"configs": {name: c.key for name, c in configs.items()}, "rounds": rounds,
+            "worst_capacity_ratio": min(ratios) if len(ratios) == len(rounds) else None,
+            "trm_meets_slo_every_round": all(r["measured"]["trm"]["meets_slo_at_every_level"] for r in rounds),
+            "grid_meets_slo_every_round": all(r["measured"]["grid best"]["meets_slo_at_every_level"] for r in rounds)}
 
 
 def render(results: dict) -> str:
@@ -142,6 +182,23 @@ def render(results: dict) -> str:
     lines += ["", f"grid: {results['grid_configs']} configs in {results['grid_seconds']:g} s; "
                   f"trm: {results['trm_seconds']:g} s (time ratio {results['time_ratio']:g}); "
                   f"trm capacity / grid best capacity: {results.get('capacity_ratio', 'n/a')}"]
+    independent = results.get("independent")
+    if independent:
+        lines += ["", "Independent check (a separate process, fresh arrivals each round):", "",
+                  "| round | config | low p99 ms | peak p99 ms | headroom p99 ms | meets SLO | capacity/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in independent["rounds"]:
+            for name, m in r["measured"].items():
+                p99 = [f"{p['p99_ms']:g}" for p in m["levels"]]
+                capacity = "-" if m["capacity_rps"] is None else f"{m['capacity_rps']:g}" + (
+                    " (lower bound)" if m["capacity_is_lower_bound"] else "")
+                lines.append(f"| {r['round']} | {name}: `{independent['configs'][name]}` | {' | '.join(p99)} | "
+                             f"{'yes' if m['meets_slo_at_every_level'] else 'no'} | {capacity} |")
+        ratios = ", ".join(str(r["capacity_ratio"]) for r in independent["rounds"])
+        lines += ["", f"capacity ratio trm / grid best per round: {ratios}; worst: "
+                      f"{independent['worst_capacity_ratio']}; trm meets the SLO in every round: "
+                      f"{independent['trm_meets_slo_every_round']}; the grid's best: "
+                      f"{independent['grid_meets_slo_every_round']}"]
     return "\n".join(lines)
 
 
@@ -159,6 +216,7 @@ def main() -> None:
     parser.add_argument("--grid-delays-us", type=int, nargs="+", default=[0, 5_000, 20_000])
     parser.add_argument("--grid-preferred", nargs="+", choices=["none", "max"], default=["none", "max"],
                         help="preferred_batch_size in the grid: none, and/or [max batch]")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the independent check (0: none)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bench_tuning.json")
     args = parser.parse_args()
     started = time.monotonic()
