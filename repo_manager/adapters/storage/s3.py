@@ -220,12 +220,8 @@ class S3Store(Store):
 
     def get_object(self, key: str) -> tuple[bytes, str]:
         response = self._get(key)
-        try:  # only documents are read whole: bounded before anything is allocated
-            length = str(response.headers.get("Content-Length") or "0")
-            documents.check_size(int(length) if length.isdigit() else 0, f"s3://{self.bucket}/{key}")
-            data = response.read(documents.MAX_DOCUMENT_BYTES + 1)
-            documents.check_size(len(data), f"s3://{self.bucket}/{key}")
-            return data, str(response.headers.get("ETag", ""))
+        try:
+            return response.document(f"s3://{self.bucket}/{key}")
         except (http.client.HTTPException, OSError) as exc:
             raise self._error(exc, key, "download") from exc
         finally:
@@ -398,11 +394,7 @@ class SignedReader:
             if response.status == 304:
                 response.read()  # no body: this ends the answer, the connection is kept
                 return None, etag or str(response.headers.get("ETag", ""))
-            length = str(response.headers.get("Content-Length") or "0")
-            documents.check_size(int(length) if length.isdigit() else 0, f"s3://{self.bucket}/{key}")
-            data = response.read(documents.MAX_DOCUMENT_BYTES + 1)
-            documents.check_size(len(data), f"s3://{self.bucket}/{key}")
-            return data, str(response.headers.get("ETag", ""))
+            return response.document(f"s3://{self.bucket}/{key}")
         except (http.client.HTTPException, OSError) as exc:
             raise self._unreachable(key, exc) from exc
         finally:
@@ -515,6 +507,14 @@ class _Response:
 
     def read(self, amount: int | None = None) -> bytes:
         return self._response.read(amount)
+
+    def document(self, where: str) -> tuple[bytes, str]:
+        """The whole body and its ETag: only documents are read whole, bounded before anything is allocated."""
+        length = str(self.headers.get("Content-Length") or "0")
+        documents.check_size(int(length) if length.isdigit() else 0, where)
+        data = self.read(documents.MAX_DOCUMENT_BYTES + 1)
+        documents.check_size(len(data), where)
+        return data, str(self.headers.get("ETag", ""))
 
     def units(self, pool: BufferPool) -> Iterator[bytearray]:
         """The body in buffers of ``pool.size`` bytes (the last one shorter), each filled by ``readinto``
