@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(items):
 FAST = {"test_bad_arguments.py", "test_config.py", "test_credentials.py", "test_drain_wait.py",
         "test_hostile_documents.py", "test_layers.py",
         "test_llm_plan.py", "test_mistyped_names.py", "test_path_safety.py", "test_settings.py",
-        "test_tuning_choice.py", "test_vllm_text.py"}
+        "test_quality_figures.py", "test_tuning_choice.py", "test_vllm_text.py"}
 """Modules whose tests start no server (``-m fast``: about a minute on this machine)."""
 
 

@@ -84,6 +84,27 @@ def verification_details(manifest: Manifest) -> list[str]:
         [f"{case}: cosine {cosine:.6f}" for case, cosine in record.cosines]
 
 
+def quality_details(manifest: Manifest) -> str | None:
+    """A text version's precision and its quality gate on the user's data, in one line (None: neither is
+    recorded). Only well-typed figures are shown: a record is a document from a store."""
+    record = manifest.verification if isinstance(manifest.verification, dict) else {}
+    precision = record.get("precision")
+    gate = record.get("quality") if isinstance(record.get("quality"), dict) else None
+    if not isinstance(precision, str) and gate is None:
+        return None
+    text = f"precision {plain(precision)}" if isinstance(precision, str) else "precision not recorded"
+    if gate is None:
+        return text + "; no quality gate (publish with --eval-data FILE)"
+    data = gate.get("data") if isinstance(gate.get("data"), dict) else {}
+    figures = gate.get("figures") if isinstance(gate.get("figures"), dict) else {}
+    shown = ", ".join(f"{plain(k).replace('_', ' ')} {v:g}" for k, v in list(figures.items())[:MAX_RECORD_ITEMS]
+                      if isinstance(v, int | float) and not isinstance(v, bool))
+    digest = data.get("sha256") if isinstance(data.get("sha256"), str) else ""
+    return (f"{text}; quality gate on {plain(data.get('file'))} ({plain(data.get('items'))} items, sha256 "
+            f"{plain(digest[:12])}): {shown or 'no figures'}: "
+            + ("passed" if gate.get("passed") is True else "not passed"))
+
+
 _ALLOWANCES = {"prompt_text_in_output": "prompt tail in text: {} chars",
                "incomplete_utf8_tokens_withheld": "incomplete character held back: {} tokens",
                "worst_margin_nats": "worst margin {} nats", "equal_prefix": "equal prefix {} tokens"}
@@ -353,6 +374,7 @@ def show_model(root: str | Path, name: str, version: int | None = None, settings
         "version_rows": [version_row(repo.manifest(name, v), pointers, repo) for v in versions],
         "essentials": config_essentials(shown_config, manifest.members),
         "verification_details": verification_details(manifest),
+        "quality": quality_details(manifest),
         "engine": engine_details(manifest),
         "generation_cases": generation_cases(manifest),
         "tuning_evidence": (tuning_summary(manifest) or {}).get("evidence", []),

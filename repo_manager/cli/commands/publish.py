@@ -51,6 +51,13 @@ def publish() -> None:
 @click.option("--max-length", type=click.IntRange(1, 1_000_000),
               help="Hugging Face checkpoints: truncate texts to this many tokens (default: the checkpoint's own max "
                    "length).")
+@click.option("--precision", type=click.Choice(["fp32", "int8"]), help="Hugging Face checkpoints: the encoder's "
+              "precision (default fp32; int8: onnxruntime's dynamic quantization, verified by int8's own criterion). "
+              "Each precision is a version of its own of the same service.")
+@click.option("--eval-data", type=click.Path(), help="Hugging Face checkpoints: a JSON-lines file of your own "
+              "texts ({\"text\": ...}; rerankers {\"query\": ..., \"passage\": ...}; classifiers {\"text\": ..., "
+              "\"label\": ...}): refuse the version (exit 5) when it drifts from the fp32 reference past the quality "
+              "gate's thresholds; the figures go into the manifest.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
 @trtllm_options
@@ -65,7 +72,8 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
                           outputs: tuple[str, ...], task: str | None, pooling: str | None,
                           normalize: bool | None, prompt_name: str | None, max_length: int | None,
-                          verify: bool, trtllm, vllm, store: str | None) -> None:
+                          precision: str | None, eval_data: str | None, verify: bool, trtllm, vllm,
+                          store: str | None) -> None:
     """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
     --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
     becomes a text-in ensemble: embeddings, reranker scores or classifier labels, as the checkpoint declares."""
@@ -87,7 +95,8 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
     elif example:
         source, fmt = str(example_checkpoint(example)), "huggingface"
     hf_options = {k: v for k, v in (("task", task), ("max_length", max_length), ("pooling", pooling),
-                                    ("normalize", normalize), ("prompt_name", prompt_name)) if v is not None}
+                                    ("normalize", normalize), ("prompt_name", prompt_name), ("precision", precision),
+                                    ("eval_data", eval_data)) if v is not None}
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     target = open_store(store, settings) if store else None  # a bad location fails before any work
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,

@@ -170,6 +170,8 @@ def _show_renderable(info: dict[str, Any]):
         parts += _engine_renderables(info["engine"], shown)
     if info["verification_details"]:
         parts.append(f"verification of version {shown}: " + "; ".join(info["verification_details"]))
+    if info.get("quality"):
+        parts.append(f"version {shown}: {info['quality']}")
     if info["generation_cases"]:
         parts.append(_generation_table(info, shown))
     if info["tuning_evidence"]:

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from repo_manager.core import config as cfg
-from repo_manager.core.errors import InputError
+from repo_manager.core.errors import InputError, UsageError
 from repo_manager.core.manifest import check_model_name
 from repo_manager.core.progress import Progress, quiet
 from repo_manager.core.settings import Settings
@@ -28,6 +28,9 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     source = Path(source)
     options = options or cfg.ConfigOptions()
     fmt = fmt or detect_format(source)
+    if fmt != "huggingface" and {"precision", "eval_data"} & {k for k, v in format_options.items() if v is not None}:
+        raise UsageError(f"--precision and --eval-data are for Hugging Face checkpoints, and {source} is {fmt}",
+                         hint="leave them out for this format")
     if fmt == "onnx":
         from repo_manager.ops.publish.onnx import build_onnx  # noqa: PLC0415 - a format's builder only for it
         build = build_onnx(source, options)
@@ -37,7 +40,7 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     elif fmt == "huggingface":
         from repo_manager.ops.publish.huggingface.build import build_huggingface  # noqa: PLC0415 - a format's builder only for it
         hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length", "pooling", "normalize",
-                                                                           "prompt_name")}
+                                                                           "prompt_name", "precision", "eval_data")}
         build = build_huggingface(source, options, **hf_options)
     elif fmt == "tensorrt-llm":
         from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415 - the node probe only for an engine

@@ -16,9 +16,10 @@ onnxruntime runs in the same session call, so the ensemble needs no third Python
 
 Verification sends the same texts through the ensemble on Triton and through the library the checkpoint
 came from (``reference``): a sentence, an empty string, a text longer than the max length, non-ASCII
-text, emoji, and a mixed-length batch of all. Embeddings must agree to cosine >= ``MIN_COSINE`` *and*
-vector length within ``MAX_NORM_RATIO`` (cosine alone cannot see a missing or extra normalisation); scores
-to ``SCORE_TOLERANCE``. The per-case results and the reference library and version go into every manifest.
+text, emoji, and a mixed-length batch of all. Embeddings must agree in cosine *and* vector length (cosine
+alone cannot see a missing or extra normalisation), scores within a tolerance, by the criterion of the
+version's precision (``precision.py``). The per-case results and the reference library and version go
+into every manifest; ``--eval-data`` adds the quality gate on the user's own texts (``quality.py``).
 
 Every check of the checkpoint (config.json, modules, weights, tokenizer, a trial forward pass) happens
 before anything is staged, so bad input writes nothing.
@@ -28,6 +29,8 @@ One job per module, in the order a publish runs them:
     pipeline         what the checkpoint declares it computes, read from its files (task, pooling, head)
     checkpoint       the folder checked without loading weights (``inspect_checkpoint``); the PyPI examples
     load             the checkpoint loaded in PyTorch, run and exported to ONNX with its head
+    precision        the precisions served (fp32, int8 by onnxruntime's quantization) and their criteria
+    quality          the quality gate: drift from the fp32 reference on the user's own data
     reference        the library the checkpoint came from, which verification compares with
     verify           the verification cases and how each answer is judged
     configs          the three models' Triton configs

