@@ -91,6 +91,8 @@ def test_an_int8_version_is_smaller_verified_by_its_own_criterion_and_carries_it
         " ".join(shown.out.split()) and "passed" in shown.out
     first = run_cli(capsys, "show", "minilm", "--version", "1", "--repo", settings.repository)
     assert "version 1: precision fp32; no quality gate" in " ".join(first.out.split())
+    diff = run_cli(capsys, "--json", "diff", "minilm_encoder", "1", "2", "--repo", settings.repository)
+    assert diff.code == 0 and {"field": "precision", "a": "fp32", "b": "int8"} in diff.json()["source"]
     with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
         answers = {}
         for version in (1, 2):
