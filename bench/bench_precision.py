@@ -64,7 +64,7 @@ def main() -> None:
         sizes = {v: next(f.size for f in repo.manifest("svc_encoder", v).files if f.path == "model.onnx")
                  for v in (1, 2)}
         results["encoder_bytes"] = {"fp32": sizes[1], "int8": sizes[2]}
-        results["quality"] = repo.manifest("svc", 2).verification["quality"]
+        results["quality"] = repo.manifest("svc", 2).source["quality"]
         rounds = []
         with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
             work = batches(8, 64)

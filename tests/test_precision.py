@@ -77,9 +77,10 @@ def test_an_int8_version_is_smaller_verified_by_its_own_criterion_and_carries_it
     assert (fp32.version, data["version"]) == (1, 2)
     repo = LocalRepository(settings.repository)
     assert _encoder_bytes(repo, "minilm", 2) < 0.4 * _encoder_bytes(repo, "minilm", 1)
-    verification = repo.manifest("minilm", 2).verification
-    assert verification["precision"] == "int8" and verification["criterion"].startswith("int8: cosine >= 0.95")
-    gate = verification["quality"]
+    manifest = repo.manifest("minilm", 2)
+    assert manifest.source["precision"] == "int8"
+    assert manifest.verification["criterion"].startswith("int8: cosine >= 0.95")
+    gate = manifest.source["quality"]
     assert gate["passed"] and gate["data"]["items"] == len(TEXTS) and gate["thresholds"] == quality.THRESHOLDS[
         "embedding"]
     figures = gate["figures"]

@@ -47,6 +47,9 @@ def test_kendall_tau_counts_pairs_in_the_same_order():
     assert kendall_tau(scores, scores * 10) == 1.0
     assert kendall_tau(scores, -scores) == -1.0
     assert kendall_tau(scores, np.array([0.9, 0.1, 0.5, -0.3])) == pytest.approx(4 / 6)  # one swapped pair of six
+    # tau-b: a pair tied on one side is no disagreement; it leaves the scale too
+    assert kendall_tau(np.array([1.0, 1.0, 0.0]), np.array([2.0, 1.0, 0.0])) == pytest.approx(2 / np.sqrt(6))
+    assert kendall_tau(np.array([0.5, 0.5]), np.array([0.7, 0.2])) == 1.0  # nothing ranked: nothing to disagree on
 
 
 def test_rerank_figures_are_per_query():
@@ -71,6 +74,8 @@ def test_classify_figures_compare_labels_and_accuracy_where_labels_are_given():
     assert (figures["reference_accuracy"], figures["accuracy"], figures["accuracy_drop"]) == (1.0, 0.6667, 0.3333)
     assert any("accuracy drop" in miss for miss in judge("classify", figures))
     assert "accuracy" not in classify_figures(served, expected, [None] * 4, ["neg", "pos"])
+    with pytest.raises(InputError, match='the label "POSITIVE", which the classifier does not have'):
+        classify_figures(served, expected, ["POSITIVE", None, None, None], ["neg", "pos"])
 
 
 def test_every_threshold_is_judged_against_its_figure():

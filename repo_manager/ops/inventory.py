@@ -85,9 +85,9 @@ def verification_details(manifest: Manifest) -> list[str]:
 
 
 def quality_details(manifest: Manifest) -> str | None:
-    """A text version's precision and its quality gate on the user's data, in one line (None: neither is
-    recorded). Only well-typed figures are shown: a record is a document from a store."""
-    record = manifest.verification if isinstance(manifest.verification, dict) else {}
+    """A text version's precision and its quality gate on the user's data (both in its source record), in one
+    line (None: neither is recorded). Only well-typed figures are shown: a record is a document from a store."""
+    record = manifest.source if isinstance(manifest.source, dict) else {}
     precision = record.get("precision")
     gate = record.get("quality") if isinstance(record.get("quality"), dict) else None
     if not isinstance(precision, str) and gate is None:

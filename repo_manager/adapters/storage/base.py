@@ -201,7 +201,12 @@ class Store(ABC):
         node cache's) when given, else streamed through this machine a part at a time (bounded memory,
         whatever the blob's size) and checked against ``size`` and ``digest``. True when copied server-side."""
         key = key or blob_key(digest)
-        if self.copy_server_side(source, digest, key) and self.object_size(key) == size:
+        if self.copy_server_side(source, digest, key):
+            copied = self.object_size(key)
+            if copied != size:  # the bytes are not re-sent over an object that exists: say so, never keep it quiet
+                raise IntegrityError(f"blob {digest[:12]} copied from {source.location} inside the service holds "
+                                     f"{copied} bytes where its manifest says {size}",
+                                     hint="the source store is corrupt: push the version again")
             return True
         if local is not None:
             self.put_file(key, local, size, digest)

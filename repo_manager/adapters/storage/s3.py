@@ -376,6 +376,9 @@ class SignedReader:
 
     RETRIES = 3
     TIMEOUT_S = 60.0
+    POINTER_TIMEOUT_S = 10.0
+    """A pointer read (each poll of `trm agent`) waits at most this per attempt: a hung endpoint must not
+    stall a poll for minutes."""
 
     def __init__(self, bucket: str, endpoint_url: str | None) -> None:
         self._local = threading.local()
@@ -389,7 +392,7 @@ class SignedReader:
     def conditional_get(self, key: str, etag: str | None) -> tuple[bytes | None, str]:
         """GET with ``If-None-Match: etag`` over this thread's connection, like every other read. (None, etag)
         when unchanged (304), else (content, its ETag); the content is a document, bounded before it is read."""
-        response = self.get(key, if_none_match=etag)
+        response = self.get(key, if_none_match=etag, timeout_s=self.POINTER_TIMEOUT_S)
         try:
             if response.status == 304:
                 response.read()  # no body: this ends the answer, the connection is kept
@@ -433,7 +436,7 @@ class SignedReader:
             connection.close()
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None, *,
-            if_none_match: str | None = None) -> _Response:
+            if_none_match: str | None = None, timeout_s: float | None = None) -> _Response:
         """An open response (status 200/206, or 304 when ``if_none_match`` is still the object's tag);
         NotFoundError, ConflictError or StoreError otherwise. Read it to the end or ``release_conn()`` it
         (which closes a connection left mid-body)."""
@@ -449,6 +452,9 @@ class SignedReader:
             reused = getattr(self._local, "connection", None) is not None
             try:
                 connection = self._connection()
+                connection.timeout = timeout_s or self.TIMEOUT_S  # for a connect, and below for the open socket
+                if connection.sock is not None:
+                    connection.sock.settimeout(connection.timeout)
                 connection.request("GET", path, headers=headers)
                 response = connection.getresponse()
             except (http.client.HTTPException, OSError) as exc:

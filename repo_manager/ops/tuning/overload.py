@@ -170,8 +170,10 @@ class OverloadOutcome:
             if self.higher is None:
                 return held
             o = self.higher.overload
-            return held + (f"; at {self.higher.rate:.0f}/s ({self.higher.rate / self.capacity_rps:.2g} x capacity) "
-                           f"accepted p99 {o.accepted_p99_ms:.1f} ms, goodput {o.goodput_rps:.0f}/s: "
+            at = f"{self.higher.rate:.0f}/s ({self.higher.rate / self.capacity_rps:.2g} x capacity)"
+            if self.higher.drive_problem:
+                return held + f"; at {at} not measurable from this client ({self.higher.drive_problem})"
+            return held + (f"; at {at} accepted p99 {o.accepted_p99_ms:.1f} ms, goodput {o.goodput_rps:.0f}/s: "
                            + ("kept too" if self.higher.meets else f"not kept ({self.higher.note})"))
         if self.outcome == NOT_MEASURABLE:
             why = "; ".join(dict.fromkeys(p.drive_problem for p in self.points if p.drive_problem))
@@ -188,6 +190,7 @@ class OverloadOutcome:
             return {
                 "offered_rps": point.rate,
                 "kept_slo": point.meets,
+                "drive_problem": point.drive_problem or None,
                 "accepted_p99_ms": o.accepted_p99_ms,
                 "rejected_fraction": round(o.rejected_fraction, 4),
                 "rejection_p50_ms": o.rejection_p50_ms,
@@ -408,7 +411,10 @@ class PolicySearch:
                     bounded_tried = True
                     bounded = structure.with_queue_policy(int(timeout * 1000), self.queue_bound(structure),
                                                           self.priority_levels)
-                    if self.try_policy(bounded).meets:
+                    held = self.try_policy(bounded)
+                    # a full queue's refusal can stall Triton's batcher (module docstring): kept only when it
+                    # also keeps the goodput the timeout alone had
+                    if held.meets and held.overload.goodput_rps >= MAX_QUEUE_GOODPUT * point.overload.goodput_rps:
                         return bounded
                 miss_above = timeout
                 following = (timeout + shed_below) / 2 if shed_below < timeout else timeout / 2

@@ -140,12 +140,16 @@ def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str
         higher = overload.get("higher_overload_point")
         if higher:
             factor = higher["offered_rps"] / overload["capacity_rps"] if overload.get("capacity_rps") else 0
-            out += ["", f"**The same policy at {factor:.2g} x capacity** ({higher['offered_rps']:.0f}/s): accepted "
-                        f"p99 {_opt_ms(higher['accepted_p99_ms'])} ms, {higher['rejected_fraction']:.1%} rejected, "
-                        f"goodput {higher['goodput_rps']:.0f}/s, recovered "
-                        + ("-" if higher["time_to_recover_s"] is None else f"{higher['time_to_recover_s']:.2f} s")
-                        + (" after the load dropped: kept the SLO." if higher["kept_slo"] else
-                           ": did not keep the SLO (a spike this large needs more replicas).")]
+            head = f"**The same policy at {factor:.2g} x capacity** ({higher['offered_rps']:.0f}/s): "
+            if higher.get("drive_problem"):
+                out += ["", head + f"not measurable from this client ({higher['drive_problem']})."]
+            else:
+                recovered = "-" if higher["time_to_recover_s"] is None else f"{higher['time_to_recover_s']:.2f} s"
+                out += ["", head + f"accepted p99 {_opt_ms(higher['accepted_p99_ms'])} ms, "
+                        f"{higher['rejected_fraction']:.1%} rejected, goodput {higher['goodput_rps']:.0f}/s, "
+                        f"recovered {recovered} after the load dropped: "
+                        + ("kept the SLO." if higher["kept_slo"] else
+                           "did not keep the SLO (a spike this large needs more replicas).")]
     elif overload.get("closest"):
         verdict = ("**The overload could not be driven from this client**, so no policy was judged."
                    if overload.get("outcome") == "not-measurable" else

@@ -85,7 +85,8 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
         labels = {LABEL_FILE: label_file(pipeline.labels)} if pipeline.task == "classify" else {}
         encoder.labels = dict(labels)  # the encoder alone is a classifier too, for a client that calls it
         ensemble = Staged(name, repo.stage(name), ensemble_config(name, names, loaded, options),
-                          {**record, "converter": "ensemble"}, labels=labels,
+                          {**record, "converter": "ensemble", **({"quality": quality} if quality else {})},
+                          labels=labels,
                           reference=lambda sample: {output: reference(from_sample(sample, pipeline.task))},
                           samples=[to_sample(items, pipeline.task) for _, items in cases],
                           check=checker(cases, loaded, precision),
@@ -93,9 +94,7 @@ def build_huggingface(source: Path, options: cfg.ConfigOptions, *, task: str | N
                           members={names["tokenizer"]: 1, names["encoder"]: 1},
                           environment_packages=("torch", "transformers", "tokenizers", "sentence-transformers"),
                           verification_extra={"reference": reference.describe(),
-                                              "criterion": criterion(pipeline.task, precision),
-                                              "precision": precision,
-                                              **({"quality": quality} if quality else {})})
+                                              "criterion": criterion(pipeline.task, precision)})
         return [tokenizer, encoder, ensemble]
 
     return build

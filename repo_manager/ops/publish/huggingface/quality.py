@@ -63,7 +63,11 @@ def read_eval_data(path: str | Path, task: str) -> EvalData:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"--eval-data {path} is not a file", hint="give a JSON-lines file, one item per line")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"--eval-data {path} cannot be read: {exc.strerror or type(exc).__name__}",
+                         hint="give a readable JSON-lines file") from exc
     items: list[Any] = []
     labels: list[str | None] = []
     fields = FIELDS[task]
@@ -137,13 +141,16 @@ def embedding_figures(served: np.ndarray, expected: np.ndarray) -> dict[str, flo
 
 
 def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
-    """Kendall's tau-a of two score vectors (1: the same order; ties count as disagreement-free)."""
+    """Kendall's tau-b of two score vectors: 1 for the same order, -1 for the reverse; a pair tied in either
+    is left out of the agreement and the scale (two equal passages have no order to keep). 1.0 when either
+    side ranks nothing (every score tied)."""
     n = len(x)
     if n < 2:
         return 1.0
     i, j = np.triu_indices(n, 1)
-    concordant = np.sign(x[i] - x[j]) * np.sign(y[i] - y[j])
-    return float(concordant.sum() / len(i))
+    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    scale = np.sqrt(float(np.count_nonzero(dx)) * float(np.count_nonzero(dy)))
+    return float((dx * dy).sum() / scale) if scale else 1.0
 
 
 def rerank_figures(served: np.ndarray, expected: np.ndarray, queries: list[str]) -> dict[str, float]:
@@ -165,8 +172,12 @@ def classify_figures(served: np.ndarray, expected: np.ndarray, labels: list[str 
     ours, theirs = np.argmax(served, axis=1), np.argmax(expected, axis=1)
     figures = {"label_agreement": round(float(np.mean(ours == theirs)), 4)}
     known = [(i, label) for i, label in enumerate(labels) if label is not None]
+    unknown = next((label for _, label in known if label_names and label not in label_names), None)
+    if unknown is not None:
+        raise InputError(f'--eval-data has the label "{unknown}", which the classifier does not have',
+                         hint="its labels: " + ", ".join(label_names[:10]))
     if known and label_names:
-        truth = np.array([label_names.index(label) if label in label_names else -1 for _, label in known])
+        truth = np.array([label_names.index(label) for _, label in known])
         rows = np.array([i for i, _ in known])
         accuracy, reference = float(np.mean(ours[rows] == truth)), float(np.mean(theirs[rows] == truth))
         figures.update(accuracy=round(accuracy, 4), reference_accuracy=round(reference, 4),
