@@ -11,14 +11,16 @@ import json
 import numpy as np
 import pytest
 
-from repo_manager.core.errors import InputError
+from repo_manager.core.errors import ConfigError, InputError, UsageError
 from repo_manager.ops.publish.huggingface.quality import (
     MIN_ITEMS,
     THRESHOLDS,
+    check_thresholds,
     classify_figures,
     embedding_figures,
     judge,
     kendall_tau,
+    parse_threshold_options,
     read_eval_data,
     rerank_figures,
 )
@@ -39,7 +41,7 @@ def test_identical_embeddings_agree_fully_and_noise_lowers_cosine_before_retriev
     assert noisy["recall_at_10"] < 1.0
     unrelated = embedding_figures(_vectors(seed=2), reference)
     assert unrelated["mean_cosine"] < 0.5 and unrelated["recall_at_10"] < 0.6
-    assert judge("embedding", unrelated) and not judge("embedding", same)
+    assert judge(unrelated, THRESHOLDS["embedding"]) and not judge(same, THRESHOLDS["embedding"])
 
 
 def test_kendall_tau_counts_pairs_in_the_same_order():
@@ -72,7 +74,7 @@ def test_classify_figures_compare_labels_and_accuracy_where_labels_are_given():
     figures = classify_figures(served, expected, ["neg", "pos", "neg", None], ["neg", "pos"])
     assert figures["label_agreement"] == 0.75
     assert (figures["reference_accuracy"], figures["accuracy"], figures["accuracy_drop"]) == (1.0, 0.6667, 0.3333)
-    assert any("accuracy drop" in miss for miss in judge("classify", figures))
+    assert any("accuracy drop" in miss for miss in judge(figures, THRESHOLDS["classify"]))
     assert "accuracy" not in classify_figures(served, expected, [None] * 4, ["neg", "pos"])
     with pytest.raises(InputError, match='the label "POSITIVE", which the classifier does not have'):
         classify_figures(served, expected, ["POSITIVE", None, None, None], ["neg", "pos"])
@@ -84,7 +86,7 @@ def test_every_threshold_is_judged_against_its_figure():
             kind, _, name = key.partition("_")
             passing = {name: bound}
             failing = {name: bound - 0.01 if kind == "min" else bound + 0.01}
-            assert not judge(task, passing) and len(judge(task, failing)) == 1, key
+            assert not judge(passing, THRESHOLDS[task]) and len(judge(failing, THRESHOLDS[task])) == 1, key
 
 
 @pytest.mark.parametrize("lines, message", [
@@ -109,3 +111,23 @@ def test_eval_data_reads_items_per_task_and_records_its_digest(tmp_path):
     assert data.record()["items"] == MIN_ITEMS and len(data.record()["sha256"]) == 64
     with pytest.raises(InputError, match="not a file"):
         read_eval_data(tmp_path / "missing.jsonl", "rerank")
+
+
+def test_thresholds_are_overridden_by_name_and_bad_ones_are_one_line_of_error():
+    chosen = check_thresholds("embedding", {"min_mean_cosine": "0.99", "min_recall_at_10": 0.5}, "--quality-threshold")
+    assert chosen == THRESHOLDS["embedding"] | {"min_mean_cosine": 0.99, "min_recall_at_10": 0.5}
+    assert check_thresholds("rerank", None, "x") == THRESHOLDS["rerank"] and chosen is not THRESHOLDS["embedding"]
+    assert check_thresholds("rerank", {"min_kendall_tau": -0.5}, "x")["min_kendall_tau"] == -0.5  # tau's range
+    for bad, message in [({"min_top1_agreement": 0.9}, "min_top1_agreement is not a threshold of an embedding"),
+                         ({"min_mean_cosine": "nan"}, "must be a number from -1 to 1, not nan"),
+                         ({"min_mean_cosine": float("inf")}, "must be a number from -1 to 1"),
+                         ({"min_recall_at_10": 1.5}, "must be a number from 0 to 1, not 1.5"),
+                         ({"min_recall_at_10": True}, "must be a number"),
+                         ({"min_mean_cosine": "high"}, "not high")]:
+        with pytest.raises(UsageError, match=message):
+            check_thresholds("embedding", bad, "--quality-threshold")
+    with pytest.raises(ConfigError, match="configs/trm.yaml quality.classify: max_accuracy_drop must be"):
+        check_thresholds("classify", {"max_accuracy_drop": -0.1}, "configs/trm.yaml quality.classify", ConfigError)
+    assert parse_threshold_options(["min_mean_cosine = 0.9"]) == {"min_mean_cosine": "0.9"}
+    with pytest.raises(UsageError, match="is not NAME=VALUE"):
+        parse_threshold_options(["min_mean_cosine"])

@@ -35,7 +35,7 @@ from repo_manager.core.settings import DEFAULT_CONFIG, Settings
 ENV_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 """What an environment's name may be (``check_env_name`` also refuses ``..`` in it)."""
 
-GATES = ("checksums", "load", "latency", "agreement", "eval")
+GATES = ("checksums", "load", "latency", "agreement", "quality", "eval")
 ARRIVALS = ("poisson", "constant")
 
 
@@ -116,12 +116,14 @@ class ModelSpec:
     eval_threshold: float | None = None
     publish: dict[str, Any] = field(default_factory=dict)
     """Extra `trm publish model` options (max_batch_size, instances …)."""
+    quality_data: Path | None = None
+    """The quality gate's JSON-lines file (a text service's items: ``ops/publish/huggingface/quality.py``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "source": str(self.source) if self.source else None, "format": self.format,
                 "slo": self.slo, "sample": str(self.sample) if self.sample else None,
                 "eval_command": self.eval_command, "eval_threshold": self.eval_threshold,
-                "publish": self.publish}
+                "publish": self.publish, "quality_data": str(self.quality_data) if self.quality_data else None}
 
 
 def check_env_name(name: str) -> str:
@@ -238,7 +240,7 @@ def read_spec(path: Path, base: Path) -> ModelSpec:
         raise ConfigError(f"model spec {path} is not valid YAML: {exc}".splitlines()[0]) from exc
     if not isinstance(data, dict):
         raise ConfigError(f"model spec {path} must be a mapping")
-    known = {"name", "source", "format", "slo", "sample", "eval", "publish"}
+    known = {"name", "source", "format", "slo", "sample", "eval", "publish", "quality_data"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"model spec {path}: unknown key(s) {', '.join(unknown)}", hint=f"known: {sorted(known)}")
@@ -259,6 +261,6 @@ def read_spec(path: Path, base: Path) -> ModelSpec:
                          {k: float(v) for k, v in slo.items()}, resolve(data.get("sample")),
                          evaluation.get("command"),
                          float(evaluation["threshold"]) if "threshold" in evaluation else None,
-                         dict(data.get("publish") or {}))
+                         dict(data.get("publish") or {}), resolve(data.get("quality_data")))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"model spec {path}: a number is not valid ({exc})") from exc

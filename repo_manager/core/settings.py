@@ -62,6 +62,9 @@ class Settings:
     """Named environments (staging, production, …) and the store each lives in."""
     gates: dict[str, Any] = field(default_factory=dict)
     """Promotion gate defaults."""
+    quality: dict[str, Any] = field(default_factory=dict)
+    """The quality gate's thresholds by task, over its defaults: ``{embedding: {min_mean_cosine: 0.99}}``
+    (names and ranges in ``ops/publish/huggingface/quality.py``; ``--quality-threshold`` goes over these)."""
     trtllm_builder: str | None = None
     """TensorRT-LLM engine build command prefix taking trtllm-build's options (e.g. ``docker run --gpus all
     -v /models:/models nvcr.io/nvidia/tensorrt-llm/release:<tag> trtllm-build``); None: trm's default."""
@@ -146,7 +149,7 @@ _INT_FIELDS = {"http_port", "grpc_port", "metrics_port"}
 _FLOAT_FIELDS = {"server_start_timeout_s"}
 _SIZE_FIELDS = {"sync_part_size"}
 _MIB = 1024 * 1024
-_MAPPING_FIELDS = {"environments", "gates", "rollout"}
+_MAPPING_FIELDS = {"environments", "gates", "rollout", "quality"}
 
 
 def _coerce(key: str, value: Any, origin: str) -> Any:

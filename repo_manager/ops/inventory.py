@@ -100,9 +100,13 @@ def quality_details(manifest: Manifest) -> str | None:
     shown = ", ".join(f"{plain(k).replace('_', ' ')} {v:g}" for k, v in list(figures.items())[:MAX_RECORD_ITEMS]
                       if isinstance(v, int | float) and not isinstance(v, bool))
     digest = data.get("sha256") if isinstance(data.get("sha256"), str) else ""
+    tried = [t for t in gate.get("tried", []) if isinstance(t, dict)] if isinstance(gate.get("tried"), list) else []
+    recipe = (f"; int8 recipe {plain(tried[-1].get('recipe'))}"
+              + (f" after {', '.join(plain(t.get('recipe')) for t in tried[:-1][:MAX_RECORD_ITEMS])} missed"
+                 if len(tried) > 1 else "")) if tried else ""
     return (f"{text}; quality gate on {plain(data.get('file'))} ({plain(data.get('items'))} items, sha256 "
             f"{plain(digest[:12])}): {shown or 'no figures'}: "
-            + ("passed" if gate.get("passed") is True else "not passed"))
+            + ("passed" if gate.get("passed") is True else "not passed") + recipe)
 
 
 _ALLOWANCES = {"prompt_text_in_output": "prompt tail in text: {} chars",

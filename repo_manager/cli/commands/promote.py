@@ -22,12 +22,15 @@ from repo_manager.core.errors import GateError, UsageError
 @click.option("--rollback", is_flag=True, help="Point --to back at the version it served before the current one.")
 @click.option("--store", help="Store of both environments (default: each environment's store in configs/).")
 @click.option("--to-store", help="Store of the --to environment only (e.g. a separate production bucket).")
-@click.option("--gates", help="Comma-separated: checksums, load, latency, agreement, eval; or auto / all "
+@click.option("--gates", help="Comma-separated: checksums, load, latency, agreement, quality, eval; or auto / all "
               "(default: settings gates.default, else auto).")
 @click.option("--sample", type=click.Path(dir_okay=False), help=".npz inputs for the agreement and latency gates "
               "(default: the model's spec in configs/models/).")
 @click.option("--eval-cmd", help="Evaluation command for the eval gate; it prints a score on its last line.")
 @click.option("--eval-threshold", type=NUMBER, help="Lowest score the eval gate accepts.")
+@click.option("--quality-data", type=click.Path(dir_okay=False), help="A text service's JSON-lines items for the "
+              "quality gate: the new version's answers against the replaced version's, judged by the quality "
+              "thresholds (default: quality_data in the model's spec; with it, auto runs the gate).")
 @url_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--create-env", is_flag=True, help="Create --to if it is neither declared in the settings "
@@ -37,7 +40,8 @@ from repo_manager.core.errors import GateError, UsageError
 @pass_ctx
 def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, version: int | None, rollback: bool,
                     store: str | None, to_store: str | None, gates: str | None, sample: str | None,
-                    eval_cmd: str | None, eval_threshold: float | None, triton_url: str | None, dry_run: bool,
+                    eval_cmd: str | None, eval_threshold: float | None, quality_data: str | None,
+                    triton_url: str | None, dry_run: bool,
                     create_env: bool, s3_endpoint_url: str | None) -> None:
     """Point environment --to at version --version of NAME after its gates pass; exit 9 when a gate
     fails, 8 when another promotion won the race (nothing is changed in either case)."""
@@ -47,7 +51,8 @@ def promote_command(ctx: Context, name: str, to_env: str, from_env: str | None, 
     settings = ctx.settings.replace(triton_url=triton_url, s3_endpoint_url=s3_endpoint_url)
     request = PromotionRequest(name, to_env, version, from_env, rollback,
                                parse_gates(gates, settings) if gates is not None else None, store, to_store,
-                               Path(sample) if sample else None, eval_cmd, eval_threshold, create_env)
+                               Path(sample) if sample else None, eval_cmd, eval_threshold, create_env,
+                               Path(quality_data) if quality_data else None)
     planned = plan_promotion(settings, request, progress=ctx.progress)
     if dry_run and not planned.nothing_to_do:
         from repo_manager.ops.inventory import diff_text, promotion_diff

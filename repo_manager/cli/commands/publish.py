@@ -51,13 +51,18 @@ def publish() -> None:
 @click.option("--max-length", type=click.IntRange(1, 1_000_000),
               help="Hugging Face checkpoints: truncate texts to this many tokens (default: the checkpoint's own max "
                    "length).")
-@click.option("--precision", type=click.Choice(["fp32", "int8"]), help="Hugging Face checkpoints: the encoder's "
-              "precision (default fp32; int8: onnxruntime's dynamic quantization, verified by int8's own criterion). "
-              "Each precision is a version of its own of the same service.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), help="Hugging Face checkpoints: the "
+              "encoder's precision (default fp32; fp16: exported in half precision, where this node's runtime serves "
+              "it; int8: onnxruntime's dynamic quantization), each verified by its own criterion. Each precision is a "
+              "version of its own of the same service.")
 @click.option("--eval-data", type=click.Path(), help="Hugging Face checkpoints: a JSON-lines file of your own "
               "texts ({\"text\": ...}; rerankers {\"query\": ..., \"passage\": ...}; classifiers {\"text\": ..., "
               "\"label\": ...}): refuse the version (exit 5) when it drifts from the fp32 reference past the quality "
               "gate's thresholds; the figures go into the manifest.")
+@click.option("--quality-threshold", "quality_thresholds", multiple=True, metavar="NAME=VALUE",
+              help="With --eval-data: one of the quality gate's thresholds for this publish (e.g. "
+              "min_mean_cosine=0.99; names and defaults in docs/huggingface.md). Repeatable; over the settings "
+              "file's quality mapping.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the version on a real Triton and compare its answers with the source.")
 @trtllm_options
@@ -72,7 +77,8 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
                           instance_kind: str, dynamic_batching: bool, warmup: bool, inputs: tuple[str, ...],
                           outputs: tuple[str, ...], task: str | None, pooling: str | None,
                           normalize: bool | None, prompt_name: str | None, max_length: int | None,
-                          precision: str | None, eval_data: str | None, verify: bool, trtllm, vllm,
+                          precision: str | None, eval_data: str | None, quality_thresholds: tuple[str, ...],
+                          verify: bool, trtllm, vllm,
                           store: str | None) -> None:
     """Publish SOURCE (an .onnx file, a Python-backend folder, a Hugging Face checkpoint folder or, with
     --format tensorrt-llm, an LLM checkpoint) as the next version of --name. A Hugging Face checkpoint
@@ -97,6 +103,10 @@ def publish_model_command(ctx: Context, source: str | None, example: str | None,
     hf_options = {k: v for k, v in (("task", task), ("max_length", max_length), ("pooling", pooling),
                                     ("normalize", normalize), ("prompt_name", prompt_name), ("precision", precision),
                                     ("eval_data", eval_data)) if v is not None}
+    if quality_thresholds:
+        from repo_manager.ops.publish.huggingface.quality import parse_threshold_options
+
+        hf_options["quality_thresholds"] = parse_threshold_options(quality_thresholds)
     settings = ctx.settings.replace(repository=repository, triton_url=triton_url)
     target = open_store(store, settings) if store else None  # a bad location fails before any work
     options = cfg.ConfigOptions(max_batch_size=max_batch_size, instance_count=instance_count,

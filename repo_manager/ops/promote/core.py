@@ -85,6 +85,8 @@ class PromotionRequest:
     eval_threshold: float | None = None
     create_env: bool = False
     """Allow a target environment that is neither in the settings' ``environments:`` nor in the store."""
+    quality_data: Path | None = None
+    """The quality gate's JSON-lines file (default: the model's spec, ``quality_data``)."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +311,8 @@ def _choose_gates(settings: Settings, request: PromotionRequest, replaces: int |
                 chosen.add("agreement")
             elif request.eval_command or model_spec(settings, request.model).eval_command:
                 chosen.add("eval")
+            if not config_only and (request.quality_data or model_spec(settings, request.model).quality_data):
+                chosen.add("quality")
     chosen.add("checksums")  # the other gates load the files it verified
     return tuple(name for name in GATES if name in chosen)
 
@@ -327,7 +331,7 @@ def run_gates(settings: Settings, request: PromotionRequest, plan: PromotionPlan
     spec = model_spec(settings, plan.model)
     sample = request.sample or spec.sample
     baseline: g.FetchedVersion | None = None
-    if plan.replaces is not None and any(n in server_gates for n in ("latency", "agreement", "eval")):
+    if plan.replaces is not None and any(n in server_gates for n in ("latency", "agreement", "quality", "eval")):
         try:
             baseline = g.fetch_version(stores.target, cache, plan.model, plan.replaces)
         except (NotFoundError, InputError, IntegrityError) as exc:  # access denied, network: the store's error
@@ -397,6 +401,12 @@ def _server_gate(name: str, client, repository: Path | None, fetched: g.FetchedV
     if name == "latency":
         params = _latency_params(settings, spec, "latency")
         return latency_gate(client, fetched, baseline, params, sample, progress, repository)
+    if name == "quality":
+        data = request.quality_data or spec.quality_data
+        if data is None:
+            raise UsageError("the quality gate needs a JSON-lines file of your own items",
+                             hint="pass --quality-data FILE, or set quality_data in configs/models/NAME.yaml")
+        return g.quality_gate(client, fetched, baseline, data, settings.quality, settings.source, repository)
     return g.agreement_gate(client, fetched, baseline, sample, repository)
 
 

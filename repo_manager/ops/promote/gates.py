@@ -14,6 +14,9 @@ results: they propagate with their own exit codes.
   rounds and judged against the noise the rounds show (``repo_manager.ops.promote.latency``).
 * ``agreement`` — both answer the sample file (or generated inputs) with the same outputs, within the
   dtype's tolerance (``publish.verify.compare``): for config-only changes.
+* ``quality`` — a text service's version against the one it replaces on the user's own items (the JSON lines
+  of ``--eval-data``): embeddings' cosine and retrieval agreement, rankings' agreement, labels' agreement,
+  judged by the quality thresholds (``ops/publish/huggingface/quality.py``): for a change of precision.
 * ``eval`` — a user command scores the loaded version; the score must reach the threshold.
 
 An LLM version (a streaming vLLM model) has its own load, agreement and latency gates, with each version
@@ -26,7 +29,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +44,7 @@ from repo_manager.adapters.process import run_command
 from repo_manager.adapters.storage import Store
 from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.core import config as cfg
-from repo_manager.core.errors import IntegrityError, NotFoundError, UsageError, VerificationError
+from repo_manager.core.errors import ConfigError, IntegrityError, NotFoundError, UsageError, VerificationError
 from repo_manager.core.manifest import Manifest
 from repo_manager.ops.sync.plan import check_manifest_config
 from repo_manager.ops.verify import Candidate, LoadedCandidates, compare, verify
@@ -170,6 +173,55 @@ def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersio
     return GateResult("agreement", True, f"{len(samples)} request(s) from {source} answered like version "
                       f"{old.manifest.version}", {"worst_abs_diff": worst, "samples": len(samples), "source": source},
                       time.monotonic() - started)
+
+
+def quality_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, data: Path,
+                 thresholds: Mapping[str, Any] | None, settings_origin: str,
+                 repository: Path | None = None) -> GateResult:
+    """A text service's new version against the version it replaces, on the user's own items (``data``, the
+    JSON lines of ``trm publish model --eval-data``): both loaded, every item answered by both, the replaced
+    version's answers the reference, judged by the quality thresholds (``settings.quality`` over the defaults).
+    The figures come from one deterministic pass over the same items: there is no noise for rounds to
+    average. Versions that are not text services are skipped, with the reason."""
+    from repo_manager.ops.publish.huggingface import LABEL_FILE, OUTPUTS, quality  # noqa: PLC0415 - a text service's modules only for this gate
+    from repo_manager.ops.publish.huggingface.verify import to_sample  # noqa: PLC0415 - as above
+
+    started = time.monotonic()
+    tasks = [v.manifest.source.get("task") if isinstance(v.manifest.source, dict) else None for v in (new, old)]
+    if tasks[0] not in quality.THRESHOLDS:
+        return skipped("quality", f"{new.manifest.model} version {new.manifest.version} is not a text service "
+                                  "(the gate compares Hugging Face embedding, rerank and classify services)")
+    task = tasks[0]
+    if tasks[1] != task:
+        return GateResult("quality", False, f"version {new.manifest.version} is a {task} service and the replaced "
+                          f"version {old.manifest.version} is not", {"tasks": tasks}, time.monotonic() - started)
+    items = quality.read_eval_data(data, task)
+    task_settings = (thresholds or {}).get(task)
+    if task_settings is not None and not isinstance(task_settings, Mapping):
+        raise ConfigError(f"{settings_origin}: quality.{task} must be a mapping of thresholds")
+    limits = quality.check_thresholds(task, task_settings, f"{settings_origin} quality.{task}", ConfigError)
+    output = OUTPUTS[task]
+    batch = max(1, min(quality.BATCH, *(v.config.max_batch_size or 1 for v in (new, old))))
+    answers: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    with loaded(client, new, old, repository=repository) as names:
+        for start in range(0, len(items.items), batch):
+            request = to_sample(items.items[start:start + batch], task)
+            for name, answered in zip(names, answers):
+                answered.append(np.asarray(client.infer(name, request)[output], dtype=np.float64))
+    served, expected = (np.concatenate(a).reshape(len(items.items), -1) for a in answers)
+    labels = (new.manifest.labels.get(LABEL_FILE) or "").splitlines()
+    figures = quality.drift_figures(task, served, expected, items, labels)
+    misses = quality.judge(figures, limits)
+    precisions = [v.manifest.source.get("precision") for v in (new, old)]
+    details = {"data": items.record(), "figures": figures, "thresholds": limits, "task": task,
+               "reference": f"version {old.manifest.version}",
+               "precision": {"new": precisions[0], "old": precisions[1]}}
+    shown = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in figures.items())
+    if misses:
+        return GateResult("quality", False, f"drifts from version {old.manifest.version} on {data.name}: "
+                          + "; ".join(misses), details, time.monotonic() - started)
+    return GateResult("quality", True, f"{len(items.items)} items of {data.name} answered like version "
+                      f"{old.manifest.version}: {shown}", details, time.monotonic() - started)
 
 
 def parse_score(stdout: str) -> float:

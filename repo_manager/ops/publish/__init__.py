@@ -28,8 +28,10 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     source = Path(source)
     options = options or cfg.ConfigOptions()
     fmt = fmt or detect_format(source)
-    if fmt != "huggingface" and {"precision", "eval_data"} & {k for k, v in format_options.items() if v is not None}:
-        raise UsageError(f"--precision and --eval-data are for Hugging Face checkpoints, and {source} is {fmt}",
+    if fmt != "huggingface" and {"precision", "eval_data", "quality_thresholds"} & \
+            {k for k, v in format_options.items() if v}:
+        raise UsageError(f"--precision, --eval-data and --quality-threshold are for Hugging Face checkpoints, and "
+                         f"{source} is {fmt}",
                          hint="leave them out for this format")
     if fmt == "onnx":
         from repo_manager.ops.publish.onnx import build_onnx  # noqa: PLC0415 - a format's builder only for it
@@ -40,8 +42,10 @@ def publish_model(settings: Settings, source: str | Path, name: str, *, fmt: str
     elif fmt == "huggingface":
         from repo_manager.ops.publish.huggingface.build import build_huggingface  # noqa: PLC0415 - a format's builder only for it
         hf_options = {k: v for k, v in format_options.items() if k in ("task", "max_length", "pooling", "normalize",
-                                                                           "prompt_name", "precision", "eval_data")}
-        build = build_huggingface(source, options, **hf_options)
+                                                                           "prompt_name", "precision", "eval_data",
+                                                                           "quality_thresholds")}
+        build = build_huggingface(source, options, thresholds=settings.quality, settings_origin=settings.source,
+                                  **hf_options)
     elif fmt == "tensorrt-llm":
         from repo_manager.ops.llm.node import probe_node  # noqa: PLC0415 - the node probe only for an engine
         from repo_manager.ops.publish.tensorrt_llm import TrtllmOptions, prepare_tensorrt_llm, skipped_verification  # noqa: PLC0415 - a format's builder only for it

@@ -3,6 +3,7 @@ texts and exported to ONNX with that head inside the graph."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import warnings
@@ -111,7 +112,10 @@ class LoadedCheckpoint:
     def token_count(self, text: str) -> int:
         return len(self.tokenizer(self.pipeline.prompt + text)["input_ids"])
 
-    def export(self, target: Path) -> None:
+    def export(self, target: Path, *, half: bool = False) -> None:
+        """The module as ONNX at ``target``; ``half``: its weights and arithmetic in fp16, the answer cast back to
+        fp32 (the service's interface stays the same)."""
+        module = _half_of(self.module, self.torch) if half else self.module
         feeds = self.encode(example_items(self.pipeline.task))
         axes = {name: {0: "batch", 1: "sequence"} for name in self.input_names}
         output = OUTPUTS[self.pipeline.task].lower()
@@ -121,7 +125,7 @@ class LoadedCheckpoint:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.torch.onnx.export(self.module, tuple(self.torch.from_numpy(feeds[n]) for n in self.input_names),
+                self.torch.onnx.export(module, tuple(self.torch.from_numpy(feeds[n]) for n in self.input_names),
                                        str(target), input_names=self.input_names, output_names=[output],
                                        dynamic_axes=axes, opset_version=OPSET, dynamo=False)
         except Exception as exc:
@@ -129,6 +133,20 @@ class LoadedCheckpoint:
 
     def save_tokenizer(self, target: Path) -> None:
         self.tokenizer.backend_tokenizer.save(str(target))
+
+
+def _half_of(module: Any, torch: Any) -> Any:
+    """A copy of ``module`` in fp16 whose answer is cast back to fp32."""
+
+    class Half(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = copy.deepcopy(module).half()
+
+        def forward(self, *inputs: Any) -> Any:
+            return self.inner(*inputs).float()
+
+    return Half().eval()
 
 
 def example_items(task: str) -> list[Any]:

@@ -1,14 +1,24 @@
 """The precision a Hugging Face service is served in, and how far it may drift from its full-precision reference.
 
-``fp32`` is the exported encoder as it is. ``int8`` is onnxruntime's own dynamic quantization of it
-(``quantize_dynamic``: weights of MatMul/Gemm/Attention stored as signed 8-bit integers, one scale per
-output channel; activations quantized per call): about a quarter of the weight bytes, and the CPU's integer
-instructions where it has them. Each precision is a version of its own of the same service (the tokenizer
-and ensemble do not change), so a client sees nothing change but speed and memory.
+``fp32`` is the exported encoder as it is. ``fp16`` is the same module exported in half precision (weights and
+arithmetic), its answers cast back to fp32 so that the service's interface does not change: half the bytes.
+``int8`` is onnxruntime's own dynamic quantization of the fp32 encoder (``quantize_dynamic``: weights stored as
+signed 8-bit integers, activations quantized per call): about a quarter of the weight bytes, and the CPU's
+integer instructions where it has them. Each precision is a version of its own of the same service (the
+tokenizer and ensemble do not change), so a client sees nothing change but speed and memory.
 
-``fp16`` is not offered: onnxruntime's CPU provider, the runtime trm's backend serves an encoder with on
-this kind of node, has no fp16 kernels for most of a transformer's operators, and a version this node
-cannot serve is not published here.
+Which precisions this node serves is measured, not assumed (``served_here``): a small graph of a
+transformer's operators in fp16 is run on onnxruntime's CPU provider, the runtime trm's backend serves an
+encoder with; a node whose runtime has no fp16 kernels is told so before any work (exit 11, naming what it
+serves).
+
+int8 is tried in ``INT8_RECIPES`` order when the quality gate has the user's data: onnxruntime's defaults
+first (one scale per weight tensor), then one scale per output channel, then 7-bit weights, then MatMul only;
+the first recipe whose version passes is kept, and the record lists every recipe tried with its figures. On a
+CPU without VNNI instructions 8-bit weights can saturate an intermediate sum (onnxruntime's documentation:
+"reduce_range ... may improve the accuracy ... on non-VNNI machine"), hence the 7-bit recipes; MatMul-only
+leaves Gemm and Attention in fp32. Without ``--eval-data`` nothing can judge a recipe on the user's texts:
+``UNJUDGED_RECIPE`` is used and judged by the edge cases.
 
 Verification of the edge cases (``verify.py``) judges each precision by its own declared criterion
 (``CRITERIA``): a quantized encoder cannot meet fp32's cosine 0.999, and a criterion loose enough for it
@@ -18,12 +28,15 @@ question (``quality.py``, ``--eval-data``).
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from repo_manager.core.errors import InputError
+from repo_manager.core.errors import CompatibilityError, InputError
 
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "fp16", "int8")
+BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1}
 
 
 @dataclass(frozen=True)
@@ -40,24 +53,105 @@ class Criterion:
 
 CRITERIA = {
     "fp32": Criterion(min_cosine=0.999, max_norm_ratio=1e-3, score_tolerance=1e-3),
+    # fp16 keeps 11 bits of mantissa: MiniLM's edge cases stay above cosine 0.9999 (docs/huggingface.md); the
+    # length and scores get fp16's own rounding
+    "fp16": Criterion(min_cosine=0.999, max_norm_ratio=5e-3, score_tolerance=1e-2),
     # measured on all-MiniLM-L6-v2, all-mpnet-base-v2 and the test suite's random checkpoints (docs/huggingface.md):
     # int8's worst edge case stays well inside these; a wrong export (a lost layer, a wrong pooling) does not
     "int8": Criterion(min_cosine=0.95, max_norm_ratio=0.05, score_tolerance=0.1),
 }
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """One way of quantizing the encoder to int8 (``quantize_dynamic``'s settings)."""
+
+    name: str
+    per_channel: bool = True
+    """One scale per output channel of a weight (else one per tensor)."""
+    reduce_range: bool = False
+    op_types: tuple[str, ...] | None = None
+    """Operator types to quantize; None: onnxruntime's default set (MatMul, Gemm, Attention, ...)."""
+
+    def describe(self, version: str) -> str:
+        return (f"onnxruntime {version} quantize_dynamic ({self.name}: int8 weights, one scale per "
+                f"{'output channel' if self.per_channel else 'tensor'}"
+                f"{', 7-bit range' if self.reduce_range else ''}"
+                f"{', ' + '/'.join(self.op_types) + ' only' if self.op_types else ''}; activations quantized per call)")
+
+
+INT8_RECIPES = (
+    Recipe("per-tensor", per_channel=False),
+    Recipe("per-channel"),
+    Recipe("per-channel, 7-bit", reduce_range=True),
+    Recipe("per-channel, 7-bit, MatMul only", reduce_range=True, op_types=("MatMul",)),
+)
+
+
+UNJUDGED_RECIPE = INT8_RECIPES[1]
+"""The recipe used without the user's data: per-tensor scales (onnxruntime's default, tried first when there is
+data) drifted to a mean cosine of 0.958 on MiniLM over a licence's paragraphs, per-channel to 0.9925."""
+
+
 def check_precision(precision: str) -> str:
+    """``precision`` if trm publishes it and this node serves it; else a one-line error naming what it serves."""
     if precision not in PRECISIONS:
         raise InputError(f"precision {precision!r} is not one trm publishes",
                          hint=f"use one of {', '.join(PRECISIONS)}")
+    served, why = served_here()
+    if precision not in served:
+        raise CompatibilityError(f"this node cannot serve an {precision} encoder: {why[precision]}",
+                                 hint=f"it serves {', '.join(served)}")
     return precision
 
 
-def quantize_int8(fp32_model: Path, target: Path) -> str:
-    """Write the int8 version of ``fp32_model`` to ``target``; returns how, for the manifest."""
+@functools.cache
+def served_here() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The precisions this node's onnxruntime (CPU provider) runs, and why each other one is not."""
+    import onnxruntime  # noqa: PLC0415 - the ONNX runtime only to probe it
+
+    why = {}
+    try:
+        session = onnxruntime.InferenceSession(_fp16_probe(), providers=["CPUExecutionProvider"])
+        import numpy as np  # noqa: PLC0415 - numpy with the runtime, for the probe's one call
+
+        session.run(None, {"X": np.ones((2, 8), np.float16)})
+    except Exception as exc:  # noqa: BLE001 - any refusal of the runtime means "not here", said in its words
+        why["fp16"] = (f"onnxruntime {onnxruntime.__version__}'s CPU provider has no fp16 kernel for a "
+                       f"transformer's operators ({str(exc).splitlines()[0][:160]})")
+    return tuple(p for p in PRECISIONS if p not in why), why
+
+
+def _fp16_probe() -> bytes:
+    """A graph of the operators a transformer encoder runs (MatMul, Add, LayerNormalization, Softmax, Erf, Div,
+    ReduceMean, Sqrt, Tanh), in fp16."""
+    import numpy as np  # noqa: PLC0415 - numpy and onnx only to build the probe
+    from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415 - as above
+
+    half = TensorProto.FLOAT16
+    weights = [numpy_helper.from_array(np.full(shape, 0.5, np.float16), name)
+               for name, shape in (("W", (8, 8)), ("B", (8,)), ("G", (8,)), ("two", ()))]
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["m"]), helper.make_node("Add", ["m", "B"], ["a"]),
+             helper.make_node("LayerNormalization", ["a", "G", "B"], ["n"], axis=-1),
+             helper.make_node("Softmax", ["n"], ["s"], axis=-1), helper.make_node("Erf", ["s"], ["e"]),
+             helper.make_node("Div", ["e", "two"], ["d"]), helper.make_node("Tanh", ["d"], ["t"]),
+             helper.make_node("ReduceMean", ["t"], ["r"], axes=[1], keepdims=1), helper.make_node("Sqrt", ["r"], ["Y"])]
+    graph = helper.make_graph(nodes, "fp16-probe", [helper.make_tensor_value_info("X", half, [2, 8])],
+                              [helper.make_tensor_value_info("Y", half, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def quantize_int8(fp32_model: Path, target: Path, recipe: Recipe = UNJUDGED_RECIPE) -> str:
+    """Write the int8 version of ``fp32_model`` to ``target`` by ``recipe``; returns how, for the manifest."""
     import onnxruntime  # noqa: PLC0415 - the ONNX runtime only to quantize a model
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 - as above
 
-    quantize_dynamic(fp32_model, target, per_channel=True, weight_type=QuantType.QInt8)
-    return (f"onnxruntime {onnxruntime.__version__} quantize_dynamic (int8 weights, one scale per output channel; "
-            "activations quantized per call)")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process the model, printed on every call, is not the user's
+    try:
+        quantize_dynamic(fp32_model, target, per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
+                         weight_type=QuantType.QInt8, op_types_to_quantize=list(recipe.op_types or ()) or None)
+    finally:
+        root.setLevel(level)
+    return recipe.describe(onnxruntime.__version__)

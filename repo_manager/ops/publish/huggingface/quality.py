@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from repo_manager.core.errors import InputError, VerificationError
+from repo_manager.core.errors import InputError, TrmError, UsageError, VerificationError
 
 MIN_ITEMS = 20
 """Fewer items say nothing about a distribution (and recall@10 needs more than ten texts)."""
@@ -42,6 +44,10 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     "rerank": {"min_top1_agreement": 0.8, "min_kendall_tau": 0.7},
     "classify": {"min_label_agreement": 0.95, "max_accuracy_drop": 0.02},
 }
+RANGES = {"mean_cosine": (-1.0, 1.0), "p1_cosine": (-1.0, 1.0), "recall_at_10": (0.0, 1.0),
+          "top1_agreement": (0.0, 1.0), "kendall_tau": (-1.0, 1.0), "label_agreement": (0.0, 1.0),
+          "accuracy_drop": (0.0, 1.0)}
+"""The values a threshold may take: its figure's range."""
 FIELDS = {"embedding": ("text",), "rerank": ("query", "passage"), "classify": ("text",)}
 SERVICES = {"embedding": "an embedding service", "rerank": "a reranker", "classify": "a classifier"}
 
@@ -110,7 +116,7 @@ def reference_outputs(reference, items: list[Any]) -> np.ndarray:
         .astype(np.float64)
 
 
-def measure(task: str, served: np.ndarray, expected: np.ndarray, data: EvalData,
+def drift_figures(task: str, served: np.ndarray, expected: np.ndarray, data: EvalData,
             label_names: list[str] | None = None) -> dict[str, float]:
     """The figures of ``THRESHOLDS[task]`` for served against expected answers (one row per item)."""
     if task == "embedding":
@@ -185,10 +191,46 @@ def classify_figures(served: np.ndarray, expected: np.ndarray, labels: list[str 
     return figures
 
 
-def judge(task: str, figures: dict[str, float]) -> list[str]:
+def check_thresholds(task: str, overrides: Mapping[str, Any] | None, origin: str,
+                     error: type[TrmError] = UsageError) -> dict[str, float]:
+    """``THRESHOLDS[task]`` with ``overrides`` (a name of that task's thresholds to a number in the figure's
+    range) applied; ``error`` (naming ``origin``) for an unknown name or a value that is not a finite number
+    in range."""
+    chosen = dict(THRESHOLDS[task])
+    for key, value in (overrides or {}).items():
+        if key not in chosen:
+            raise error(f"{origin}: {key} is not a threshold of {SERVICES[task]}",
+                        hint=f"its thresholds: {', '.join(chosen)}")
+        low, high = RANGES[key.partition("_")[2]]
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number) or not low <= number <= high:
+            raise error(f"{origin}: {key} must be a number from {low:g} to {high:g}, not {str(value)[:40]}",
+                        hint=f"the default is {THRESHOLDS[task][key]:g}")
+        chosen[key] = float(number)
+    return chosen
+
+
+def parse_threshold_options(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``--quality-threshold NAME=VALUE`` options as a mapping; UsageError for one without ``=``."""
+    parsed = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--quality-threshold {pair[:60]} is not NAME=VALUE",
+                             hint="e.g. --quality-threshold min_mean_cosine=0.99")
+        parsed[name.strip()] = value.strip()
+    return parsed
+
+
+def judge(figures: dict[str, float], thresholds: Mapping[str, float]) -> list[str]:
     """What misses its threshold, one phrase each (empty: the gate passes)."""
     misses = []
-    for key, bound in THRESHOLDS[task].items():
+    for key, bound in thresholds.items():
         kind, _, name = key.partition("_")
         if name not in figures:
             continue  # accuracy without labels
@@ -199,17 +241,15 @@ def judge(task: str, figures: dict[str, float]) -> list[str]:
     return misses
 
 
-def quality_gate(task: str, precision: str, onnx_path: Path, loaded, reference, data: EvalData,
-                 label_names: list[str] | None = None) -> dict[str, Any]:
-    """Measure, judge and return the manifest's record; VerificationError when a figure misses."""
-    served = served_outputs(onnx_path, loaded, data.items)
-    expected = reference_outputs(reference, data.items)
-    figures = measure(task, served, expected, data, label_names)
-    misses = judge(task, figures)
-    record = {"precision": precision, "data": data.record(), "figures": figures, "thresholds": THRESHOLDS[task],
-              "reference": "the checkpoint's own library in fp32", "passed": not misses}
-    if misses:
-        raise VerificationError(f"quality gate: the {precision} version drifts from its fp32 reference on "
-                                f"{data.path.name}: " + "; ".join(misses),
-                                hint="publish it in a higher precision, or check the eval data is your traffic")
-    return record
+def assess(task: str, onnx_path: Path, loaded, expected: np.ndarray, data: EvalData,
+           thresholds: Mapping[str, float], label_names: list[str] | None = None) -> tuple[dict[str, float], list[str]]:
+    """The staged encoder's figures against the reference's answers ``expected``, and what misses."""
+    figures = drift_figures(task, served_outputs(onnx_path, loaded, data.items), expected, data, label_names)
+    return figures, judge(figures, thresholds)
+
+
+def refusal(precision: str, data: EvalData, misses: list[str]) -> VerificationError:
+    return VerificationError(f"quality gate: the {precision} version drifts from its fp32 reference on "
+                             f"{data.path.name}: " + "; ".join(misses),
+                             hint="publish it in a higher precision, lower a threshold, or check the eval data is "
+                                  "your traffic")
