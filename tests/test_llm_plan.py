@@ -236,3 +236,32 @@ def test_family_defaults_are_transformers_own(family):
     for key, value in FAMILY_DEFAULTS[family].items():
         theirs = parameters[key].default if key in parameters else getattr(config_class(), key)
         assert theirs == value, (family, key)
+
+
+@pytest.mark.parametrize(("quantization", "weights"), [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "gptq", "bits": 8}, "int8"),
+    ({"quant_method": "fp8"}, "fp8"),
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}, "targets": ["Linear"]}}}, "int8"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}}},
+     "fp8"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+])
+def test_a_quantized_checkpoint_is_planned_at_its_own_weight_type(quantization, weights):
+    """A checkpoint's quantization_config (as AWQ, GPTQ, compressed-tensors, fp8 and bitsandbytes write it) is
+    its default weight type in the plan: an 8B AWQ checkpoint is about 5 GB, not bf16's 16 GB."""
+    data = json.loads(LLAMA8.read_text()) | {"quantization_config": quantization}
+    shape = shape_from_config(data)
+    assert (shape.quantization, shape.quantization_method) == (weights, quantization["quant_method"])
+    plan = plan_memory(shape, PlanRequest(80))
+    same = plan_memory(load_shape(LLAMA8), PlanRequest(80, dtype=weights))
+    assert plan.dtype == weights and plan.weight_bytes == same.weight_bytes
+    assert any(f"from the checkpoint's quantization_config ({quantization['quant_method']})" in s for s in plan.steps)
+    assert plan.kv_cache_dtype == "fp16"  # the KV cache stays in the activations' type
+
+
+def test_a_quantization_trm_does_not_know_is_planned_at_the_upper_bound_and_says_so():
+    data = json.loads(LLAMA8.read_text()) | {"quantization_config": {"quant_method": "hqq", "nbits": 3}}
+    plan = plan_memory(shape_from_config(data), PlanRequest(80))
+    assert plan.dtype == "bf16" and any("is not one trm plans" in s and "hqq" in s for s in plan.steps)

@@ -95,6 +95,27 @@ def test_the_seed_crash_is_refused_at_publish_naming_the_context_that_fits(tmp_p
     _nothing_written(repo)
 
 
+def test_a_quantized_checkpoint_is_planned_at_its_own_weight_type(tmp_path, capsys):
+    """The same Llama 3.1 8B saved by AutoAWQ (4-bit weights, quantization_config in config.json, fp16
+    activations): vLLM loads its weights as they were saved, so the plan counts ~5 GB of weights, not
+    bf16's 16 GB, and the context that fits on 24 GiB is that much longer (the KV cache stays 16-bit)."""
+    folder = tmp_path / "llama8b-awq"
+    folder.mkdir()
+    config = json.loads((DATA / "llama-3.1-8b.json").read_text())
+    config |= {"torch_dtype": "float16", "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128,
+                                                                 "version": "gemm", "zero_point": True}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    result = run_cli(capsys, "publish", "model", folder, "--name", "llama", "--format", "vllm", "--repo",
+                     tmp_path / "repo", "--gpu-memory", "24")
+    assert result.code == 11 and "131,072 tokens does not fit" in result.err, result.err
+    fits = int(result.err.split("--max-model-len ")[1].split()[0])
+    assert 110_000 <= fits < 131_072  # bf16's weights left ~45k
+    plan = run_cli(capsys, "plan", folder / "config.json", "--gpu-memory", "24", "--json")
+    assert plan.json()["request"]["dtype"] == "int4" and 4.5e9 < plan.json()["weight_bytes"] < 5.5e9, plan.out
+
+
 def test_cpu_plan_gives_the_kv_cache_in_bytes(checkpoint, tmp_path):
     from repo_manager.ops.llm.vllm import VllmOptions, plan_engine, read_checkpoint
 

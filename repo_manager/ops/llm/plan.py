@@ -127,7 +127,8 @@ class MemoryPlan:
 
 
 def default_dtype(shape: ModelShape) -> str:
-    return _TORCH_DTYPES.get(shape.torch_dtype, "bf16")
+    """The checkpoint's own weight type: its quantization's (a quantized checkpoint), else its torch_dtype's."""
+    return shape.quantization or _TORCH_DTYPES.get(shape.torch_dtype, "bf16")
 
 
 def weight_bytes(params: Parameters, dtype: str) -> int:
@@ -158,6 +159,11 @@ def plan_memory(shape: ModelShape, request: PlanRequest) -> MemoryPlan:
              f"{f' ({shape.num_experts} experts)' if shape.num_experts else ''} + router {params.router:,}"
              f" + norms {params.norms:,} = {params.total:,}"]
     weights = weight_bytes(params, dtype)
+    if shape.quantization_method and request.dtype is None:
+        steps.append(f"weight type {dtype} from the checkpoint's quantization_config ({shape.quantization_method})"
+                     if shape.quantization else
+                     f"the checkpoint's quantization_config ({shape.quantization_method}) is not one trm plans: "
+                     f"planned at its {dtype} activations, an upper bound (--dtype sets the weight type)")
     if dtype in ("fp16", "bf16", "fp32"):
         steps.append(f"weights = {params.total:,} × {_LINEAR_BYTES[dtype]:g} bytes ({dtype}) = {_gb(weights)}")
     else:

@@ -116,6 +116,11 @@ class ModelShape:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     torch_dtype: str = "bfloat16"
+    quantization: str = ""
+    """The weight type a quantized Hugging Face checkpoint stores its linear layers in (``int4``, ``int8``,
+    ``fp8``: ``quantized_weights``); "" for an unquantized one, or a method trm does not know."""
+    quantization_method: str = ""
+    """``quantization_config.quant_method`` as the checkpoint names it (awq, gptq, compressed-tensors, ...)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,7 +209,42 @@ def shape_from_config(data: dict[str, Any], origin: str = "config.json") -> Mode
         shared_expert_gate=structure.get("shared_expert_gate", False) and shared > 0,
         num_experts=experts, experts_per_token=top_k if experts else 0,
         moe_intermediate_size=moe_inter if experts else 0, shared_expert_intermediate_size=shared,
-        torch_dtype=str(data.get("torch_dtype") or data.get("dtype") or "bfloat16"))
+        torch_dtype=str(data.get("torch_dtype") or data.get("dtype") or "bfloat16"),
+        quantization=quantized_weights(data) if hugging_face else "",
+        quantization_method=_quant_method(data) if hugging_face else "")
+
+
+def _quant_method(data: dict[str, Any]) -> str:
+    config = data.get("quantization_config")
+    return str(config.get("quant_method") or "unnamed")[:40] if isinstance(config, dict) else ""
+
+
+def quantized_weights(data: dict[str, Any]) -> str:
+    """The weight type of a Hugging Face checkpoint's ``quantization_config``, in the memory plan's names: AWQ
+    and GPTQ by their ``bits``, compressed-tensors by its first group's ``weights`` (``num_bits``, ``type``),
+    fp8, bitsandbytes by ``load_in_4bit``/``load_in_8bit``; "" when there is none or it is not one of these."""
+    config = data.get("quantization_config")
+    if not isinstance(config, dict):
+        return ""
+    method = str(config.get("quant_method") or "").lower()
+    by_bits = {4: "int4", 8: "int8"}
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"):
+        bits = config.get("bits", config.get("w_bit", 4))
+        return by_bits.get(bits, "") if isinstance(bits, int) else ""
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    if method == "bitsandbytes":
+        return "int4" if config.get("load_in_4bit") else "int8" if config.get("load_in_8bit") else ""
+    if method == "compressed-tensors":
+        groups = config.get("config_groups")
+        first = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+        weights = first.get("weights") if isinstance(first, dict) else None
+        if not isinstance(weights, dict) or not isinstance(weights.get("num_bits"), int):
+            return ""
+        if weights.get("type") == "float":
+            return "fp8" if weights["num_bits"] == 8 else ""
+        return by_bits.get(weights["num_bits"], "")
+    return ""
 
 
 def _model_type_from_architecture(architecture: str) -> str:

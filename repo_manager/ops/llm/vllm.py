@@ -225,8 +225,9 @@ def plan_engine(checkpoint: Checkpoint, options: VllmOptions, *, gpu_memory_gib:
         raise InputError(f"dtype {dtype} is not one of fp32, fp16, bf16 (vLLM loads quantized checkpoints as "
                          "they were saved)")
     max_model_len = options.max_model_len or shape.max_position_embeddings
+    weights = shape.quantization or dtype  # vLLM loads a quantized checkpoint's weights as they were saved
     if gpu_memory_gib is not None:
-        request = PlanRequest(gpu_memory_gib=gpu_memory_gib, dtype=dtype, kv_cache_dtype=dtype,
+        request = PlanRequest(gpu_memory_gib=gpu_memory_gib, dtype=weights, kv_cache_dtype=dtype,
                               max_batch_size=options.max_num_seqs or 1, max_seq_len=max_model_len, tp=options.tp,
                               utilization=options.utilization)
         plan = plan_memory(shape, request)
@@ -245,7 +246,7 @@ def plan_engine(checkpoint: Checkpoint, options: VllmOptions, *, gpu_memory_gib:
     budget_gib = options.cpu_memory_gib or available_memory_bytes() * CPU_MEMORY_FRACTION / GIB
     # the same arithmetic as on a GPU, over the memory the CPU engine may take (no activation reserve:
     # vLLM's CPU KV cache is a fixed number of bytes, separate from the forward pass's tensors)
-    request = PlanRequest(gpu_memory_gib=budget_gib, dtype=dtype, kv_cache_dtype=dtype, max_batch_size=seqs,
+    request = PlanRequest(gpu_memory_gib=budget_gib, dtype=weights, kv_cache_dtype=dtype, max_batch_size=seqs,
                           max_seq_len=max_model_len, tp=1, max_num_tokens=1, utilization=1.0)
     plan = plan_memory(shape, request)
     _require_fit(plan, options, f"{budget_gib:.1f} GiB of host memory")

@@ -90,8 +90,12 @@ def build_vllm(prepared: VllmSource, progress: Progress = quiet):
             (staging / layout.ENGINE_ARGS_FILE).write_bytes(layout.engine_args_json(engine.engine_args, target))
 
         localize(repo.next_version(name))
+        shape = checkpoint.shape
+        quantized = {"quantization": {"method": shape.quantization_method, "weights": shape.quantization or None}} \
+            if shape.quantization_method else {}
         record = source_record(checkpoint.folder, "vllm", architecture=checkpoint.architecture,
-                               dtype=checkpoint.dtype, plan=engine.to_dict())
+                               dtype=checkpoint.dtype,
+                               plan=engine.to_dict(), **quantized)
         staged = Staged(name, staging, config, record, environment_packages=_VERIFY_PACKAGES)
         staged.before_commit = localize
         staged.verifier = lambda settings: verify_generation(settings, staged, checkpoint, engine, progress)
