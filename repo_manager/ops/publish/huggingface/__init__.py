@@ -29,7 +29,8 @@ One job per module, in the order a publish runs them:
     pipeline         what the checkpoint declares it computes, read from its files (task, pooling, head)
     checkpoint       the folder checked without loading weights (``inspect_checkpoint``); the PyPI examples
     load             the checkpoint loaded in PyTorch, run and exported to ONNX with its head
-    precision        the precisions served (fp32, int8 by onnxruntime's quantization) and their criteria
+    precision        the precisions served (fp32, fp16 where this node runs it, int8 by onnxruntime's quantization
+                     in recipes tried in order) and their criteria
     quality          the quality gate: drift from the fp32 reference on the user's own data
     reference        the library the checkpoint came from, which verification compares with
     verify           the verification cases and how each answer is judged
