@@ -258,7 +258,7 @@ def test_a_quantized_checkpoint_is_planned_at_its_own_weight_type(quantization, 
     same = plan_memory(load_shape(LLAMA8), PlanRequest(80, dtype=weights))
     assert plan.dtype == weights and plan.weight_bytes == same.weight_bytes
     assert any(f"from the checkpoint's quantization_config ({quantization['quant_method']})" in s for s in plan.steps)
-    assert plan.kv_cache_dtype == "fp16"  # the KV cache stays in the activations' type
+    assert plan.kv_cache_dtype == "bf16"  # the KV cache stays in the activations' type (torch_dtype bfloat16)
 
 
 def test_a_quantization_trm_does_not_know_is_planned_at_the_upper_bound_and_says_so():

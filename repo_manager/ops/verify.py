@@ -145,7 +145,11 @@ class LoadedCandidates:
             try:
                 self.client.load(temp, config, files)
             except ModelLoadError as again:
-                raise ModelLoadError(f"{again.message} ({LOADED_TWICE})", hint=again.hint, **again.facts) from again
+                if not STUB_DECLARED_UNHEALTHY.search(again.message):
+                    raise ModelLoadError(f"{again.message} (on a second try, {LOADED_TWICE} after {exc.message})",
+                                         hint=again.hint, **again.facts) from again
+                raise ModelLoadError(f"{again.message} (the same happened {LOADED_TWICE})", hint=again.hint,
+                                     **again.facts) from again
 
     def __exit__(self, *exc: object) -> None:
         for temp in reversed(self._loaded):
@@ -207,8 +211,8 @@ thread (which marks it alive every 300 ms) has not run in that second either: a 
 stalled, as a host that pauses the process for a second stalls it. Which of the two only a second try tells."""
 
 
-LOADED_TWICE = "the same happened when trm loaded it once more"
-"""Ends the message of a load that failed twice with ``STUB_DECLARED_UNHEALTHY``: not to be tried again."""
+LOADED_TWICE = "when trm loaded it once more"
+"""In the message of a load that failed a second time after ``STUB_DECLARED_UNHEALTHY``: not to be tried again."""
 
 
 def verify(client: TritonClient, candidates: list[Candidate], entry: str,

@@ -151,7 +151,9 @@ def plan_memory(shape: ModelShape, request: PlanRequest) -> MemoryPlan:
     """The memory plan of ``shape`` under ``request``; every figure is derived in ``steps``."""
     request.check()
     dtype = request.dtype or default_dtype(shape)
-    kv_dtype = request.kv_cache_dtype or (dtype if dtype in ("bf16", "fp32") else "fp16")
+    activations = _TORCH_DTYPES.get(shape.torch_dtype, "fp16") if shape.quantization and request.dtype is None \
+        else (dtype if dtype in ("bf16", "fp32") else "fp16")  # a quantized checkpoint's KV cache: its activations'
+    kv_dtype = request.kv_cache_dtype or activations
     tp = request.tp
     params = parameter_breakdown(shape)
     steps = [f"parameters = embedding {params.embedding:,} + lm_head {params.lm_head:,}"

@@ -337,6 +337,11 @@ def run_gates(settings: Settings, request: PromotionRequest, plan: PromotionPlan
         except (NotFoundError, InputError, IntegrityError) as exc:  # access denied, network: the store's error
             return results + [g.GateResult(n, False, f"the replaced version {plan.replaces} cannot be read: "
                                                      f"{exc.message}") for n in server_gates], fetched
+    quality: g.QualityCheck | g.GateResult | None = None
+    if "quality" in server_gates and not llm.is_llm(fetched.config):  # bad data: before a server starts
+        data = request.quality_data or spec.quality_data
+        origin = "--quality-data" if request.quality_data else f"quality_data of the model spec {plan.model}"
+        quality = g.quality_check(fetched, baseline, data, origin, settings.quality, settings.source)
     with _gate_server(settings, fetched, baseline, progress=progress) as (client, repository):
         embedded = repository is not None or not settings.triton_url
         if llm.is_llm(fetched.config):  # each version loaded once for all its gates (engine starts are slow)
@@ -350,7 +355,7 @@ def run_gates(settings: Settings, request: PromotionRequest, plan: PromotionPlan
         for name in server_gates:
             progress(f"{name}: {plan.model}/{plan.version} on {client.url}")
             result = _server_gate(name, client, repository, fetched, baseline, settings, request, spec, sample,
-                                  progress)
+                                  progress, quality)
             results.append(_without_address(result, client.url) if embedded else result)
     return results, fetched
 
@@ -391,7 +396,10 @@ def _gate_server(settings: Settings, *versions: g.FetchedVersion | None,
 
 def _server_gate(name: str, client, repository: Path | None, fetched: g.FetchedVersion,
                  baseline: g.FetchedVersion | None, settings: Settings, request: PromotionRequest, spec,
-                 sample: Path | None, progress: Progress) -> g.GateResult:
+                 sample: Path | None, progress: Progress,
+                 quality: g.QualityCheck | g.GateResult | None = None) -> g.GateResult:
+    if name == "quality" and isinstance(quality, g.GateResult):
+        return quality
     if name == "load":
         return g.load_gate(client, fetched, repository)
     if name == "eval":
@@ -401,12 +409,8 @@ def _server_gate(name: str, client, repository: Path | None, fetched: g.FetchedV
     if name == "latency":
         params = _latency_params(settings, spec, "latency")
         return latency_gate(client, fetched, baseline, params, sample, progress, repository)
-    if name == "quality":
-        data = request.quality_data or spec.quality_data
-        if data is None:
-            raise UsageError("the quality gate needs a JSON-lines file of your own items",
-                             hint="pass --quality-data FILE, or set quality_data in configs/models/NAME.yaml")
-        return g.quality_gate(client, fetched, baseline, data, settings.quality, settings.source, repository)
+    if name == "quality" and isinstance(quality, g.QualityCheck):
+        return g.quality_gate(client, fetched, baseline, quality, repository)
     return g.agreement_gate(client, fetched, baseline, sample, repository)
 
 

@@ -175,52 +175,98 @@ def agreement_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersio
                       time.monotonic() - started)
 
 
-def quality_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, data: Path,
-                 thresholds: Mapping[str, Any] | None, settings_origin: str,
-                 repository: Path | None = None) -> GateResult:
-    """A text service's new version against the version it replaces, on the user's own items (``data``, the
-    JSON lines of ``trm publish model --eval-data``): both loaded, every item answered by both, the replaced
-    version's answers the reference, judged by the quality thresholds (``settings.quality`` over the defaults).
-    The figures come from one deterministic pass over the same items: there is no noise for rounds to
-    average. Versions that are not text services are skipped, with the reason."""
-    from repo_manager.ops.publish.huggingface import LABEL_FILE, OUTPUTS, quality  # noqa: PLC0415 - a text service's modules only for this gate
-    from repo_manager.ops.publish.huggingface.verify import to_sample  # noqa: PLC0415 - as above
+@dataclass(frozen=True)
+class QualityCheck:
+    """The quality gate's inputs, read and checked before any server starts (``quality_check``)."""
 
-    started = time.monotonic()
-    tasks = [v.manifest.source.get("task") if isinstance(v.manifest.source, dict) else None for v in (new, old)]
-    if tasks[0] not in quality.THRESHOLDS:
+    task: str
+    data: Any
+    """The items (``ops/publish/huggingface/quality.EvalData``)."""
+    thresholds: dict[str, float]
+    labels: list[str]
+
+
+def _task(version: FetchedVersion) -> str | None:
+    source = version.manifest.source
+    task = source.get("task") if isinstance(source, dict) else None
+    return task if isinstance(task, str) else None
+
+
+def _labels(version: FetchedVersion, label_file: str) -> list[str]:
+    text = version.manifest.labels.get(label_file) or ""
+    return [line for line in text.split("\n") if line]  # label_file writes one label and "\n" each
+
+
+def quality_check(new: FetchedVersion, old: FetchedVersion | None, data: Path | None, origin: str,
+                  thresholds: Mapping[str, Any] | None, settings_origin: str) -> QualityCheck | GateResult:
+    """The quality gate's inputs, or its result when it cannot run: skipped for a version that is not a text
+    service or replaces none; failed when the replaced version is another kind of service or labels its
+    classes otherwise. UsageError without ``data`` (from ``origin``), InputError for bad data, ConfigError for
+    bad thresholds in the settings file: all before a server starts."""
+    from repo_manager.ops.publish.huggingface import LABEL_FILE, quality  # noqa: PLC0415 - a text service's modules only for this gate
+
+    task = _task(new)
+    if task not in quality.THRESHOLDS:
         return skipped("quality", f"{new.manifest.model} version {new.manifest.version} is not a text service "
                                   "(the gate compares Hugging Face embedding, rerank and classify services)")
-    task = tasks[0]
-    if tasks[1] != task:
+    if old is None:
+        return skipped("quality", "the target environment serves no earlier version to compare with")
+    if _task(old) != task:
         return GateResult("quality", False, f"version {new.manifest.version} is a {task} service and the replaced "
-                          f"version {old.manifest.version} is not", {"tasks": tasks}, time.monotonic() - started)
-    items = quality.read_eval_data(data, task)
+                          f"version {old.manifest.version} is not", {"tasks": [task, _task(old)]})
+    labels = _labels(new, LABEL_FILE)
+    if labels != _labels(old, LABEL_FILE):
+        return GateResult("quality", False, f"version {new.manifest.version} and the replaced version "
+                          f"{old.manifest.version} label their classes differently: their answers do not compare",
+                          {"labels": {"new": labels[:20], "old": _labels(old, LABEL_FILE)[:20]}})
+    if data is None:
+        raise UsageError("the quality gate needs a JSON-lines file of your own items",
+                         hint="pass --quality-data FILE, or set quality_data in configs/models/NAME.yaml")
+    items = quality.read_eval_data(data, task, origin)
     task_settings = (thresholds or {}).get(task)
     if task_settings is not None and not isinstance(task_settings, Mapping):
         raise ConfigError(f"{settings_origin}: quality.{task} must be a mapping of thresholds")
     limits = quality.check_thresholds(task, task_settings, f"{settings_origin} quality.{task}", ConfigError)
-    output = OUTPUTS[task]
+    return QualityCheck(task, items, limits, labels)
+
+
+def quality_gate(client: TritonClient, new: FetchedVersion, old: FetchedVersion, check: QualityCheck,
+                 repository: Path | None = None) -> GateResult:
+    """A text service's new version against the version it replaces, on the user's own items (the JSON lines
+    of ``trm publish model --eval-data``): both loaded, every item answered by both, the replaced version's
+    answers the reference, judged by the quality thresholds (``settings.quality`` over the defaults). The
+    figures come from one deterministic pass over the same items: there is no noise for rounds to average."""
+    from repo_manager.ops.publish.huggingface import OUTPUTS, quality  # noqa: PLC0415 - a text service's modules only for this gate
+    from repo_manager.ops.publish.huggingface.verify import to_sample  # noqa: PLC0415 - as above
+
+    started = time.monotonic()
+    items, task = check.data, check.task
     batch = max(1, min(quality.BATCH, *(v.config.max_batch_size or 1 for v in (new, old))))
     answers: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     with loaded(client, new, old, repository=repository) as names:
         for start in range(0, len(items.items), batch):
             request = to_sample(items.items[start:start + batch], task)
             for name, answered in zip(names, answers):
-                answered.append(np.asarray(client.infer(name, request)[output], dtype=np.float64))
+                answered.append(np.asarray(client.infer(name, request)[OUTPUTS[task]], dtype=np.float64))
     served, expected = (np.concatenate(a).reshape(len(items.items), -1) for a in answers)
-    labels = (new.manifest.labels.get(LABEL_FILE) or "").splitlines()
-    figures = quality.drift_figures(task, served, expected, items, labels)
-    misses = quality.judge(figures, limits)
-    precisions = [v.manifest.source.get("precision") for v in (new, old)]
-    details = {"data": items.record(), "figures": figures, "thresholds": limits, "task": task,
-               "reference": f"version {old.manifest.version}",
-               "precision": {"new": precisions[0], "old": precisions[1]}}
-    shown = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in figures.items())
+    precisions = [v.manifest.source.get("precision") if isinstance(v.manifest.source, dict) else None
+                  for v in (new, old)]
+    details: dict[str, Any] = {"data": items.record(), "thresholds": check.thresholds, "task": task,
+                               "reference": f"version {old.manifest.version}",
+                               "precision": {"new": precisions[0], "old": precisions[1]}}
+    if served.shape != expected.shape:
+        return GateResult("quality", False, f"answers of another shape than version {old.manifest.version}'s: "
+                          f"{served.shape[1]} values an item against {expected.shape[1]}", details,
+                          time.monotonic() - started)
+    figures = quality.drift_figures(task, served, expected, items, check.labels)
+    misses = quality.judge(figures, check.thresholds)
+    details["figures"] = figures
+    name = items.path.name
     if misses:
-        return GateResult("quality", False, f"drifts from version {old.manifest.version} on {data.name}: "
+        return GateResult("quality", False, f"drifts from version {old.manifest.version} on {name}: "
                           + "; ".join(misses), details, time.monotonic() - started)
-    return GateResult("quality", True, f"{len(items.items)} items of {data.name} answered like version "
+    shown = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in figures.items())
+    return GateResult("quality", True, f"{len(items.items)} items of {name} answered like version "
                       f"{old.manifest.version}: {shown}", details, time.monotonic() - started)
 
 

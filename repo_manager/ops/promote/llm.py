@@ -163,6 +163,10 @@ def run_llm_gates(client: TritonClient, gates: list[str], new: FetchedVersion, o
             if gate in skip:
                 results.append(skipped(gate, skip[gate]))
                 continue
+            if gate == "quality":  # item 2 of the precision issue: an LLM's figures need its engine's log-probs
+                results.append(skipped(gate, "the quality gate compares text services (embedding, rerank and "
+                                             "classify); an LLM version is judged by agreement and eval"))
+                continue
             if gate != "load" and gate != "eval" and old is None:
                 results.append(skipped(gate, "the target environment serves no earlier version to compare with"))
                 continue

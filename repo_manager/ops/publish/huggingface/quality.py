@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from repo_manager.core.errors import InputError, TrmError, UsageError, VerificationError
+from repo_manager.core.errors import CompatibilityError, InputError, TrmError, UsageError, VerificationError
 
 MIN_ITEMS = 20
 """Fewer items say nothing about a distribution (and recall@10 needs more than ten texts)."""
@@ -64,15 +64,16 @@ class EvalData:
         return {"file": self.path.name, "sha256": self.sha256, "items": len(self.items)}
 
 
-def read_eval_data(path: str | Path, task: str) -> EvalData:
-    """The items of a JSON-lines file for ``task``; a one-line InputError naming the line for anything else."""
+def read_eval_data(path: str | Path, task: str, option: str = "--eval-data") -> EvalData:
+    """The items of a JSON-lines file for ``task``; a one-line InputError naming the line for anything else
+    (and ``option``, the flag or setting the file came from)."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"--eval-data {path} is not a file", hint="give a JSON-lines file, one item per line")
+        raise InputError(f"{option} {path} is not a file", hint="give a JSON-lines file, one item per line")
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"--eval-data {path} cannot be read: {exc.strerror or type(exc).__name__}",
+        raise InputError(f"{option} {path} cannot be read: {exc.strerror or type(exc).__name__}",
                          hint="give a readable JSON-lines file") from exc
     items: list[Any] = []
     labels: list[str | None] = []
@@ -87,15 +88,15 @@ def read_eval_data(path: str | Path, task: str) -> EvalData:
             item = None
         if not isinstance(item, dict) or not all(isinstance(item.get(f), str) for f in fields) \
                 or not isinstance(item.get("label", ""), str):
-            raise InputError(f"--eval-data {path.name} line {number} is not an item of {SERVICES[task]}",
+            raise InputError(f"{option} {path.name} line {number} is not an item of {SERVICES[task]}",
                              hint=f"each line a JSON object like {example}")
         items.append(tuple(item[f] for f in fields) if len(fields) > 1 else item[fields[0]])
         labels.append(item.get("label"))
         if len(items) > MAX_ITEMS:
-            raise InputError(f"--eval-data {path.name} holds more than {MAX_ITEMS} items",
+            raise InputError(f"{option} {path.name} holds more than {MAX_ITEMS} items",
                              hint="a sample of your traffic is enough")
     if len(items) < MIN_ITEMS:
-        raise InputError(f"--eval-data {path.name} holds {len(items)} items; the quality gate needs at least "
+        raise InputError(f"{option} {path.name} holds {len(items)} items; the quality gate needs at least "
                          f"{MIN_ITEMS}", hint="add texts from your own traffic")
     return EvalData(path, hashlib.sha256(raw).hexdigest(), items, labels)
 
@@ -104,7 +105,12 @@ def served_outputs(onnx_path: Path, loaded, items: list[Any]) -> np.ndarray:
     """The staged encoder's answers for ``items``, in batches, as the backend computes them."""
     import onnxruntime  # noqa: PLC0415 - the ONNX runtime only to run a model
 
-    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - any refusal of the runtime is the node's, said in its words
+        said = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise CompatibilityError(f"this node's onnxruntime {onnxruntime.__version__} cannot run the staged encoder: "
+                                 f"{said}", hint="publish it in fp32 or int8") from exc
     names = {i.name for i in session.get_inputs()}
     out = [session.run(None, {k: v for k, v in loaded.encode(items[i:i + BATCH]).items() if k in names})[0]
            for i in range(0, len(items), BATCH)]
@@ -165,7 +171,7 @@ def rerank_figures(served: np.ndarray, expected: np.ndarray, queries: list[str])
         groups.setdefault(query, []).append(index)
     ranked = [rows for rows in groups.values() if len(rows) > 1]
     if not ranked:
-        raise InputError("--eval-data has no query with two passages or more: nothing to rank",
+        raise InputError("the eval data has no query with two passages or more: nothing to rank",
                          hint="give several passages per query")
     top1 = [int(np.argmax(served[r]) == np.argmax(expected[r])) for r in ranked]
     tau = [kendall_tau(served[r], expected[r]) for r in ranked]
@@ -180,7 +186,7 @@ def classify_figures(served: np.ndarray, expected: np.ndarray, labels: list[str 
     known = [(i, label) for i, label in enumerate(labels) if label is not None]
     unknown = next((label for _, label in known if label_names and label not in label_names), None)
     if unknown is not None:
-        raise InputError(f'--eval-data has the label "{unknown}", which the classifier does not have',
+        raise InputError(f'the eval data has the label "{unknown}", which the classifier does not have',
                          hint="its labels: " + ", ".join(label_names[:10]))
     if known and label_names:
         truth = np.array([label_names.index(label) for _, label in known])
