@@ -28,6 +28,7 @@ from test_precision import TEXTS  # noqa: E402
 from repo_manager.adapters.repository import LocalRepository  # noqa: E402
 from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
 from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
+from repo_manager.core.errors import VerificationError  # noqa: E402
 from repo_manager.core.settings import Settings  # noqa: E402
 from repo_manager.ops.publish import publish_model  # noqa: E402
 from repo_manager.ops.publish.huggingface.checkpoint import example_checkpoint  # noqa: E402
@@ -60,10 +61,16 @@ def main() -> None:
         data = Path(tmp) / "eval.jsonl"
         data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
         checkpoint = example_checkpoint(args.example)
-        versions = {}
-        for precision in precisions:
-            versions[precision] = publish_model(settings, checkpoint, "svc", precision=precision,
-                                                eval_data=data if precision != "fp32" else None).version
+        versions, refused = {}, {}
+        for precision in list(precisions):
+            try:
+                versions[precision] = publish_model(settings, checkpoint, "svc", precision=precision,
+                                                    eval_data=data if precision != "fp32" else None).version
+            except VerificationError as exc:  # the gate's refusal is a result: recorded, the others measured
+                refused[precision] = exc.message
+                precisions.remove(precision)
+                print(f"{args.example} {precision}: refused: {exc.message}", file=sys.stderr)
+        results["refused"] = refused
         repo = LocalRepository(settings.repository)
         sizes = {p: next(f.size for f in repo.manifest("svc_encoder", v).files if f.path == "model.onnx")
                  for p, v in versions.items()}
@@ -93,6 +100,8 @@ def main() -> None:
               f"({sizes[precision] / sizes['fp32']:.2f} of fp32's {sizes['fp32'] / 1e6:.1f} MB); quality on "
               f"{len(TEXTS)} texts: " + ", ".join(f"{k} {v}" for k, v in gate["figures"].items())
               + (f"; int8 recipes tried: {tried}" if tried else ""))
+    for precision, message in results["refused"].items():
+        print(f"{args.example} {precision}: not published ({message})")
     print("| round | " + " | ".join(f"{p} texts/s (p50 ms)" for p in precisions) + " | "
           + " | ".join(f"{p} / fp32" for p in precisions[1:]) + " |")
     print("|---" * (2 * len(precisions)) + "|")
