@@ -635,40 +635,30 @@ class TritonPythonModel:
 '''
 
 
-@pytest.mark.parametrize(("mode", "warmup"), [("stalls once", False), ("stalls once", True), ("dies", False),
-                                               ("dies", True)])
-def test_a_python_stub_declared_unhealthy_is_reloaded_once_and_only_a_second_failure_fails(triton, tmp_path, mode,
-                                                                                           warmup):
+@pytest.mark.parametrize("mode", ["stalls once", "dies"])
+def test_a_python_stub_declared_unhealthy_is_reloaded_once_and_only_a_second_failure_fails(triton, tmp_path, mode):
     """Triton fails a request with "Stub process ... is not healthy" when the stub was stopped for a second
-    (real here: SIGSTOP, resumed 3 s later) exactly as when it died (SIGKILL in execute); with a warm-up
-    sample in the config the load itself fails so. Verification loads the model once more (and verifies
-    again): the stalled one passes and says why it was reloaded; the one that dies fails, naming both tries,
-    and is not loaded a third time."""
+    (real here: SIGSTOP, resumed 3 s later) exactly as when it died (SIGKILL in execute). Verification
+    reloads the model and verifies again: the stalled one passes and says why it was reloaded; the one that
+    dies fails, naming both tries."""
     from repo_manager.core.errors import VerificationError
     from repo_manager.ops.verify import Candidate, verify
 
     (tmp_path / "model.py").write_text(STALLING_MODEL_PY.format(marker=str(tmp_path / "stalled"), mode=mode))
     config = cfg.build_config("staller", "python", [cfg.TensorSpec("X", "FP32", (2,))],
                               [cfg.TensorSpec("Y", "FP32", (2,))], True,
-                              cfg.ConfigOptions(max_batch_size=4, warmup=warmup))
+                              cfg.ConfigOptions(max_batch_size=4, warmup=False))
     candidate = Candidate("staller", config, {"model.py": tmp_path / "model.py"})
     samples = [{"X": np.ones((1, 2), np.float32)}]
     client = TritonClient(triton.url)
-    loads = []
-    original_load = client.load
-    client.load = lambda *args, **kwargs: (loads.append(args[0]), original_load(*args, **kwargs))[1]
     if mode == "dies":
         with pytest.raises(VerificationError) as failed:
             verify(client, [candidate], "staller", samples, None)
-        assert "is not healthy" in failed.value.message, failed.value.message
-        assert ("when trm loaded it once more" if warmup else "before trm reloaded") in failed.value.message
-        assert len(loads) == 2  # the first try and once more, never a third
+        assert "is not healthy" in failed.value.message and "before trm reloaded" in failed.value.message
     else:
         report = verify(client, [candidate], "staller", samples, None)
-        assert report.samples == 1 and report.outputs_checked == 1 and len(loads) == 2
-        reloaded = report.to_dict()["reloaded_after"]
-        # with a warm-up sample the stall fails the load itself, and the load is what was tried again
-        assert "is not healthy" in reloaded and ("failed to run warmup sample" in reloaded) == warmup, reloaded
+        assert report.samples == 1 and report.outputs_checked == 1
+        assert "is not healthy" in report.to_dict()["reloaded_after"]
     left = [e["name"] for e in client.repository_index() if e["name"].endswith("staller") and e.get("state") == "READY"]
     assert left == []  # every try's model unloaded
 

@@ -29,7 +29,7 @@ import numpy as np
 from repo_manager.adapters.repository import block_bytecode_cache
 from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.core import config as cfg
-from repo_manager.core.errors import ModelLoadError, TrmError, VerificationError
+from repo_manager.core.errors import TrmError, VerificationError
 from repo_manager.core.localized import install_file, localized_paths, stored_form
 
 Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -112,7 +112,6 @@ class LoadedCandidates:
         self.repository = repository
         self.names = temporary_names([c.name for c in candidates])
         self._loaded: list[str] = []
-        self.reloaded_after: list[str] = []
 
     def __enter__(self) -> LoadedCandidates:
         try:
@@ -121,35 +120,16 @@ class LoadedCandidates:
                 config = _renamed(candidate.config, self.names)
                 if self.repository is not None:
                     write_candidate(self.repository / temp, config, candidate.files, candidate.model_files)
-                    self._load(temp, None, None)
+                    self.client.load(temp)
                 else:
                     files = {f"1/{rel}": Path(path).read_bytes() for rel, path in candidate.files.items()}
                     files.update(candidate.model_files)
-                    self._load(temp, config, files or None)
+                    self.client.load(temp, config, files or None)
                 self._loaded.append(temp)
         except BaseException:  # not a staging folder: __exit__ never runs when __enter__ fails, so unload here
             self.__exit__(None, None, None)
             raise
         return self
-
-    def _load(self, temp: str, config: cfg.ModelConfig | None, files: dict[str, bytes] | None) -> None:
-        """Load one candidate; a load whose warm-up Triton failed because the stub was declared unhealthy
-        (``STUB_DECLARED_UNHEALTHY``: a stub stalled for a second, or one that died) is tried once more. A
-        stub that dies dies again, and that second failure is the error; ``reloaded_after`` names the first."""
-        try:
-            self.client.load(temp, config, files)
-        except ModelLoadError as exc:
-            if not STUB_DECLARED_UNHEALTHY.search(exc.message):
-                raise
-            self.reloaded_after.append(exc.message)
-            try:
-                self.client.load(temp, config, files)
-            except ModelLoadError as again:
-                if not STUB_DECLARED_UNHEALTHY.search(again.message):
-                    raise ModelLoadError(f"{again.message} (on a second try, {LOADED_TWICE} after {exc.message})",
-                                         hint=again.hint, **again.facts) from again
-                raise ModelLoadError(f"{again.message} (the same happened {LOADED_TWICE})", hint=again.hint,
-                                     **again.facts) from again
 
     def __exit__(self, *exc: object) -> None:
         for temp in reversed(self._loaded):
@@ -211,10 +191,6 @@ thread (which marks it alive every 300 ms) has not run in that second either: a 
 stalled, as a host that pauses the process for a second stalls it. Which of the two only a second try tells."""
 
 
-LOADED_TWICE = "when trm loaded it once more"
-"""In the message of a load that failed a second time after ``STUB_DECLARED_UNHEALTHY``: not to be tried again."""
-
-
 def verify(client: TritonClient, candidates: list[Candidate], entry: str,
            samples: list[dict[str, np.ndarray]], reference: Reference | None,
            check: Check | None = None, repository: Path | None = None) -> VerificationReport:
@@ -235,7 +211,7 @@ def verify(client: TritonClient, candidates: list[Candidate], entry: str,
     try:
         report = _verify_once(client, candidates, entry, samples, reference, check, repository)
     except VerificationError as exc:
-        if not STUB_DECLARED_UNHEALTHY.search(exc.message) or LOADED_TWICE in exc.message:
+        if not STUB_DECLARED_UNHEALTHY.search(exc.message):
             raise
         first = exc.message
         try:
@@ -277,8 +253,6 @@ def _verify_once(client: TritonClient, candidates: list[Candidate], entry: str,
                     else:
                         check_against_config(entry_config, out, got, sample)
                     report.outputs_checked += 1
-            if loaded.reloaded_after:
-                report.extra["reloaded_after"] = loaded.reloaded_after[0]
     except VerificationError:
         raise
     except TrmError as exc:
