@@ -139,10 +139,13 @@ def test_written_version_carries_a_queue_policy_measured_under_an_overload_of_it
     assert overload is not None and overload.factor in OVERLOAD_FACTORS
     assert overload.rate == round(overload.factor * overload.capacity_rps, 1)
     config = cfg.parse_config(LocalRepository(settings.repository).manifest("ranker", 2).config)
-    if overload.outcome != "policy-held":  # measured so in this run: written without a policy, and says why
+    if overload.outcome != "policy-held":  # measured so in this run: the closest policy or none, and says why
         assert overload.outcome in ("no-policy-held", "not-measurable") and overload.chosen_point is None
-        assert not Candidate.from_config(config).has_queue_policy
-        assert result.status == "chosen-without-queue-policy"
+        written = Candidate.from_config(config)
+        if overload.fallback is not None:
+            assert result.status == "chosen-with-closest-queue-policy" and written.key == overload.fallback.key
+        else:
+            assert result.status == "chosen-without-queue-policy" and not written.has_queue_policy
         return
     point = overload.chosen_point
     assert overload.chosen == result.chosen and result.status == "chosen"
@@ -259,6 +262,11 @@ def _assert_written_as_recorded(result, data, manifest) -> None:
     assert manifest.tuning["overload"]["outcome"] == overload["outcome"]
     if overload["outcome"] == "policy-held":
         assert data["status"] == "chosen" and written.has_queue_policy and written.key == data["chosen"]["key"]
+    elif overload["fallback"]:  # none held: the closest policy tried that keeps normal traffic is written
+        assert overload["outcome"] in ("no-policy-held", "not-measurable")
+        assert data["status"] == "chosen-with-closest-queue-policy"
+        assert written.has_queue_policy and written.key == overload["fallback"]["key"] == data["chosen"]["key"]
+        assert "warning: " in result.err and overload["fallback_summary"] in result.err
     else:
         assert overload["outcome"] in ("no-policy-held", "not-measurable")
         assert data["status"] == "chosen-without-queue-policy"
@@ -305,7 +313,8 @@ def test_the_batching_choice_is_written_when_the_overload_cannot_be_driven(tmp_p
                                            "--peak-rps", "250", "--requests", "300", "--budget", "80",
                                            "--overload-factor", "20")
     _assert_written_as_recorded(result, data, manifest)
-    assert data["overload"]["outcome"] == "not-measurable" and data["status"] == "chosen-without-queue-policy"
+    assert data["overload"]["outcome"] == "not-measurable"
+    assert data["status"] in ("chosen-with-closest-queue-policy", "chosen-without-queue-policy")
     assert "could not be driven from this client" in result.err
 
 

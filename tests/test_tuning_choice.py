@@ -168,25 +168,35 @@ class RecordedPolicySearch:
     the rates are rounded as the search rounds them): a 19 ms timeout on max batch 4 with two instances let
     accepted requests wait 59 ms at 2 x capacity."""
 
-    def __new__(cls, outcomes: dict[tuple[str, float], tuple[float, float]]):
+    def __new__(cls, outcomes: dict[tuple[str, float], tuple[float, float]], *,
+                default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset()):
+        """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
+        ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
         from repo_manager.adapters.loadgen import PhaseStats
-        from repo_manager.ops.tuning.overload import OverloadPoint, PolicySearch
+        from repo_manager.ops.tuning.overload import MIN_GOODPUT, OverloadPoint, PolicySearch
 
         class Search(PolicySearch):
             def try_policy(self, candidate, factor=None):
                 factor = factor or self.factor
-                p99, goodput = outcomes[(candidate.key, factor)]
+                p99, goodput = outcomes.get((candidate.key, factor), default) if default else \
+                    outcomes[(candidate.key, factor)]
                 rate = round(self.capacity * factor, 1)  # as the search rounds it
                 stats = PhaseStats(rate, rate, 100, 50, 50, 0, p99 / 2, p99, 1.0, 2.0, goodput, 1.0, True)
-                meets = p99 <= self.slo_ms and goodput >= 0.7 * self.capacity
+                meets = p99 <= self.slo_ms and goodput >= MIN_GOODPUT * self.capacity
                 point = OverloadPoint(candidate, rate, stats, stats, 0.5, meets, "" if meets else "missed",
                                       capacity_rps=self.capacity, misses_under_overload=p99 > self.slo_ms)
                 self.points.append(point)
                 return point
 
-        prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0)
+            def _normal_traffic(self, candidate):
+                self.normal_checked.append(candidate.key)
+                return ["sheds 3 %"] if candidate.key in sheds_normal else []
+
+        prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True)
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
-        return Search(prober, profile, Candidate(4, 2, True, 0), 437.37, 50.0, 2.0, 150.0, 180.0)
+        search = Search(prober, profile, Candidate(4, 2, True, 0), 437.37, 50.0, 2.0, 150.0, 180.0)
+        search.normal_checked = []
+        return search
 
 
 def test_a_queue_bound_is_tried_on_the_chosen_batching_before_its_timeout_is_shortened():
@@ -216,3 +226,43 @@ def test_the_chosen_policy_is_measured_at_a_larger_spike_and_reported_as_it_did(
     data = outcome.to_dict()
     assert data["overload_point"]["kept_slo"] and data["higher_overload_point"]["kept_slo"] is False
     assert "at 1312/s (3 x capacity) accepted p99 72.0 ms, goodput 250/s: not kept" in outcome.summary()
+
+
+def test_without_a_policy_that_holds_the_closest_that_keeps_normal_traffic_is_written():
+    """Every try missed the SLO under 2 x capacity (p99 70 ms, goodput 300/s) except a 19 ms timeout that
+    missed by 4 ms and kept 410/s: no policy held, but that one, checked at peak x headroom, is the fallback
+    (no policy at all queues a spike without bound: seconds of p99, goodput near 0)."""
+    from repo_manager.ops.tuning.overload import NO_POLICY_HELD
+
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0)}, default=(70.0, 300.0))
+    outcome = search.run()
+    assert outcome.chosen is None and outcome.outcome == NO_POLICY_HELD
+    assert outcome.fallback is not None and outcome.fallback.key == timeout
+    assert search.normal_checked == [timeout]
+    assert "closest queue policy tried is written" in outcome.fallback_summary()
+    assert "goodput 410/s (94% of capacity)" in outcome.fallback_summary()
+    data = outcome.to_dict()
+    assert data["fallback"]["key"] == timeout and data["chosen"] is None
+
+
+def test_a_fallback_that_sheds_normal_traffic_gives_way_to_the_next_and_two_are_checked_at_most():
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0), (f"{timeout}-m8", 2.0): (60.0, 380.0)},
+                                  default=(70.0, 300.0), sheds_normal=frozenset({timeout}))
+    outcome = search.run()
+    assert outcome.fallback is not None and outcome.fallback.key == f"{timeout}-m8"
+    assert search.normal_checked == [timeout, f"{timeout}-m8"]
+    assert any("not written without a held policy: sheds 3 %" in n for n in outcome.notes)
+
+
+def test_no_fallback_is_written_when_the_policies_tried_shed_normal_traffic():
+    class Everything:
+        def __contains__(self, key: object) -> bool:
+            return True
+
+    search = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything())  # type: ignore[arg-type]
+    outcome = search.run()
+    assert outcome.chosen is None and outcome.fallback is None and outcome.fallback_summary() == ""
+    assert len(search.normal_checked) == 2  # the two closest, no more
+    assert outcome.to_dict()["fallback"] is None

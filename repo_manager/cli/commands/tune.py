@@ -160,6 +160,10 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
         done = "written" if result.written_version else "chosen"
         click.echo(printable(f"warning: {result.overload.summary()}; the batching choice is {done} without a "
                              "queue policy (--require-overload-policy makes this a failure)"), err=True)
+    if result.status == "chosen-with-closest-queue-policy" and result.overload is not None:
+        done = "written" if result.written_version else "chosen"
+        click.echo(printable(f"warning: {result.overload.summary()}; {result.overload.fallback_summary()}, {done} "
+                             "with the batching choice (--require-overload-policy makes this a failure)"), err=True)
     if result.chosen is None:
         closest = result.outcome.closest
         error = GateError(f"no candidate met p99 <= {p99_ms:g} ms at every level; closest: "
@@ -261,6 +265,8 @@ def _tune_text(result: TuneResult) -> str:
         lines += ["", f"chosen: {result.chosen.label}"]
         if result.status == "chosen-without-queue-policy":
             lines.append("  (no queue policy: see the overload section above)")
+        if result.status == "chosen-with-closest-queue-policy":
+            lines.append("  (the closest queue policy tried, not shown to hold: see the overload section above)")
     lines += [f"note: {n}" for n in result.outcome.notes]
     if result.written_version:
         lines.append(f"written: {result.model} version {result.written_version}")

@@ -181,19 +181,25 @@ class TuneResult:
             return self.overload.chosen
         if self.require_overload_policy and self.overload is not None:
             return None
+        if self.overload is not None and self.overload.fallback is not None:
+            return self.overload.fallback
         return self.outcome.chosen
 
     @property
     def status(self) -> str:
         """What happened, in one word: ``chosen`` (batching, and the queue policy when one was asked for and
-        held), ``chosen-without-queue-policy`` (the batching met the SLO, no queue policy held or the
-        overload could not be driven: see ``overload.outcome``), ``queue-policy-required`` (that, with
-        ``--require-overload-policy``: nothing chosen), ``no-candidate`` (no batching met the SLO)."""
+        held), ``chosen-with-closest-queue-policy`` (no queue policy held or the overload could not be driven:
+        see ``overload.outcome``; the closest policy tried keeps normal traffic and is written),
+        ``chosen-without-queue-policy`` (that, and no policy tried keeps normal traffic),
+        ``queue-policy-required`` (either, with ``--require-overload-policy``: nothing chosen),
+        ``no-candidate`` (no batching met the SLO)."""
         if self.outcome.chosen is None:
             return "no-candidate"
         if self.overload is None or self.overload.chosen is not None:
             return "chosen"
-        return "queue-policy-required" if self.require_overload_policy else "chosen-without-queue-policy"
+        if self.require_overload_policy:
+            return "queue-policy-required"
+        return "chosen-with-closest-queue-policy" if self.overload.fallback else "chosen-without-queue-policy"
 
     def record(self) -> dict[str, Any]:
         """The tuning record stored in a written version's manifest (and the JSON report)."""

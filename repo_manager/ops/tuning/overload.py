@@ -62,17 +62,26 @@ FIRST_TIMEOUT_SHARE = 0.7
 (at 0.8 a 150 ms SLO's accepted p99 under 2x overload was 132 ms on a quiet machine and missed on a busy
 one; at 0.6, 110 ms), but never below ``MIN_TIMEOUT_BATCHES`` full batches (see there)."""
 MIN_TIMEOUT_BATCHES = 1.2
-"""The shortest timeout tried, in full batches' execution times. Triton checks a request's queue timeout
-only when the batcher looks at the queue, which is when an instance is free (server issue #7512): at
-normal traffic a request may wait for the batch in flight, so a timeout shorter than one batch rejects
-requests that would have been answered in time (measured: 0.7 x a 40 ms SLO less a full batch of 8 at
-10 ms + 2 ms/item left 2 ms and rejected 12.5 % at peak x headroom)."""
+"""The shortest timeout tried, in executions of the batch in flight at peak x headroom (plus the queue
+delay). Triton checks a request's queue timeout only when the batcher looks at the queue, which is when an
+instance is free (server issue #7512): at normal traffic a request may wait for the batch in flight, so a
+timeout shorter than that batch rejects requests that would have been answered in time (measured: 0.7 x a
+40 ms SLO less a full batch of 8 at 10 ms + 2 ms/item left 2 ms and rejected 12.5 % at peak x headroom).
+That batch is the one normal traffic fills, not a full one: on 3 ms + 3 ms/item with two instances at
+180/s, a single item (6 ms); a 10 ms timeout on max batch 8 (27 ms a batch) shed 0.1 % there and kept
+goodput at 97 % / 93 % of what the batching sustains at 2 x / 3 x its capacity, with accepted p99 43 / 45 ms
+under a 50 ms SLO, where a bound of one full batch (32 ms) left no timeout and the search fell back to
+max batch 2 (81-84 %)."""
 MAX_TIMEOUT_SHARE = 0.9
 """The longest timeout tried: an accepted request waited at most T (checked when the batcher took it) and
 then ran in one batch, so ``T + exec(max_batch) + overhead`` must stay within this share of the SLO."""
 TRIES_PER_STRUCTURE = 3
-MIN_GOODPUT = 0.7
-"""A policy must keep at least this share of the measured capacity as goodput under overload."""
+MIN_GOODPUT = 0.9
+"""A policy must keep at least this share of the measured capacity as goodput under overload: a policy on a
+structure that carries less than the batching chosen for capacity gives that capacity away exactly when it
+is needed."""
+NEAR_MISS_GOODPUT = 0.7
+"""A try whose accepted p99 missed by at most 25 % and whose goodput kept this share is measured once more."""
 MIN_SHED = 0.1
 """An overload run must reject at least this share for ``max_queue_size`` to be judged on it."""
 MAX_QUEUE_GOODPUT = 0.9
@@ -145,6 +154,9 @@ class OverloadOutcome:
     """The time budget ended the search before a policy was shown to keep the SLO (or before max_queue_size)."""
     higher: OverloadPoint | None = None
     """The chosen policy at ``HIGHER_FACTOR`` x the asked overload (None: not measured, no policy or budget)."""
+    fallback: Candidate | None = None
+    """No policy held: the closest one tried, shown to keep normal traffic at peak x headroom (written all the
+    same: under a spike it sheds what waited past its timeout, where no policy queues without bound)."""
 
     @property
     def outcome(self) -> str:
@@ -182,6 +194,19 @@ class OverloadOutcome:
         return f"no queue policy kept the SLO for accepted requests at {asked}" + \
             ("; the time budget ended the search" if self.cut_short else "")
 
+    def fallback_summary(self) -> str:
+        """What is written when no policy held, in one sentence ("" when a policy held or none is written)."""
+        if self.chosen is not None or self.fallback is None:
+            return ""
+        point = next((p for p in self.points if p.candidate.key == self.fallback.key and p.rate == self.rate), None)
+        how = ""
+        if point is not None and point.overload.valid:
+            o = point.overload
+            how = (f"; at {self.rate:.0f}/s it kept accepted p99 {o.accepted_p99_ms:.1f} ms and goodput "
+                   f"{o.goodput_rps:.0f}/s ({o.goodput_rps / self.capacity_rps:.0%} of capacity)")
+        return (f"the closest queue policy tried is written: {self.fallback.label} (it keeps normal traffic at peak "
+                f"x headroom{how})")
+
     def to_dict(self) -> dict[str, Any]:
         def summary_of(point: OverloadPoint | None) -> dict[str, Any] | None:
             if point is None:
@@ -209,6 +234,8 @@ class OverloadOutcome:
             "recover_rps": self.recover_rps,
             "chosen": self.chosen.to_dict() if self.chosen else None,
             "closest": self.closest.to_dict() if self.closest else None,
+            "fallback": self.fallback.to_dict() if self.fallback else None,
+            "fallback_summary": self.fallback_summary() or None,
             "overload_point": summary,
             "higher_overload_point": summary_of(self.higher),
             "tried": [p.candidate.label for p in self.points],
@@ -267,11 +294,21 @@ class PolicySearch:
         """The overload offered: ``factor`` x the capacity the search currently judges against."""
         return round(self.capacity * self.factor, 1)
 
+    def batch_in_flight(self, structure: Candidate) -> int:
+        """The batch an instance of ``structure`` runs at peak x headroom: the smallest size whose capacity
+        bound carries that rate (a free instance takes what queued during the batch before, so at normal
+        traffic batches stay near this size, not the largest)."""
+        sizes = [b for b in sorted(self.profile.exec_ms) if b < structure.max_batch_size] + [structure.max_batch_size]
+        return next((b for b in sizes if self.profile.capacity_bound(b, structure.instances) >= self.headroom_rps),
+                    structure.max_batch_size)
+
     def timeout_range_ms(self, structure: Candidate) -> tuple[float, float]:
-        """The timeouts worth trying on ``structure``: at least ``MIN_TIMEOUT_BATCHES`` full batches (or
-        normal traffic is shed), at most what ``MAX_TIMEOUT_SHARE`` of the SLO leaves after a full batch."""
+        """The timeouts worth trying on ``structure``: at least ``MIN_TIMEOUT_BATCHES`` of the batch in flight
+        at peak x headroom, plus the queue delay (or normal traffic is shed), at most what ``MAX_TIMEOUT_SHARE``
+        of the SLO leaves after a full batch."""
         full = self.profile.exec_at(structure.max_batch_size)
-        low = max(MIN_TIMEOUT_BATCHES * full, 1.0)
+        in_flight = self.profile.exec_at(self.batch_in_flight(structure))
+        low = max(MIN_TIMEOUT_BATCHES * in_flight + structure.delay_us / 1000, 1.0)
         high = MAX_TIMEOUT_SHARE * self.slo_ms - full - self.profile.overhead_ms
         return low, high
 
@@ -373,8 +410,29 @@ class PolicySearch:
         if chosen is None and self.points:
             closest = min(self.points, key=lambda p: (not p.overload.valid, p.sheds_normal_traffic,
                                                       p.overload.accepted_p99_ms)).candidate
+        fallback = self._fallback() if chosen is None else None
         return OverloadOutcome(self.factor, self.capacity, self.rate, self.recover_rps, tuple(self.points), chosen,
-                               closest, tuple(self.notes), self.cut_short, higher)
+                               closest, tuple(self.notes), self.cut_short, higher, fallback)
+
+    def _fallback(self) -> Candidate | None:
+        """No policy held: the best policy tried that keeps normal traffic, to be written all the same. A timeout
+        within the range sheds only what waited past it, where no policy lets the queue grow for as long as the
+        spike lasts (measured at 2 x capacity: accepted p99 seconds, goodput near 0). Ranked: driven as
+        offered, accepted p99 within the SLO, then goodput, then accepted p99; the first two that were not
+        already shown to shed normal traffic are measured at peak x headroom, the first that keeps it wins."""
+        tried = {p.candidate.key: p for p in self.points
+                 if p.rate == self.rate and p.candidate.has_queue_policy and not p.sheds_normal_traffic
+                 and (p.overload.requests or p.overload.unsent)}
+        ranked = sorted(tried.values(), key=lambda p: (not p.overload.valid, p.overload.accepted_p99_ms > self.slo_ms,
+                                                        -p.overload.goodput_rps, p.overload.accepted_p99_ms))
+        for point in ranked[:2]:
+            if not self.prober.load(point.candidate):
+                continue
+            shed = self._normal_traffic(point.candidate)
+            if not shed:
+                return point.candidate
+            self.notes.append(f"{point.candidate.label}: not written without a held policy: {shed[0]}")
+        return None
 
     def _not_drivable(self) -> bool:
         return not_drivable(self.points)
@@ -434,7 +492,7 @@ class PolicySearch:
     def _near_miss(self, point: OverloadPoint) -> bool:
         o = point.overload
         return (not point.meets and o.valid and not o.errors and not point.sheds_normal_traffic
-                and o.accepted_p99_ms <= 1.25 * self.slo_ms and o.goodput_rps >= MIN_GOODPUT * self.capacity)
+                and o.accepted_p99_ms <= 1.25 * self.slo_ms and o.goodput_rps >= NEAR_MISS_GOODPUT * self.capacity)
 
     def _try_max_queue(self, chosen: Candidate) -> Candidate:
         base = next(p for p in reversed(self.points) if p.candidate.key == chosen.key and p.meets)

@@ -88,9 +88,11 @@ def headline(record: dict[str, Any]) -> list[str]:
     if chosen:
         out += [f"**Chosen:** `{chosen['key']}`" + (f" (written as version {written})." if written else "."), ""]
     if batching and overload and overload.get("outcome") != "policy-held":
-        out += [f"**Batching:** `{batching['key']}` met the SLO at every level. **Queue policy:** none; "
-                f"{overload['summary']}." + ("" if chosen else " Nothing was written (a queue policy was required)."),
-                ""]
+        fallback = overload.get("fallback_summary") if chosen else None
+        policy = (f"not shown to hold; {overload['summary']}; {fallback}." if fallback else
+                  f"none; {overload['summary']}." + ("" if chosen else
+                                                     " Nothing was written (a queue policy was required)."))
+        out += [f"**Batching:** `{batching['key']}` met the SLO at every level. **Queue policy:** {policy}", ""]
     elif batching and overload:
         out += [f"**Batching:** `{batching['key']}` met the SLO at every level. **Queue policy:** "
                 f"{overload['summary']}.", ""]
@@ -157,6 +159,8 @@ def overload_section(overload: dict[str, Any] | None, slo_ms: float) -> list[str
         out += ["", f"{verdict} Tried: "
                     + "; ".join(f"`{k}`" for k in dict.fromkeys(p["candidate"] for p in overload["points"]))
                     + f". Closest: `{overload['closest']['key']}`."]
+        if overload.get("fallback_summary"):
+            out += ["", f"Without a policy shown to hold, {overload['fallback_summary']}."]
     out += [f"- {n}" for n in overload.get("notes", [])]
     return out
 
