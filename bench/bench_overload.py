@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> dict:
                           max_batch_limit=args.seed_max_batch, overload_factor=2.0)
     tuned = tune_batching(settings, request, lambda m, used, budget: log(f"  trm [{used:5.1f}s] {m}"))
     results: dict = {"model": {"fixed_ms": args.fixed_ms, "per_item_ms": args.per_item_ms},
-                     "slo_p99_ms": args.p99_ms, "trm_seconds": round(tuned.seconds, 1),
+                     "slo_p99_ms": args.p99_ms, "trm_seconds": round(tuned.seconds, 1), "status": tuned.status,
                      "tuning_overload": tuned.overload.to_dict() if tuned.overload else None}
     base = version_config(repo, "ranker", 1)
     rows = []
@@ -74,9 +75,10 @@ def run(args: argparse.Namespace) -> dict:
         load_version(client, repo, "ranker")
         target = Target("ranker", server.url)
         workload = Workload.from_config(base)
-        if tuned.overload is not None and tuned.overload.chosen is not None:
-            chosen, capacity = tuned.overload.chosen, tuned.overload.capacity_rps
-            results["path"] = "trm tune-batching (batching + queue policy)"
+        if tuned.overload is not None and tuned.chosen is not None and tuned.chosen.has_queue_policy:
+            chosen, capacity = tuned.chosen, tuned.overload.capacity_rps
+            results["path"] = ("trm tune-batching (batching + queue policy)" if tuned.overload.chosen else
+                               "trm tune-batching (batching + the closest queue policy: none held)")
         else:
             # on a machine too busy for the batching search to pass, the queue policy is still chosen
             # the way the tuner does, on the seed's batch size without a delay, against the throughput
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> dict:
             outcome = PolicySearch(prober, profile, batching, capacity, args.p99_ms, 2.0, args.peak,
                                    args.peak * 1.2).run()
             results["tuning_overload"] = outcome.to_dict()
-            chosen = outcome.chosen or outcome.closest
+            chosen = outcome.chosen or outcome.fallback
             results["path"] = ("fallback: fixed batching, queue policy by trm's PolicySearch"
                                + ("" if outcome.chosen else " (none passed: its closest)"))
             if chosen is None:
@@ -108,6 +110,12 @@ def run(args: argparse.Namespace) -> dict:
         for name, candidate in configs.items():
             client.load("ranker", candidate.apply(base))
             run_schedule(target, [Phase(capacity * 0.3, 1.0)], workload)  # warm: the new instances' first batches
+            if name == "trm: tuned + queue policy":
+                # the written config's own capacity, by a client that did not choose it: a separate process,
+                # fresh arrivals, a ladder in 10 % steps from the peak rate until the p99 (a rejection a miss)
+                # breaks the SLO; goodput under overload is judged against it too
+                independent = independent_capacity(server.url, args)
+                results["independent"] = independent
             for multiple in args.multiples:
                 rate = round(capacity * multiple, 1)
                 started = time.monotonic()
@@ -115,6 +123,9 @@ def run(args: argparse.Namespace) -> dict:
                 stats = trace.phase_stats(0, args.p99_ms)
                 row = {"config": name, "multiple": multiple, "seconds": round(time.monotonic() - started, 1),
                        **stats.to_dict(), "goodput_share_of_capacity": round(stats.goodput_rps / capacity, 3)}
+                written_capacity = (results.get("independent") or {}).get("capacity_rps")
+                if written_capacity:
+                    row["goodput_share_of_written_capacity"] = round(stats.goodput_rps / written_capacity, 3)
                 rows.append(row)
                 log(f"  {name} x{multiple}: accepted p99 {stats.accepted_p99_ms:.1f} ms, goodput "
                     f"{stats.goodput_rps:.0f}/s, rejected {stats.rejected_fraction:.0%}, "
@@ -122,6 +133,17 @@ def run(args: argparse.Namespace) -> dict:
                 time.sleep(0.5)
     results["rows"] = rows
     return results
+
+
+def independent_capacity(url: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, str(ROOT / "bench" / "independent_load.py"), "--url", url, "--model", "ranker",
+               "--p99-ms", str(args.p99_ms), "--rates", str(args.peak), "--ladder-from", str(args.peak),
+               "--seed", "17"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["independent load failed"]}
+    return json.loads(done.stdout)
 
 
 def render(results: dict) -> str:
@@ -141,7 +163,15 @@ def render(results: dict) -> str:
                      f"{r['rejected_fraction']:.1%} | {ms(r['rejection_p50_ms'])} / {ms(r['rejection_p99_ms'])} | "
                      f"{r['errors']} |")
     policy = results["configs"]["trm: tuned + queue policy"]
-    lines += ["", f"trm's choice: `{policy['key']}` ({results['path']}); tuning took {results['trm_seconds']:g} s"]
+    lines += ["", f"trm's choice: `{policy['key']}` ({results['path']}; status {results.get('status')}); tuning "
+                  f"took {results['trm_seconds']:g} s"]
+    independent = results.get("independent") or {}
+    if independent.get("capacity_rps"):
+        shares = ", ".join(f"{r['multiple']:g} x: {r['goodput_share_of_written_capacity']:.0%}"
+                           for r in results["rows"] if r["config"] == "trm: tuned + queue policy")
+        lower = " (a lower bound: the client could not send more)" if independent.get("capacity_is_lower_bound") else ""
+        lines.append(f"the written config's own capacity, measured by bench/independent_load.py: "
+                     f"{independent['capacity_rps']:.0f}/s{lower}; trm's goodput as a share of it: {shares}")
     return "\n".join(lines)
 
 

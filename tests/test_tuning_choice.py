@@ -165,11 +165,13 @@ class RecordedPolicySearch:
     """``PolicySearch`` whose tries are answered from records: ``outcomes[(key, factor)]`` = (accepted p99 ms,
     goodput/s) under that overload. The shape is the overload check of issue 35 on this machine's run of
     ``bench/bench_overload.py`` (3 ms + 3 ms/item, SLO 50 ms, capacity about 440/s; not a round number, so
-    the rates are rounded as the search rounds them): a 19 ms timeout on max batch 4 with two instances let
-    accepted requests wait 59 ms at 2 x capacity."""
+    the rates are rounded as the search rounds them): the first timeout on max batch 4 with two instances is
+    0.7 x 50 - 15 - 1 = 19 ms, the shortest its range allows 18 ms (1.2 full batches); under ``slo_ms`` 80,
+    40 ms, and 24 ms is the shorter one tried for a larger spike."""
 
     def __new__(cls, outcomes: dict[tuple[str, float], tuple[float, float]], *,
-                default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset()):
+                default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset(),
+                slo_ms: float = 50.0):
         """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
         ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
         from repo_manager.adapters.loadgen import PhaseStats
@@ -194,7 +196,7 @@ class RecordedPolicySearch:
 
         prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True)
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
-        search = Search(prober, profile, Candidate(4, 2, True, 0), 437.37, 50.0, 2.0, 150.0, 180.0)
+        search = Search(prober, profile, Candidate(4, 2, True, 0), 437.37, slo_ms, 2.0, 150.0, 180.0)
         search.normal_checked = []
         return search
 
@@ -215,7 +217,7 @@ def test_a_queue_bound_is_tried_on_the_chosen_batching_before_its_timeout_is_sho
 
 def test_the_chosen_policy_is_measured_at_a_larger_spike_and_reported_as_it_did():
     """The policy held at 2 x capacity and is measured again at 3 x: a miss there is reported (summary, JSON),
-    and the choice for the asked overload stands."""
+    and the choice for the asked overload stands (its range leaves no shorter timeout: 18-29 ms, at 19)."""
     timeout = "b4-i2-d0-q19000"
     search = RecordedPolicySearch({(timeout, 2.0): (31.0, 420.0), (f"{timeout}-m16", 2.0): (31.0, 300.0),
                                    (timeout, 3.0): (72.0, 250.0)})
@@ -226,6 +228,49 @@ def test_the_chosen_policy_is_measured_at_a_larger_spike_and_reported_as_it_did(
     data = outcome.to_dict()
     assert data["overload_point"]["kept_slo"] and data["higher_overload_point"]["kept_slo"] is False
     assert "at 1312/s (3 x capacity) accepted p99 72.0 ms, goodput 250/s: not kept" in outcome.summary()
+
+
+def test_a_queue_bound_that_fails_the_larger_spike_gives_way_to_the_timeout_alone():
+    """max_queue_size 16 on top of the 19 ms timeout kept the goodput at 2 x; at 3 x a full queue stalled the
+    batcher (goodput 274/s, accepted p99 74 ms, as measured on this machine) while the timeout alone, which
+    had held at 2 x, keeps 428/s at 45 ms there: it is the choice."""
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (39.0, 440.0), (f"{timeout}-m16", 2.0): (38.0, 431.0),
+                                   (f"{timeout}-m16", 3.0): (74.0, 274.0), (timeout, 3.0): (44.8, 428.0)})
+    outcome = search.run()
+    assert outcome.chosen is not None and outcome.chosen.key == timeout
+    assert outcome.higher is not None and outcome.higher.meets and outcome.higher.candidate.key == timeout
+    assert [(p.candidate.key, p.rate) for p in outcome.points][-2:] == [(f"{timeout}-m16", 1312.1), (timeout, 1312.1)]
+    assert "kept too" in outcome.summary()
+
+
+def test_a_shorter_timeout_that_holds_the_larger_spike_replaces_the_choice():
+    """Under 80 ms the first timeout is 40 ms; at 3 x capacity accepted requests waited 95 ms; 24 ms held at
+    2 x and kept 70 ms with 400/s at 3 x: it is the choice, and its 3 x run is the one reported."""
+    timeout, shorter = "b4-i2-d0-q40000", "b4-i2-d0-q24000"
+    search = RecordedPolicySearch({(timeout, 2.0): (50.0, 420.0), (f"{timeout}-m16", 2.0): (50.0, 300.0),
+                                   (timeout, 3.0): (95.0, 380.0), (shorter, 2.0): (40.0, 418.0),
+                                   (shorter, 3.0): (70.0, 400.0)}, slo_ms=80.0)
+    outcome = search.run()
+    assert outcome.chosen is not None and outcome.chosen.key == shorter
+    assert outcome.higher is not None and outcome.higher.meets and outcome.higher.candidate.key == shorter
+    assert outcome.chosen_point is not None and outcome.chosen_point.candidate.key == shorter
+    assert "kept too" in outcome.summary()
+
+
+def test_a_shorter_timeout_is_not_taken_when_it_fails_the_asked_overload_or_does_no_better():
+    timeout, shorter = "b4-i2-d0-q40000", "b4-i2-d0-q24000"
+    base = {(timeout, 2.0): (50.0, 420.0), (f"{timeout}-m16", 2.0): (50.0, 300.0), (timeout, 3.0): (95.0, 380.0)}
+    sheds = RecordedPolicySearch({**base, (shorter, 2.0): (40.0, 300.0)}, slo_ms=80.0)
+    outcome = sheds.run()
+    assert outcome.chosen.key == timeout and outcome.higher.candidate.key == timeout
+    assert any(n.startswith(f"{shorter}, tried for the larger spike: not kept") for n in outcome.notes)
+    no_better = RecordedPolicySearch({**base, (shorter, 2.0): (40.0, 418.0), (shorter, 3.0): (99.0, 370.0)},
+                                     slo_ms=80.0)
+    outcome = no_better.run()
+    assert outcome.chosen.key == timeout and outcome.higher.candidate.key == timeout
+    assert any("b4-i2-d0-q24000 held at 875/s and gave accepted p99 99.0 ms" in n and n.endswith("not kept")
+               for n in outcome.notes)
 
 
 def test_without_a_policy_that_holds_the_closest_that_keeps_normal_traffic_is_written():
