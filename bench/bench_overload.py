@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
                 # the written config's own capacity, by a client that did not choose it: a separate process,
                 # fresh arrivals, a ladder in 10 % steps from the peak rate until the p99 (a rejection a miss)
                 # breaks the SLO; goodput under overload is judged against it too
-                independent = independent_capacity(server.url, args)
+                independent = independent_capacity(server.url, args, capacity)
                 results["independent"] = independent
             for multiple in args.multiples:
                 rate = round(capacity * multiple, 1)
@@ -135,9 +135,12 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
-def independent_capacity(url: str, args: argparse.Namespace) -> dict:
+def independent_capacity(url: str, args: argparse.Namespace, capacity: float) -> dict:
+    """The written config's capacity within the SLO by bench/independent_load.py: from the peak rate or 60 % of
+    trm's capacity, whichever is higher, in 10 % steps (twelve at most)."""
+    start = round(max(args.peak, 0.6 * capacity), 1)
     command = [sys.executable, str(ROOT / "bench" / "independent_load.py"), "--url", url, "--model", "ranker",
-               "--p99-ms", str(args.p99_ms), "--rates", str(args.peak), "--ladder-from", str(args.peak),
+               "--p99-ms", str(args.p99_ms), "--rates", str(args.peak), "--ladder-from", str(start),
                "--seed", "17"]
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -6,7 +6,8 @@ loop, connections and request samples) and arrivals drawn from ``--seed``, never
 
 It measures the SLO levels (each rate in ``--rates``: p99 of every request, a rejection counted as a miss)
 and then climbs a capacity ladder from ``--ladder-from`` in steps of ``--ladder-step`` until a point misses
-the SLO or the client cannot send the rate (then the capacity is a lower bound and says so). Prints one
+the SLO or the client cannot send the rate, or for 12 steps (in both last cases the capacity is a lower bound
+and says so). Prints one
 JSON object. From the repository root:
 
     PYTHONPATH=$PWD python bench/independent_load.py --url http://127.0.0.1:8000 --model ranker \
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> dict:
                 break
             capacity = measured["rate"]
             rate *= args.ladder_step
+        else:
+            lower_bound = True  # every step met the SLO: the capacity is at least the last one
     return {"model": args.model, "seed": args.seed, "slo_p99_ms": args.p99_ms, "levels": levels,
             "meets_slo_at_every_level": meets, "capacity_rps": capacity, "capacity_is_lower_bound": lower_bound,
             "ladder": ladder}
