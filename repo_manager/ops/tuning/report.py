@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from repo_manager.core.config import atomic_write_bytes
-from repo_manager.ops.tuning.overload import OverloadOutcome
+from repo_manager.ops.tuning.overload import RECOVERY_PHASE, OverloadOutcome
 from repo_manager.ops.tuning.prober import REPEATED, Point
 
 COLUMNS = ("candidate", "level", "offered/s", "achieved/s", "requests", "p50", "p90", "p99", "max", "mean batch",
@@ -183,7 +183,7 @@ def plot_overload(overload: OverloadOutcome, slo_ms: float, path: Path, title: s
                 ax.scatter(trace.sent_s[mask], trace.latency_ms[mask], s=3, c=colour, label=label)
         ax.axhline(slo_ms, color="red", linestyle="--", linewidth=1)
         ax.axvline(trace.starts[1], color="grey", linestyle=":", linewidth=1)
-        ax.axvline(trace.starts[2], color="grey", linestyle=":", linewidth=1)
+        ax.axvline(trace.starts[RECOVERY_PHASE], color="grey", linestyle=":", linewidth=1)
         ax.set_yscale("log")
         ax.set_ylabel("latency ms")
         verdict = "keeps the SLO" if point.meets else f"misses: {point.note}"[:110]
