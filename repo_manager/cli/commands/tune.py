@@ -156,14 +156,12 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
                           "relax the SLO, lower --overload-factor, add capacity, or drop --require-overload-policy "
                           "to write the batching choice alone", report=report, model=name)
         raise error
-    if result.status == "chosen-without-queue-policy" and result.overload is not None:
+    if result.status in ("chosen-without-queue-policy", "chosen-with-closest-queue-policy") and result.overload:
         done = "written" if result.written_version else "chosen"
-        click.echo(printable(f"warning: {result.overload.summary()}; the batching choice is {done} without a "
-                             "queue policy (--require-overload-policy makes this a failure)"), err=True)
-    if result.status == "chosen-with-closest-queue-policy" and result.overload is not None:
-        done = "written" if result.written_version else "chosen"
-        click.echo(printable(f"warning: {result.overload.summary()}; {result.overload.fallback_summary()}, {done} "
-                             "with the batching choice (--require-overload-policy makes this a failure)"), err=True)
+        what = (f"{result.overload.fallback_summary()}, {done} with the batching choice" if result.overload.fallback
+                else f"the batching choice is {done} without a queue policy")
+        click.echo(printable(f"warning: {result.overload.summary()}; {what} (--require-overload-policy makes this "
+                             "a failure)"), err=True)
     if result.chosen is None:
         closest = result.outcome.closest
         error = GateError(f"no candidate met p99 <= {p99_ms:g} ms at every level; closest: "

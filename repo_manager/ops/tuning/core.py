@@ -327,7 +327,8 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
                                         request.overload_factor, request.peak_rps, request.peak_rps * request.headroom,
                                         priority_levels=request.priority_levels, overload_s=request.overload_s,
                                         recover_s=request.recover_s,
-                                        capacity_note=evaluation.capacity_note).run()
+                                        capacity_note=evaluation.capacity_note,
+                                        fallback=not request.require_overload_policy).run()
         finally:
             progress("restoring the served config", prober.used_s, request.budget_s)
             prober.restore(served.original)

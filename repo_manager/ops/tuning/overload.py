@@ -37,9 +37,10 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   accepted throughput collapsed to a fraction of capacity (measured: 66/s of 250/s; on a quiet one 254/s
   vs 270/s), so the measurement decides;
 * the chosen policy is measured once more at ``HIGHER_FACTOR`` x the asked overload (3 x capacity for 2 x);
-  when accepted requests miss the SLO there, one shorter timeout on the same structure is tried and replaces
-  the choice if it holds at the asked overload and does better at the larger one; the result reports both
-  (a remaining miss there is reported, the choice for the asked overload stands);
+  when it misses there, the same timeout without ``max_queue_size`` (when that was added on top) and one
+  shorter timeout on the same structure are tried, and replace the choice if they hold at the asked overload
+  and do better at the larger one; the result reports both (a remaining miss there is reported, the choice
+  for the asked overload stands);
 * when no policy held, the closest one tried that keeps normal traffic at peak x headroom is written all the
   same (``OverloadOutcome.fallback``): it sheds what waited past its timeout, where no policy queues a spike
   without bound;
@@ -262,8 +263,8 @@ def not_drivable(points: tuple[OverloadPoint, ...] | list[OverloadPoint]) -> boo
 
 
 def try_cost_s(overload_s: float, recover_s: float, headroom_point_s: float) -> float:
-    """What one policy try takes: a load, the three phases, a point of normal traffic at peak x headroom
-    (``headroom_point_s``), margin."""
+    """What one policy try takes: a load, the four phases (``PolicySearch._trace``), a point of normal traffic at
+    peak x headroom (``headroom_point_s``), margin."""
     return 2.0 + 1.0 + SPIKE_ONSET_S + overload_s + recover_s + headroom_point_s
 
 
@@ -288,6 +289,7 @@ class PolicySearch:
         overload_s: float = 3.0,
         recover_s: float = 2.0,
         capacity_note: str = "",
+        fallback: bool = True,
     ) -> None:
         self.prober, self.profile, self.batching = prober, profile, batching.without_queue_policy()
         self.capacity, self.slo_ms, self.factor = capacity_rps, slo_ms, factor
@@ -298,6 +300,8 @@ class PolicySearch:
         self.cut_short = False
         self.lower_bound = "budget" in capacity_note or capacity_rps <= headroom_rps
         self.capacity_note = capacity_note or "the ladder did not climb"
+        self.want_fallback = fallback
+        """Whether to look for a fallback when no policy holds (not when a held one is required: never written)."""
 
     @property
     def rate(self) -> float:
@@ -413,7 +417,7 @@ class PolicySearch:
         if chosen is None and self.points:
             closest = min(self.points, key=lambda p: (not p.overload.valid, p.sheds_normal_traffic,
                                                       p.overload.accepted_p99_ms)).candidate
-        fallback = self._fallback() if chosen is None else None
+        fallback = self._fallback() if chosen is None and self.want_fallback else None
         return OverloadOutcome(self.factor, self.capacity, self.rate, self.recover_rps, tuple(self.points), chosen,
                                closest, tuple(self.notes), self.cut_short, higher, fallback)
 
@@ -421,9 +425,10 @@ class PolicySearch:
         """The chosen policy missed at the larger spike. Tried once each, in order, while the budget allows: the
         same timeout without ``max_queue_size`` when that was added on top (a full queue's refusal can stall
         Triton 2.51's batcher, and a larger spike keeps it full: measured at 3 x capacity on 3 ms + 3 ms/item,
-        an 11 ms timeout kept 101 % of capacity as goodput alone and 83 % with a bound of 16), then a shorter timeout on
-        the same structure (0.6 x, not below its range: an accepted request waited at most T). One replaces the
-        choice when it holds at the asked overload (normal traffic included) and does better at the larger one."""
+        an 11 ms timeout kept 101 % of capacity as goodput alone and 83 % with a bound of 16), then a shorter
+        timeout on the same structure (0.6 x, not below its range: an accepted request waited at most T). One
+        replaces the choice when it holds at the asked overload (normal traffic included) and comes closer to
+        holding at the larger one (``_closeness``)."""
         options: list[tuple[Candidate, bool]] = []
         if chosen.max_queue_size:
             plain = chosen.without_queue_policy().with_queue_policy(chosen.queue_timeout_us, 0, self.priority_levels)
@@ -434,10 +439,6 @@ class PolicySearch:
         if timeout - shorter >= max(0.5, 0.1 * timeout):
             options.append((chosen.without_queue_policy().with_queue_policy(
                 round(shorter * 1000), chosen.max_queue_size, self.priority_levels), True))
-
-        def rank(point: OverloadPoint) -> tuple[bool, bool, float]:
-            o = point.overload
-            return not point.meets, o.accepted_p99_ms > self.slo_ms, -o.goodput_rps
 
         for candidate, needs_asked in options:
             if not self._affords_another():
@@ -450,7 +451,7 @@ class PolicySearch:
                 if not self._affords_another():
                     break
             again = self.try_policy(candidate, self.factor * HIGHER_FACTOR)
-            better = again.overload.valid and rank(again) < rank(higher)
+            better = self._closeness(again) < self._closeness(higher)
             o = again.overload
             self.notes.append(
                 f"{chosen.key} missed at {higher.rate:.0f}/s ({higher.note}); {candidate.key} held at "
@@ -460,17 +461,23 @@ class PolicySearch:
                 return candidate, again
         return chosen, higher
 
+    def _closeness(self, point: OverloadPoint) -> tuple[bool, bool, bool, float, float]:
+        """How close a try came to holding, smallest first: driven as offered, held, accepted p99 within the SLO,
+        then the higher goodput, then the lower accepted p99."""
+        o = point.overload
+        return not o.valid, not point.meets, o.accepted_p99_ms > self.slo_ms, -o.goodput_rps, o.accepted_p99_ms
+
     def _fallback(self) -> Candidate | None:
         """No policy held: the best policy tried that keeps normal traffic, to be written all the same. A timeout
         within the range sheds only what waited past it, where no policy lets the queue grow for as long as the
         spike lasts (measured at 2 x capacity: accepted p99 seconds, goodput near 0). Ranked: driven as
-        offered, accepted p99 within the SLO, then goodput, then accepted p99; the first two that were not
-        already shown to shed normal traffic are measured at peak x headroom, the first that keeps it wins."""
+        offered, accepted p99 within the SLO, then goodput, then accepted p99 (``_closeness``); the first two
+        that were not already shown to shed normal traffic are measured at peak x headroom, the first that keeps
+        it wins."""
         tried = {p.candidate.key: p for p in self.points
                  if p.rate == self.rate and p.candidate.has_queue_policy and not p.sheds_normal_traffic
                  and (p.overload.requests or p.overload.unsent)}
-        ranked = sorted(tried.values(), key=lambda p: (not p.overload.valid, p.overload.accepted_p99_ms > self.slo_ms,
-                                                        -p.overload.goodput_rps, p.overload.accepted_p99_ms))
+        ranked = sorted(tried.values(), key=self._closeness)
         for point in ranked[:2]:
             if not self.prober.load(point.candidate):
                 continue
