@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
                     candidate = Candidate(batch, instances, True, delay, () if preferred == "none" else (batch,),
                                           "grid")
                     search.candidates[candidate.key] = candidate
-                    met = search.evaluate(candidate)
+                    met = search.evaluate(candidate) and search.meets_low(candidate)  # every level, for every config
                     capacity = search.climb(candidate) if met else None
                     grid.append(row(candidate, {lvl: search._level_point(candidate, lvl)
                                                 for lvl in ("low", "peak", "headroom")}, capacity))

@@ -9,6 +9,7 @@ while a 2 ms delay held every level at a lower ladder capacity.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -34,12 +35,21 @@ class RecordedProber:
         self.traces, self.budget_s, self.point_s, self.fallback = traces, budget_s, point_s, fallback
         self.points: list[Point] = []
         self.used_s = 0.0
+        self.held_back_s = 0.0
 
     def point_cost_s(self, rate: float) -> float:
         return self.point_s
 
     def can_afford(self, seconds: float) -> bool:
-        return self.used_s + seconds <= self.budget_s
+        return self.used_s + seconds <= self.budget_s - self.held_back_s
+
+    @contextmanager
+    def holding_back(self, seconds: float):
+        before, self.held_back_s = self.held_back_s, self.held_back_s + seconds
+        try:
+            yield
+        finally:
+            self.held_back_s = before
 
     def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
         done = [p for p in self.points if p.candidate == candidate.key and p.rate == rate]
@@ -146,7 +156,7 @@ def test_when_no_eligible_candidate_keeps_the_margin_short_queue_delays_are_trie
     tried = [c for c in search.candidates.values() if c.delay_us > 0]
     room_ms = SLO_MS - 14.1  # the whole SLO's room at low traffic (a full batch of 32 takes 80 ms to arrive)
     assert sorted(c.delay_us for c in tried) == [int(room_ms * 250), int(room_ms * 500)]
-    assert all(search._evaluation(c).eligible for c in tried) and any("tried queue delays" in n for n in search.notes)
+    assert all(search._met_busy(c) for c in tried) and any("tried queue delays" in n for n in search.notes)
     chosen, _noise, evidence = search._finalists()
     assert chosen in tried and search._holds(chosen) and evidence["rounds"].startswith("held")
 
@@ -158,6 +168,59 @@ def test_no_delay_is_tried_when_an_eligible_candidate_already_keeps_the_margin()
     measured = len(prober.points)
     search._peak_delays()
     assert len(prober.points) == measured and list(search.candidates) == [NONE.key]
+
+
+# ------------------------------------------------------------------------------ the whole search, on traces
+PROFILE = Profile({1: 6.75, 2: 7.5, 4: 9.0, 8: 12.0, 16: 18.0, 32: 30.0}, 0.5, 32)
+"""The check's model as profiled (6 ms + 0.75 ms per item): the structures kept are max batch 4, 8 and 16 on
+two instances; the current config (delay 40 ms, preferred [16, 32]) and plain max batch 32 are measured too."""
+SEED = Candidate(32, 1, True, 40_000, (16, 32), "current")
+
+
+def _model(capacities: dict[str, float], low_ms: dict[str, float] | None = None):
+    """Traces for a whole search: a structure meets the SLO (p99 15 ms) up to its capacity in ``capacities``
+    and misses (60 ms) above it; at low traffic it answers ``low_ms`` (14 ms unless named); what is not
+    named (the seed, plain max batch 32) misses every busy level."""
+    def trace(candidate: Candidate, rate: float) -> list[float]:
+        if rate == LOW:
+            return [(low_ms or {}).get(candidate.key, 14.0)]
+        return [15.0 if rate <= capacities.get(candidate.key, 0.0) + 0.1 else 60.0]
+    return trace
+
+
+def test_low_traffic_is_measured_only_for_the_structure_whose_delay_is_searched_and_the_contenders():
+    """At 50/s a point takes the longest of the three levels, and without a delay it does not separate
+    structures: max batch 4 (480/s) and 16 (600/s) are not within a ladder step of max batch 8 (750/s), so
+    they are never measured at low traffic; max batch 8 is, in all three of its rounds."""
+    prober = RecordedProber({}, fallback=_model({"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 600.0}))
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    assert outcome.chosen.key == "b8-i2-d0"
+    low = [p.candidate for p in prober.points if p.rate == LOW]
+    assert set(low) == {"b8-i2-d0"} and len(low) == CONFIRM_ROUNDS
+    measured = {p.candidate for p in prober.points}
+    assert {"b4-i2-d0", "b16-i2-d0"} <= measured  # measured at the busy levels and climbed, all the same
+    assert outcome.evidence["rounds"].startswith("held")
+
+
+def test_a_contender_that_misses_the_slo_at_low_traffic_leaves_the_choice_to_the_next():
+    prober = RecordedProber({}, fallback=_model({"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 600.0},
+                                                low_ms={"b8-i2-d0": 31.0}))
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    assert outcome.chosen.key == "b16-i2-d0"
+    assert not outcome.evaluation("b8-i2-d0").eligible  # its capacity no longer counts
+    assert {p.candidate for p in prober.points if p.rate == LOW} == {"b8-i2-d0", "b16-i2-d0"}
+
+
+@pytest.mark.parametrize("budget_s", [45.0, 60.0, 80.0])
+def test_the_finalists_rounds_are_budgeted_before_the_search_spends_the_rest(budget_s):
+    """Each point costs 1 s here and the search has more to measure than the budget: what it leaves out is
+    exploration (said in the record), never the chosen candidate's rounds."""
+    prober = RecordedProber({}, budget_s=budget_s,
+                            fallback=_model({"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 600.0}))
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    rounds = [p for p in prober.points if p.candidate == outcome.chosen.key and p.rate in RATES.values()]
+    assert len(rounds) == 3 * CONFIRM_ROUNDS and "confirmation cut short: time budget" not in outcome.notes
+    assert prober.used_s <= budget_s
 
 
 # ------------------------------------------------------------------------------ the queue policy's choice

@@ -40,7 +40,15 @@ from repo_manager.ops.publish.core import Staged, commit_staged
 from repo_manager.ops.serving import load_version, version_config
 from repo_manager.ops.tuning.candidates import Candidate
 from repo_manager.ops.tuning.overload import OverloadOutcome, PolicySearch, try_cost_s
-from repo_manager.ops.tuning.prober import Point, Prober, Progress, config_cost_s, point_cost_s, profile_cost_s
+from repo_manager.ops.tuning.prober import (
+    MAX_POINT_S,
+    Point,
+    Prober,
+    Progress,
+    config_cost_s,
+    point_cost_s,
+    profile_cost_s,
+)
 from repo_manager.ops.tuning.report import write_report
 from repo_manager.ops.tuning.search import ALWAYS_MEASURED, Outcome, Search
 
@@ -68,7 +76,7 @@ class TuneRequest:
     report_dir: Path | None = None
     requests: int = 1000
     """Requests per measured point (fewer at low rates: at most ``max_point_s`` seconds of traffic)."""
-    max_point_s: float = 15.0
+    max_point_s: float = MAX_POINT_S
     warmup_s: float = 1.0
     """Traffic at each point's rate before it is measured (the new config's first batches, connections)."""
     max_batch_limit: int = 64

@@ -7,7 +7,9 @@ kept the offered rate), not saturated, without errors, stable, and its p99 is wi
 Stability rule: a point's measured requests are split into three windows in send order. When the p99
 of the last window is more than 1.5 times the first one's (and not trivially small), the queue was
 still growing or the machine was disturbed; the point is measured again with twice the requests, and
-if it is still unstable it passes only if every window's p99 is within the SLO. A point the client
+if it is still unstable it passes only if every window's p99 is within the SLO. Below a rate the same
+config already kept stably the queue cannot be growing, so there the windows' difference is noise and
+the point is taken as it is. A point the client
 could not drive (invalid) is retried once; if it stays invalid it is reported as such and never passes.
 A near miss (p99 within three times the SLO) is measured once more and the level is met if the retry
 meets it: on a shared machine one disturbed measurement should not condemn a config; the finalists'
@@ -35,6 +37,10 @@ LOAD_S = 1.5
 """Allowance for loading one candidate (Triton's load API with a config override)."""
 REPEATED = ("remeasure", "confirm")
 """Levels measured again on purpose (never answered from an earlier point)."""
+MAX_POINT_S = 8.0
+"""A point is ``requests`` requests but at most this many seconds of traffic (and at least 300 requests):
+at a low rate a longer point is the search's largest cost (at 50/s, 15 s a point made the low-traffic
+points half of a 300 s search), and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds."""
 PROFILE_REQUESTS = 8
 """Requests per profiled batch size, at least (and at least ``PROFILE_MEASURE_S`` of them)."""
 PROFILE_WARMUP_S = 0.2
@@ -91,7 +97,7 @@ class Point:
 
 class Prober:
     def __init__(self, client: TritonClient, target: Target, base: cfg.ModelConfig, slo_ms: float,
-                 budget_s: float, *, requests: int = 1000, max_point_s: float = 15.0, warmup_s: float = 1.0,
+                 budget_s: float, *, requests: int = 1000, max_point_s: float = MAX_POINT_S, warmup_s: float = 1.0,
                  progress: Progress | None = None) -> None:
         self.client, self.target, self.base, self.slo_ms = client, target, base, slo_ms
         self.budget_s, self.requests, self.max_point_s, self.warmup_s = budget_s, requests, max_point_s, warmup_s
@@ -126,12 +132,14 @@ class Prober:
 
     @contextmanager
     def holding_back(self, seconds: float) -> Iterator[None]:
-        """Within the block, ``seconds`` of the budget are kept for what comes after it."""
-        self.held_back_s = seconds
+        """Within the block, ``seconds`` more of the budget are kept for what comes after it (blocks nest: the
+        finalists' rounds are held back inside the queue-policy search's share)."""
+        before = self.held_back_s
+        self.held_back_s = before + seconds
         try:
             yield
         finally:
-            self.held_back_s = 0.0
+            self.held_back_s = before
 
     def say(self, message: str) -> None:
         if self._progress:
@@ -184,6 +192,9 @@ class Prober:
             note = f"retried: {result.invalid_reason}"
             result = self._measure(replace(spec, seed=spec.seed + 1000))
         stable = self._stable(result)
+        if result.valid and not stable and self._kept_faster(candidate.key, rate):
+            # a queue cannot grow at a rate below one the same config kept stably: the windows differ by noise
+            note, stable = "windows differed, not a growing queue: a higher rate was kept", True
         if result.valid and not stable:
             note = "unstable, measured again with twice the requests"
             result = self._measure(replace(spec, requests=spec.requests * 2, seed=spec.seed + 2000))
@@ -217,6 +228,10 @@ class Prober:
         except Exception as exc:
             raise ServerError(f"measuring {self.target.model} on {self.target.url} failed: {exc}",
                               url=self.target.url) from exc
+
+    def _kept_faster(self, key: str, rate: float) -> bool:
+        """``key`` met the SLO, stably, at a higher rate than ``rate``."""
+        return any(p.candidate == key and p.rate > rate and p.meets_slo and p.stable for p in self.points)
 
     def _stable(self, result: Measurement) -> bool:
         windows = result.window_p99_ms

@@ -5,34 +5,41 @@
    the SLO or carry peak × headroom, best predicted first. The current config and plain
    ``dynamic_batching {}`` are always measured.
 2. **Levels.** Each candidate is measured at peak × headroom first (the level most candidates fail, and
-   the shortest to measure), then peak, then low; the first failed level ends it.
-3. **Queue delay.** For the best structure that passed every level with no delay, the delay is searched
-   against the low-traffic SLO by bisection between 0 and the room the zero-delay p99 leaves (keeping
-   10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
+   the shortest to measure), then peak; the first failed level ends it. Low traffic is measured only where
+   it can decide (``_meet_low``): for the structure whose queue delay is searched, and for the candidates
+   within one ladder step of the best capacity before they are confirmed; a contender that misses it
+   leaves the choice. A point at low traffic is the longest to measure (at 50/s a point takes seconds that
+   one at 400/s does not), and without a queue delay it rarely separates structures.
+3. **Queue delay.** For the best structure that passed the busy levels and low traffic with no delay,
+   the delay is searched against the low-traffic SLO by bisection between 0 and the room the zero-delay
+   p99 leaves (keeping 10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
    third of it become candidates (and, when the profile says a smaller batch is already cheap, the
    largest delay with that size preferred, measured after the capacities below).
-   When no candidate that met every level keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
+   When no candidate that met the busy levels keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
    the SLO, short delays (a quarter and a half of the room the whole SLO leaves at low traffic) are tried
    on the best such structure too: at a busy rate a delay fills batches and can lower the peak's p99
    (``_peak_delays``).
-4. **Capacity.** Candidates that met every level climb a common ladder of rates above peak ×
+4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
-5. **Finalists** (within one ladder step of the best) are measured again, interleaved, at the best
-   capacity; a finalist that fails a repeat loses that step. Then each must *hold*: meet the SLO at every
-   level in ``CONFIRM_ROUNDS`` rounds (its search point, then rounds interleaved with the other
-   finalists, fresh arrivals each, judged strictly: the worst round decides), with p99 within
-   ``PEAK_MARGIN`` of the SLO at peak x headroom. While no finalist holds, the next candidates by capacity
-   are tried. Among those that hold, the highest capacity; a lower worst-round p99 at peak x headroom
-   wins a tie only if lower by more than the noise seen between repeats; otherwise the simplest wins (the
-   current config, then smaller delay, no preferred sizes, fewer instances, smaller batch). Every round
-   is in the record.
+5. **Finalists** (within one ladder step of the best, after low traffic is measured for them) are measured
+   again, interleaved, at the best capacity; a finalist that fails a repeat (no second chance for a near
+   miss) loses that step. Then each must *hold*: meet the SLO at every level in ``CONFIRM_ROUNDS`` rounds
+   (its search point, then rounds interleaved with the other finalists, fresh arrivals each, judged
+   strictly: the worst round decides), with p99 within ``PEAK_MARGIN`` of the SLO at peak x headroom. While
+   no finalist holds, the next candidates by capacity are tried. Among those that hold, the highest
+   capacity; a lower worst-round p99 at peak x headroom wins a tie only if lower by more than the noise seen
+   between repeats; otherwise the simplest wins (the current config, then smaller delay, no preferred sizes,
+   fewer instances, smaller batch). Every round is in the record.
+
+The finalists' rounds are budgeted first: the steps before them leave ``confirm_reserve_s`` of the
+budget, so the rounds are not what a long search runs out of time for.
 
 Steps 1–2 for the current config, plain batching and the top structure always run; then the structure
-predicted to carry the most, and more until one meets every level; the delay search on the eligible
-structure predicted to carry the most, the capacities of what met every level, the
-remaining structures (each climbing when it meets every level) and the finalists, each only while the
-budget allows; what was skipped is said in ``notes``.
+predicted to carry the most, and more until one meets the busy levels; the delay search on the
+structure predicted to carry the most, the capacities of what met the busy levels, the remaining
+structures (each climbing when it meets them), each only while the budget allows; what was skipped is
+said in ``notes``.
 """
 
 from __future__ import annotations
@@ -130,12 +137,26 @@ class Search:
                      if p.candidate == candidate.key and p.rate == rate and p.level != "remeasure"), None)
 
     def evaluate(self, candidate: Candidate) -> bool:
-        """Measure headroom, peak, low in that order; stop at the first miss. True if all met."""
+        """Measure the busy levels, headroom then peak; stop at the first miss. True if both met (low traffic
+        is measured where it can decide: ``meets_low``)."""
+        self._add(candidate)  # all() stops at the first miss
+        return all(self.prober.point(candidate, level, self.rates[level]).meets_slo for level in ("headroom", "peak"))
+
+    def meets_low(self, candidate: Candidate) -> bool:
+        """Measure ``candidate`` at low traffic (once: the point is kept) and say whether it met the SLO."""
         self._add(candidate)
-        for level in ("headroom", "peak", "low"):
-            if not self.prober.point(candidate, level, self.rates[level]).meets_slo:
-                return False
-        return True
+        return self.prober.point(candidate, "low", self.rates["low"]).meets_slo
+
+    def _met_busy(self, candidate: Candidate) -> bool:
+        """Met the SLO at peak x headroom and at peak (its low-traffic point may not be measured yet)."""
+        return all(p is not None and p.meets_slo for p in (self._level_point(candidate, "headroom"),
+                                                            self._level_point(candidate, "peak")))
+
+    def confirm_reserve_s(self) -> float:
+        """Budget the steps before the finalists leave for them: two finalists' low-traffic points, their
+        re-measure at the best capacity and their ``CONFIRM_ROUNDS`` - 1 further rounds at every level."""
+        remeasure = 2 * (self.prober.point_cost_s(self.rates["headroom"] * STEP) + LOAD_S)
+        return 2 * ((CONFIRM_ROUNDS - 1) * self._cost() + self.prober.point_cost_s(self.rates["low"]) + remeasure)
 
     # ------------------------------------------------------------------------------------ phases
     def run(self) -> Outcome:
@@ -143,6 +164,19 @@ class Search:
         kept, pruned = structures(self.profile, self.current, self.slo_ms, need)
         plain = Candidate(self.current.max_batch_size, self.current.instances, True, 0, (), "plain")
         mandatory = [self.current, plain] + kept[:1]  # (ALWAYS_MEASURED: what the budget check counts)
+        with self.prober.holding_back(self.confirm_reserve_s()):
+            pruned = self._explore(kept, pruned, mandatory)
+        chosen, noise, evidence = self._finalists()
+        evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
+        pruned = [p for p in pruned if p.candidate.key not in self.candidates]  # measured after all
+        closest = None
+        if chosen is None and evaluations:
+            closest = min(evaluations, key=Evaluation.closeness).candidate
+        return Outcome(self.profile, evaluations, tuple(pruned), tuple(self.prober.points), chosen, closest,
+                       noise, evidence, tuple(self.notes))
+
+    def _explore(self, kept: list[Candidate], pruned: list[Pruned], mandatory: list[Candidate]) -> list[Pruned]:
+        """Steps 1-4: the structures, the queue delay, the capacities (the finalists' budget held back)."""
         for candidate in mandatory:
             self.evaluate(candidate)
         # until a structure meets every level, measure the next; then search its delay (the step that
@@ -152,7 +186,7 @@ class Search:
         rest = list(kept[1:])
         if rest and self.prober.can_afford(self._cost()):
             self.evaluate(rest.pop(0))
-        while rest and not any(self._evaluation(c).eligible for c in kept) and self.prober.can_afford(self._cost()):
+        while rest and not any(self._met_busy(c) for c in kept) and self.prober.can_afford(self._cost()):
             self.evaluate(rest.pop(0))
         self._delay_search(sorted(kept, key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances,
                                                                                   self.slo_ms)))
@@ -167,21 +201,17 @@ class Search:
             else:
                 pruned.append(Pruned(candidate, "not measured: time budget"))
         self._peak_delays()
-        chosen, noise, evidence = self._finalists()
-        evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
-        pruned = [p for p in pruned if p.candidate.key not in self.candidates]  # measured after all
-        closest = None
-        if chosen is None and evaluations:
-            closest = min(evaluations, key=Evaluation.closeness).candidate
-        return Outcome(self.profile, evaluations, tuple(pruned), tuple(self.prober.points), chosen, closest,
-                       noise, evidence, tuple(self.notes))
+        return pruned
 
     def _delay_search(self, kept: list[Candidate]) -> None:
-        passing = [c for c in kept if self._evaluation(c).eligible]
+        passing = [c for c in kept if self._met_busy(c)]
         if not passing:
-            self.notes.append("delay search skipped: no structure met every level without a delay")
+            self.notes.append("delay search skipped: no structure met the busy levels without a delay")
             return
         base = passing[0]
+        if not self.meets_low(base):
+            self.notes.append(f"delay search skipped: {base.label} misses the SLO at low traffic without a delay")
+            return
         zero = self._level_point(base, "low")
         assert zero is not None
         # a delay longer than a full batch takes to arrive at the peak rate cannot fill batches further
@@ -233,14 +263,14 @@ class Search:
         take the low-traffic p99 past ``DELAY_SHARE`` of the SLO, so here a quarter and a half of the room
         the whole SLO leaves at low traffic (at most the time a full batch takes to arrive at peak) are
         tried on the eligible structure with the lowest p99 there, measured at every level and climbed."""
-        eligible = [c for c in self.candidates.values() if self._evaluation(c).eligible]
-        if not eligible or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in eligible):
+        busy = [c for c in self.candidates.values() if self._met_busy(c)]
+        if not busy or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in busy):
             return
-        base = min((c for c in eligible if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
-        if base is None:
+        base = min((c for c in busy if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
+        if base is None or not self.meets_low(base):
             return
         zero = self._level_point(base, "low")
-        assert zero is not None  # eligible: measured at every level
+        assert zero is not None
         room_ms = min(self.slo_ms - zero.p99_ms, 1000.0 * base.max_batch_size / self.rates["peak"])
         tried = []
         for share in (0.25, 0.5):
@@ -256,9 +286,8 @@ class Search:
                               f"SLO: tried queue delays on {base.label}: {'; '.join(tried)}")
 
     def _capacities(self) -> None:
-        """Climb every eligible candidate that has no capacity yet, best predicted first."""
-        eligible = [c for c in self.candidates.values()
-                    if c.key not in self.capacity and self._evaluation(c).eligible]
+        """Climb every candidate that met the busy levels and has no capacity yet, best predicted first."""
+        eligible = [c for c in self.candidates.values() if c.key not in self.capacity and self._met_busy(c)]
         eligible.sort(key=lambda c: -self.profile.slo_capacity(c.max_batch_size, c.instances, self.slo_ms))
         best = max(self.capacity.values(), default=0.0)
         for candidate in eligible:
@@ -269,7 +298,8 @@ class Search:
             best = max(best, self.climb(candidate))
 
     def climb(self, candidate: Candidate, max_steps: int = 8) -> float:
-        """Capacity of an eligible candidate: the ladder above peak x headroom until the SLO breaks."""
+        """Capacity of a candidate that met the busy levels: the ladder above peak x headroom until the SLO
+        breaks."""
         capacity = self.rates["headroom"]
         rate = capacity * STEP
         for _ in range(max_steps):
@@ -287,7 +317,30 @@ class Search:
         self.capacity[candidate.key] = capacity
         return capacity
 
+    def _meet_low(self) -> None:
+        """Measure low traffic for every candidate within one ladder step of the best capacity, best first;
+        one that misses it leaves the choice (its capacity is dropped), which may bring the next one within
+        a step. Measured whatever the budget: no candidate is chosen unmeasured at a level."""
+        while self.capacity:
+            for key in [k for k in self.capacity if self._misses_low(self.candidates[k])]:
+                del self.capacity[key]  # (measured earlier, as the delay search's base)
+            if not self.capacity:
+                return
+            best = max(self.capacity.values())
+            contenders = [k for k in sorted(self.capacity, key=lambda k: -self.capacity[k])
+                          if self.capacity[k] * STEP > best * 1.001
+                          and self._level_point(self.candidates[k], "low") is None]
+            if not contenders:
+                return
+            for key in contenders:
+                self.meets_low(self.candidates[key])
+
+    def _misses_low(self, candidate: Candidate) -> bool:
+        point = self._level_point(candidate, "low")
+        return point is not None and not point.meets_slo
+
     def _finalists(self) -> tuple[Candidate | None, float, dict[str, str]]:
+        self._meet_low()
         if not self.capacity:
             return None, 0.0, {}
         best = max(self.capacity.values())
@@ -300,7 +353,7 @@ class Search:
             for _ in range(2):
                 for candidate in finalists:  # interleaved, so a slow minute of the machine hits everyone
                     if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
-                        runs[candidate.key].append(self.prober.point(candidate, "remeasure", best))
+                        runs[candidate.key].append(self.prober.point(candidate, "remeasure", best, strict=True))
                     elif "re-measure cut short: time budget" not in self.notes:
                         self.notes.append("re-measure cut short: time budget")
         noise = 0.0
@@ -344,9 +397,11 @@ class Search:
         return {level: [p for p in self.prober.points if p.candidate == candidate.key and p.rate == self.rates[level]
                         and p.level != "remeasure"] for level in LEVELS}
 
-    def _holds(self, candidate: Candidate) -> bool:
+    def _holds(self, candidate: Candidate, levels: tuple[str, ...] = LEVELS) -> bool:
         """Met the SLO at every level in every round measured, within ``PEAK_MARGIN`` of it at peak x headroom."""
         for level, points in self._rounds(candidate).items():
+            if level not in levels:
+                continue
             limit = self.slo_ms * (PEAK_MARGIN if level == "headroom" else 1.0)
             if not points or not all(p.meets_slo and p.p99_ms <= limit for p in points):
                 return False
@@ -359,6 +414,9 @@ class Search:
         """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
         round, each measured with fresh arrivals and judged on its own; one that misses is not measured
         further. False when the time budget ended the rounds."""
+        for candidate in candidates:  # the next by capacity may not have been measured at low traffic yet
+            if self._level_point(candidate, "low") is None and self._holds(candidate, ("headroom", "peak")):
+                self.meets_low(candidate)  # (only where the busy levels leave it a chance to hold)
         for _ in range(CONFIRM_ROUNDS - 1):
             for candidate in candidates:
                 for level in ("headroom", "peak", "low"):
