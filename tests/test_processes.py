@@ -663,6 +663,27 @@ def test_a_python_stub_declared_unhealthy_is_reloaded_once_and_only_a_second_fai
     assert left == []  # every try's model unloaded
 
 
+def starve_the_stub(server: TritonServer, instance: bytes, stopped: list[int]) -> None:
+    """Stop the first Python stub of ``instance`` (its command line names it: "slow_0_0") for 8 s, 1.5 s into
+    its initialize(), longer than Triton's 5 s health window; record its pid in ``stopped``. Only the stub's
+    starvation is simulated: the server, its wait and the stub are real."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        # the instance's stub (the one that runs initialize(); an auto-complete stub comes first)
+        stubs = [pid for pid, (_, program) in descendants(server.pid).items()
+                 if "python_backend_stub" in program and instance in _cmdline(pid)]
+        if stubs:
+            time.sleep(1.5)  # inside initialize()
+            start = _start_time(stubs[0])
+            os.kill(stubs[0], signal.SIGSTOP)
+            stopped.append(stubs[0])
+            time.sleep(8)
+            if start is not None and _start_time(stubs[0]) == start:
+                os.kill(stubs[0], signal.SIGCONT)
+            return
+        time.sleep(0.05)
+
+
 def test_a_stub_triton_would_wait_for_forever_is_killed_and_its_load_fails_instead_of_never_ending(tmp_path):
     """Triton 2.51 gives up on a Python stub that misses its health check while initializing, but then waits
     for it to exit, and it never does: the load never ends (seen on a saturated host beside vLLM engine
@@ -677,25 +698,7 @@ def test_a_stub_triton_would_wait_for_forever_is_killed_and_its_load_fails_inste
     server.engine_sweep_s, server.stuck_stub_wait_s = 0.5, 2.0
     with server, TritonClient(server.url) as client:
         stopped: list[int] = []
-
-        def starve_the_stub() -> None:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                # the instance's stub (the one that runs initialize(): "slow_0_0"; an auto-complete stub comes first)
-                stubs = [pid for pid, (_, program) in descendants(server.pid).items()
-                         if "python_backend_stub" in program and b"slow_0_0" in _cmdline(pid)]
-                if stubs:
-                    time.sleep(1.5)  # inside initialize()
-                    start = _start_time(stubs[0])
-                    os.kill(stubs[0], signal.SIGSTOP)
-                    stopped.append(stubs[0])
-                    time.sleep(8)
-                    if start is not None and _start_time(stubs[0]) == start:
-                        os.kill(stubs[0], signal.SIGCONT)
-                    return
-                time.sleep(0.05)
-
-        starver = threading.Thread(target=starve_the_stub, daemon=True)
+        starver = threading.Thread(target=starve_the_stub, args=(server, b"slow_0_0", stopped), daemon=True)
         starver.start()
         started = time.monotonic()
         with pytest.raises(ModelLoadError) as failed:
@@ -707,6 +710,32 @@ def test_a_stub_triton_would_wait_for_forever_is_killed_and_its_load_fails_inste
         assert "trm: killed Python stub" in server.log_path.read_text()
         client.load("slow")  # the server was not left waiting
         assert client.is_model_ready("slow")
+
+
+def test_a_candidate_whose_stub_stalled_while_loading_is_loaded_once_more_and_answers(tmp_path):
+    """The promotion gates' load (``LoadedCandidates``) on a host that stalls a stub for longer than Triton's
+    health window while it initializes: Triton fails the load with "Stub process ... is not healthy" (seen
+    once in CI, in an eval gate's warm-up). The load is made once more, the model answers, the first
+    failure is kept, and nothing stays loaded after."""
+    from repo_manager.ops.verify import Candidate, LoadedCandidates
+
+    (tmp_path / "model.py").write_text(SLOW_MODEL_PY.format(load_s=3.0, execute_s=0.0))
+    config = cfg.build_config("stalled", "python", [cfg.TensorSpec("X", "FP32", (2,))],
+                              [cfg.TensorSpec("Y", "FP32", (2,))], True,
+                              cfg.ConfigOptions(max_batch_size=4, instance_count=1, warmup=False))
+    (tmp_path / "repo").mkdir()
+    server = TritonServer(tmp_path / "repo")
+    server.engine_sweep_s, server.stuck_stub_wait_s = 0.5, 2.0
+    with server, TritonClient(server.url) as client:
+        stopped: list[int] = []
+        starver = threading.Thread(target=starve_the_stub, args=(server, b"-stalled_0_0", stopped), daemon=True)
+        starver.start()
+        with LoadedCandidates(client, [Candidate("stalled", config, {"model.py": tmp_path / "model.py"})]) as loaded:
+            answer = client.infer(loaded.names["stalled"], {"X": np.ones((1, 2), np.float32)})
+            assert answer["Y"].tolist() == [[1.0, 1.0]]
+            assert stopped and len(loaded.reloaded_after) == 1 and "is not healthy" in loaded.reloaded_after[0]
+        starver.join(30)
+        assert not [e for e in client.repository_index() if e.get("state") == "READY"]
 
 
 def test_a_python_model_with_custom_metrics_unloads_without_crashing_its_stub(tmp_path):

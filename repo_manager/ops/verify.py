@@ -29,7 +29,7 @@ import numpy as np
 from repo_manager.adapters.repository import block_bytecode_cache
 from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.core import config as cfg
-from repo_manager.core.errors import TrmError, VerificationError
+from repo_manager.core.errors import ModelLoadError, TrmError, VerificationError
 from repo_manager.core.localized import install_file, localized_paths, stored_form
 
 Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -104,6 +104,11 @@ class LoadedCandidates:
 
     With ``repository`` (the server's own model repository folder) the candidates are written there and
     loaded by name; otherwise they are sent as file overrides.
+
+    A load that Triton failed because a Python stub was declared unhealthy (``STUB_DECLARED_UNHEALTHY``: a
+    stub stalled by its host for a second during its initialize or warm-up, or one that died there) is made
+    once more: a stalled stub's model loads then, a dying one fails again, and that failure is the error.
+    ``reloaded_after`` keeps the first failure.
     """
 
     def __init__(self, client: TritonClient, candidates: list[Candidate], repository: Path | None = None) -> None:
@@ -112,6 +117,7 @@ class LoadedCandidates:
         self.repository = repository
         self.names = temporary_names([c.name for c in candidates])
         self._loaded: list[str] = []
+        self.reloaded_after: list[str] = []
 
     def __enter__(self) -> LoadedCandidates:
         try:
@@ -120,16 +126,31 @@ class LoadedCandidates:
                 config = _renamed(candidate.config, self.names)
                 if self.repository is not None:
                     write_candidate(self.repository / temp, config, candidate.files, candidate.model_files)
-                    self.client.load(temp)
+                    self._load(temp)
                 else:
                     files = {f"1/{rel}": Path(path).read_bytes() for rel, path in candidate.files.items()}
                     files.update(candidate.model_files)
-                    self.client.load(temp, config, files or None)
+                    self._load(temp, config, files or None)
                 self._loaded.append(temp)
         except BaseException:  # not a staging folder: __exit__ never runs when __enter__ fails, so unload here
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _load(self, name: str, config: cfg.ModelConfig | None = None, files: dict[str, bytes] | None = None) -> None:
+        try:
+            self.client.load(name, config, files)
+        except ModelLoadError as exc:
+            if not STUB_DECLARED_UNHEALTHY.search(exc.message):
+                raise
+            self.reloaded_after.append(exc.message)
+            try:
+                self.client.load(name, config, files)
+            except ModelLoadError as again:
+                raise ModelLoadError(f"{again.message} (the same happened on a first try)" if
+                                     STUB_DECLARED_UNHEALTHY.search(again.message) else
+                                     f"{again.message} (on a second try: the first failed with {exc.message})",
+                                     hint=again.hint, **again.facts) from again
 
     def __exit__(self, *exc: object) -> None:
         for temp in reversed(self._loaded):
