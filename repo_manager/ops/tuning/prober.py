@@ -41,6 +41,10 @@ MAX_POINT_S = 8.0
 """A point is ``requests`` requests but at most this many seconds of traffic (and at least 300 requests):
 at a low rate a longer point is the search's largest cost (at 50/s, 15 s a point made the low-traffic
 points half of a 300 s search), and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds."""
+WARM_CONFIG_WARMUP = 0.5
+"""Share of the warm-up a point gets when its config was measured just before (no load in between): the
+connections and the model's first batches are warm, only the new rate's queue has to settle (tens of
+milliseconds at the rates a search measures)."""
 PROFILE_REQUESTS = 8
 """Requests per profiled batch size, at least (and at least ``PROFILE_MEASURE_S`` of them)."""
 PROFILE_WARMUP_S = 0.2
@@ -175,16 +179,19 @@ class Prober:
             for done in self.points:
                 if done.candidate == candidate.key and done.rate == rate and done.level not in REPEATED:
                     return done
+        loaded_before = self.loaded
         if not self.load(candidate):
             point = Point(candidate.key, level, rate, False, True, None,
                           f"did not load: {self.load_errors[candidate.key]}")
             self.points.append(point)
             return point
+        # a config just loaded runs its first batches in the whole warm-up; one measured just before is warm
+        warmup_s = self.warmup_s if self.loaded != loaded_before else self.warmup_s * WARM_CONFIG_WARMUP
         self.say(f"{level} {rate:.0f}/s: {candidate.label}")
         # far more requests in flight than the SLO allows means the server fell behind: stop early (but
         # not on a hiccup of a shared machine: allow half a second of traffic, or ten SLOs' worth)
         in_flight = max(64, int(rate * max(0.5, self.slo_ms / 100.0)))
-        spec = LoadSpec(rate=rate, requests=self.point_count(rate), warmup_s=self.warmup_s,
+        spec = LoadSpec(rate=rate, requests=self.point_count(rate), warmup_s=warmup_s,
                         seed=len(self.points), max_in_flight=in_flight)
         result = self._measure(spec)
         note = ""
