@@ -200,6 +200,15 @@ def test_low_traffic_is_measured_only_for_the_structure_whose_delay_is_searched_
     measured = {p.candidate for p in prober.points}
     assert {"b4-i2-d0", "b16-i2-d0"} <= measured  # measured at the busy levels and climbed, all the same
     assert outcome.evidence["rounds"].startswith("held")
+    b16 = outcome.evaluation("b16-i2-d0")  # the record keeps its climb, and says low was not measured
+    assert b16.capacity_rps == 600.0 and b16.levels["low"] is None and not b16.eligible
+    from repo_manager.ops.tuning.report import _meets
+
+    def row(evaluation):  # as the record has it (the recorded points have no measurement to write)
+        return {"eligible": evaluation.eligible, "levels": {level: p and {"meets_slo": p.meets_slo}
+                                                            for level, p in evaluation.levels.items()}}
+    assert _meets(row(b16)) == "peak and headroom (low not measured)"
+    assert _meets(row(outcome.evaluation("b8-i2-d0"))) == "yes"
 
 
 def test_a_contender_that_misses_the_slo_at_low_traffic_leaves_the_choice_to_the_next():

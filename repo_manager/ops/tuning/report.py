@@ -47,6 +47,15 @@ def markdown_table(rows: list[list[str]], columns: tuple[str, ...] = COLUMNS) ->
     return "\n".join(lines)
 
 
+def _meets(evaluation: dict[str, Any]) -> str:
+    """The "meets every level" cell: yes, no, or the busy levels when low traffic was not measured."""
+    if evaluation["eligible"]:
+        return "yes"
+    levels = evaluation["levels"]
+    busy = all(levels.get(level) and levels[level]["meets_slo"] for level in ("headroom", "peak"))
+    return "peak and headroom (low not measured)" if busy and levels.get("low") is None else "no"
+
+
 def render_markdown(record: dict[str, Any], points: list[Point]) -> str:
     slo = record["slo"]
     out = [f"# Batching tuning of `{record['model']}`", "",
@@ -56,14 +65,15 @@ def render_markdown(record: dict[str, Any], points: list[Point]) -> str:
     out += headline(record)
     out += overload_section(record.get("overload"), slo["p99_ms"])
     out += ["", "## Candidates", "",
-            markdown_table([[e["key"], e["origin"], "yes" if e["eligible"] else "no",
+            markdown_table([[e["key"], e["origin"], _meets(e),
                              f"{e['capacity_rps']:.0f}" if e["capacity_rps"] else "-",
                              ", ".join(f"{lvl}: {'-' if p is None else _ms(p['p99_ms'])}"
                                        for lvl, p in e["levels"].items()), e.get("capacity_note", "")]
                             for e in record["candidates"]],
                            ("candidate", "origin", "meets every level", "capacity/s", "p99 ms by level", "note")),
             "", "A level shown as `-` was not measured: the candidate had already missed the SLO at a "
-                "harder level (levels run headroom, peak, low).", "",
+                "harder level (levels run headroom, peak), or, at low traffic, it was not within one ladder "
+                "step of the best capacity, where low traffic could decide.", "",
             "## Every measured point", "", markdown_table([point_row(p) for p in points]), ""]
     if record["pruned"]:
         out += ["## Pruned without measuring", "",

@@ -72,7 +72,7 @@ class Evaluation:
     candidate: Candidate
     levels: dict[str, Point | None]
     capacity_rps: float | None
-    """Largest ladder rate that met the SLO (None: not eligible)."""
+    """Largest ladder rate that met the SLO (None: it missed a level, or was not climbed)."""
     capacity_note: str = ""
 
     @property
@@ -461,5 +461,8 @@ class Search:
         evaluation = Evaluation(candidate, levels, None)
         if evaluation.eligible:
             return Evaluation(candidate, levels, self.capacity.get(candidate.key, self.rates["headroom"]),
+                              self.capacity_notes.get(candidate.key, ""))
+        if levels["low"] is None and candidate.key in self.capacity:  # climbed, no contender: low not measured
+            return Evaluation(candidate, levels, self.capacity[candidate.key],
                               self.capacity_notes.get(candidate.key, ""))
         return evaluation
