@@ -383,3 +383,20 @@ def test_no_fallback_is_written_when_the_policies_tried_shed_normal_traffic():
     assert outcome.chosen is None and outcome.fallback is None and outcome.fallback_summary() == ""
     assert len(search.normal_checked) == 2  # the two closest, no more
     assert outcome.to_dict()["fallback"] is None
+
+
+def test_a_policy_tried_on_a_simpler_structure_is_never_written_as_the_fallback():
+    """Without a held policy, only one on the batching choice itself may be written: every try here missed,
+    those on the chosen max batch 4 with two instances by more (p99 60 ms) and shedding normal traffic; the
+    closest (54 ms) are on max batch 2 or one instance, which would give away the batching's capacity."""
+    class OnTheBatching:
+        def __contains__(self, key: object) -> bool:
+            return str(key).startswith("b4-i2-d0-")
+
+    worse = {("b4-i2-d0-q19000", 2.0): (60.0, 380.0), ("b4-i2-d0-q19000-m8", 2.0): (60.0, 380.0)}
+    search = RecordedPolicySearch(worse, default=(54.0, 410.0), sheds_normal=OnTheBatching())  # type: ignore[arg-type]
+    outcome = search.run()
+    others = {p.candidate.key for p in outcome.points} - {k for k in search.normal_checked}
+    assert any(not key.startswith("b4-i2-d0-") for key in others)  # simpler structures were tried
+    assert outcome.chosen is None and outcome.fallback is None
+    assert search.normal_checked and all(key.startswith("b4-i2-d0-") for key in search.normal_checked)
