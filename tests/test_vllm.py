@@ -386,8 +386,14 @@ def test_tune_batching_of_the_engine_measures_two_settings_and_writes_the_choice
     assert data["current"]["key"] == f"seqs={MAX_NUM_SEQS} tokens=2048"
     measured = {p["candidate"] for p in data["points"]}
     assert measured == {f"seqs={MAX_NUM_SEQS // 2} tokens=2048", f"seqs={MAX_NUM_SEQS} tokens=2048"}
-    # the served setting is measured without a restart: one start for the other, one to restore
-    assert data["engine_loads"] <= 2
+    # the served setting is measured first, without a restart (the bisection starts at the upper middle); every
+    # change of setting between points is one engine start, and one more restores the served engine. (How many
+    # changes there are follows the measured goodputs: a near tie of 4-request windows can send the low-rate
+    # point back to the served setting, so the count is derived from the order of the points, not fixed.)
+    order = [p["candidate"] for p in data["points"]]
+    assert order[0] == data["current"]["key"]
+    changes = sum(1 for before_, after in zip(order, order[1:]) if before_ != after)
+    assert changes >= 1 and data["engine_loads"] == changes + 1
     chosen = data["chosen"]
     assert {(p["candidate"], p["level"]) for p in data["points"] if p["meets_slo"]} >= \
         {(chosen["key"], "peak"), (chosen["key"], "low")}
