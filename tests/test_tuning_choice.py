@@ -155,10 +155,27 @@ def test_when_no_eligible_candidate_keeps_the_margin_short_queue_delays_are_trie
     search._peak_delays()
     tried = [c for c in search.candidates.values() if c.delay_us > 0]
     room_ms = SLO_MS - 14.1  # the whole SLO's room at low traffic (a full batch of 32 takes 80 ms to arrive)
-    assert sorted(c.delay_us for c in tried) == [int(room_ms * 250), int(room_ms * 500)]
+    # the quarter of the room kept the margin: the half, which would only add low-traffic latency, is not tried
+    assert [c.delay_us for c in tried] == [int(room_ms * 250)]
     assert all(search._met_busy(c) for c in tried) and any("tried queue delays" in n for n in search.notes)
     chosen, _noise, evidence = search._finalists()
     assert chosen in tried and search._holds(chosen) and evidence["rounds"].startswith("held")
+
+
+def test_a_short_delay_that_does_not_bring_peak_x_headroom_within_the_margin_is_measured_no_further():
+    """This machine's run on the check's model: a quarter of the room left p99 at peak x headroom at 20.2 ms
+    (the margin is 20); it was measured at peak, climbed and measured at low traffic all the same (about 20 s)."""
+    room_ms = SLO_MS - 14.1
+    quarter, half = NONE.with_delay(int(room_ms * 250)), NONE.with_delay(int(room_ms * 500))
+    prober = RecordedProber(_traces(none={"headroom": [23.3], "peak": [21.9], "low": [14.1]}), fallback=_with_delay)
+    prober.traces[(quarter.key, RATES["headroom"])] = [SLO_MS * PEAK_MARGIN + 0.2]
+    search = _search(prober, {NONE: 750.0})
+    search._peak_delays()
+    measured = {(p.candidate, p.level) for p in prober.points}
+    assert {level for key, level in measured if key == quarter.key} == {"headroom"}
+    assert {(half.key, "headroom"), (half.key, "peak")} <= measured and search.capacity[half.key] > 0
+    assert quarter.key not in search.capacity and not search._met_busy(quarter)
+    assert any("measured no further" in n for n in search.notes)
 
 
 def test_no_delay_is_tried_when_an_eligible_candidate_already_keeps_the_margin():
@@ -250,8 +267,16 @@ class RecordedPolicySearch:
         from repo_manager.ops.tuning.overload import MIN_GOODPUT, OverloadPoint, PolicySearch
 
         class Search(PolicySearch):
-            def try_policy(self, candidate, factor=None):
+            def try_policy(self, candidate, factor=None, *, normal_first=False):
                 factor = factor or self.factor
+                if normal_first and candidate.key in sheds_normal:  # as PolicySearch.try_policy: no overload run
+                    rate = round(self.capacity * factor, 1)
+                    empty = PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
+                    point = OverloadPoint(candidate, rate, empty, empty, None, False, "sheds",
+                                          sheds_normal_traffic=True, capacity_rps=self.capacity)
+                    self.points.append(point)
+                    self.normal_first.append(candidate.key)
+                    return point
                 p99, goodput = outcomes.get((candidate.key, factor), default) if default else \
                     outcomes[(candidate.key, factor)]
                 rate = round(self.capacity * factor, 1)  # as the search rounds it
@@ -269,7 +294,7 @@ class RecordedPolicySearch:
         prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True)
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
         search = Search(prober, profile, Candidate(4, 2, True, 0), 437.37, slo_ms, 2.0, 150.0, 180.0)
-        search.normal_checked = []
+        search.normal_checked, search.normal_first = [], []
         return search
 
 
@@ -400,3 +425,22 @@ def test_a_policy_tried_on_a_simpler_structure_is_never_written_as_the_fallback(
     assert any(not key.startswith("b4-i2-d0-") for key in others)  # simpler structures were tried
     assert outcome.chosen is None and outcome.fallback is None
     assert search.normal_checked and all(key.startswith("b4-i2-d0-") for key in search.normal_checked)
+
+
+def test_a_timeout_below_the_range_is_first_measured_at_normal_traffic_and_not_driven_into_overload_if_it_sheds():
+    """This machine's run of the tuning check's model under 25 ms: the floor of max batch 4's range (11.3 ms)
+    missed under 2 x capacity by a hair, the queue bound too; the halved timeout and the one between shed
+    normal traffic at peak x headroom (13 % and 4 %), which their overload runs had not needed to show (two
+    runs of 7 s each). Here the stand-in's floor is 18 ms (SLO 50 ms on the per-item model)."""
+    floor = "b4-i2-d0-q18000"
+    below = {"b4-i2-d0-q9000", "b4-i2-d0-q13500"}
+    search = RecordedPolicySearch({(floor, 2.0): (52.0, 400.0), (f"{floor}-m8", 2.0): (51.0, 400.0)},
+                                  sheds_normal=frozenset(below))
+    assert search.timeout_range_ms(Candidate(4, 2, True, 0))[0] == pytest.approx(18.0)
+    search.first_timeout_ms = lambda structure=None: 18.0  # the floor, as 0.7 x a tighter SLO falls below it
+    chosen = search._search_timeout(Candidate(4, 2, True, 0))
+    assert chosen is None
+    tried = [p.candidate.key for p in search.points]
+    assert tried == [floor, floor, f"{floor}-m8", "b4-i2-d0-q9000", "b4-i2-d0-q13500"]  # a near miss: again
+    assert search.normal_first == ["b4-i2-d0-q9000", "b4-i2-d0-q13500"]
+    assert all(p.overload.requests == 0 for p in search.points[3:])  # never driven into overload

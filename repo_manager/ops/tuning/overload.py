@@ -10,7 +10,8 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   requests at normal traffic) and what the SLO leaves once a full batch has run (an accepted request
   waited at most T, then ran in one batch). It starts at ``0.7 * SLO - exec(max_batch) - overhead``
   (within that range) and is bisected: longer when normal traffic is shed, shorter when the accepted p99
-  under overload misses (a near miss is measured once more first);
+  under overload misses (a near miss is measured once more first); a timeout below the range (tried when its
+  floor missed) is measured at normal traffic first and not driven into overload when it sheds there;
 * **max_queue_size as the second bound**: when accepted requests miss the SLO under a timeout, the same
   timeout with a queue of one full batch per instance is tried before a shorter timeout or a simpler
   structure (an accepted request then waits for at most the batch in flight and its own), so the batching
@@ -507,14 +508,16 @@ class PolicySearch:
             if not self._affords_another():
                 return None
             candidate = structure.with_queue_policy(round(timeout * 1000), 0, self.priority_levels)
-            point = self.try_policy(candidate)
+            # below the range's floor the risk is shedding normal traffic near capacity (the batch in flight
+            # is a full one): that is measured first, and a timeout that sheds is not driven into overload
+            point = self.try_policy(candidate, normal_first=timeout < low - 0.05)
             if self._near_miss(point) and self._affords_another():
                 self.notes.append(f"{candidate.key}: near miss (accepted p99 {point.overload.accepted_p99_ms:.1f} ms)"
                                   ", measured again")
                 point = self.try_policy(candidate)
             if point.meets:
                 return candidate
-            if not point.overload.valid:
+            if not point.overload.valid and not point.sheds_normal_traffic:
                 return None  # a longer or shorter timeout cannot fix a client that did not offer the rate
             if point.sheds_normal_traffic:
                 shed_below = timeout
@@ -578,10 +581,12 @@ class PolicySearch:
         )
         return bounded if better else chosen
 
-    def try_policy(self, candidate: Candidate, factor: float | None = None) -> OverloadPoint:
+    def try_policy(self, candidate: Candidate, factor: float | None = None, *,
+                   normal_first: bool = False) -> OverloadPoint:
         """One try of ``candidate``: the overload at ``factor`` x capacity (default: the asked factor), the drop
         back to the peak rate and, when those kept the SLO at the asked factor, normal traffic at peak x
-        headroom."""
+        headroom. With ``normal_first`` normal traffic is measured before the overload, and a policy that sheds
+        it is not driven into overload (its overload figures stay empty)."""
         factor = factor or self.factor
         rate = round(self.capacity * factor, 1)
         empty = PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
@@ -597,6 +602,15 @@ class PolicySearch:
             )
             self.points.append(point)
             return point
+        if normal_first and factor == self.factor:
+            shed = self._normal_traffic(candidate)
+            if shed:
+                point = OverloadPoint(candidate, rate, empty, empty, None, False,
+                                      "; ".join(shed) + " (the overload was not run)", sheds_normal_traffic=True,
+                                      capacity_rps=self.capacity)
+                self.points.append(point)
+                self.prober.say(f"normal traffic shed, overload not run: {candidate.label}")
+                return point
         self.prober.say(f"overload {rate:.0f}/s ({factor:g} x capacity): {candidate.label}")
         trace = self._trace(rate)
         over, rec = trace.phase_stats(OVERLOAD_PHASE, self.slo_ms), trace.phase_stats(RECOVERY_PHASE, self.slo_ms)
@@ -623,7 +637,7 @@ class PolicySearch:
         if recover is None:
             problems.append(f"not recovered {self.recover_s:g} s after the load dropped")
         normal: list[str] = []
-        if not problems and factor == self.factor:
+        if not problems and factor == self.factor and not normal_first:
             normal = self._normal_traffic(candidate)
             problems += normal
         point = OverloadPoint(candidate, rate, over, rec, recover, not problems, "; ".join(problems), trace,
