@@ -589,7 +589,8 @@ def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(
     """A streaming LLM on the drain-swap path: its Triton request counters stand still while its streams run,
     so the agent waits on its engine's running/waiting gauges (at --metrics-url) before the swap. The engine is
     the stand-in of tests/vllm_metrics_model.py (a decoupled Python model with vLLM's interface and gauges);
-    two 15-second streams are in flight when the pointer moves."""
+    two streams are in flight when the pointer moves, held before their last token until the agent says it is
+    waiting for them (a file the test writes: no stream length races the agent's sync)."""
     import threading
 
     from agent_helpers import AgentProcess
@@ -601,11 +602,11 @@ def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(
     from repo_manager.core.settings import Settings
     from repo_manager.ops.publish import publish_model
 
-    src, location = tmp_path / "src", str(tmp_path / "store")
+    src, location, hold = tmp_path / "src", str(tmp_path / "store"), tmp_path / "streams-may-end"
     settings = Settings(repository=src)
     for _ in (1, 2):
-        publish_model(settings, write_engine_stand_in(tmp_path / "engine", "chat", first_ms=20, next_ms=100, slots=2),
-                      "chat", verify_model=False)
+        publish_model(settings, write_engine_stand_in(tmp_path / "engine", "chat", first_ms=20, next_ms=100, slots=2,
+                                                      hold=hold), "chat", verify_model=False)
     pushed = run_cli(capsys, "push", location, "--repo", src, "--model", "chat", "--json")
     assert pushed.code == 0, pushed.err
     open_store(location).update_env("production", {"chat": 1})
@@ -617,24 +618,31 @@ def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(
         try:
             agent.wait_serving({"chat": 1})
             results = []
-            load = LLMLoad(concurrency=2, requests=2, input_tokens=Lengths(4), output_tokens=Lengths(150),
-                           timeout_s=120)
+            load = LLMLoad(concurrency=2, requests=2, input_tokens=Lengths(4), output_tokens=Lengths(20),
+                           timeout_s=300)
             streams = threading.Thread(target=lambda: results.append(run_llm(Target("chat", server.url), load)))
             streams.start()
-            # both streams running on version 1 (each lasts 15 s), as the engine stand-in's own gauge says
+            # both streams running on version 1, as the engine stand-in's own gauge says
             deadline = time.monotonic() + 60  # a hang detector
             while _running_streams(server.endpoints.metrics, "chat", "1") < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert _running_streams(server.endpoints.metrics, "chat", "1") == 2
             open_store(location).update_env("production", {"chat": 2})
+            deadline = time.monotonic() + 180  # a hang detector: the agent's poll, sync and drain slot
+            while "waiting for streams in flight" not in agent.log_tail(200) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            hold.touch()  # the agent read its gauges: the streams may end now
             agent.wait_serving({"chat": 2}, timeout=120)
             streams.join(timeout=120)
             log = agent.log_tail(200)
         finally:
+            hold.touch()  # (a failure above leaves no stream held)
             agent.stop()
     (result,) = results
     assert result.failed == 0 and result.broken == 0 and set(result.outcomes) == {"complete"}, result.error_samples
     assert set(result.answered_by) == {1}
+    waiting = [line for line in log.splitlines() if "waiting for streams in flight" in line]
+    assert waiting and "2 in flight" in waiting[-1], log
     waited = [line for line in log.splitlines() if "waited for streams in flight" in line]
     assert waited and "2 stream(s) in flight finished" in waited[-1], log
 

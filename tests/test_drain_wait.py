@@ -54,11 +54,23 @@ def test_a_failed_scrape_during_the_drain_does_not_end_it(metrics):
     assert drained.text.startswith("2 stream(s) in flight finished")
 
 
-def test_gauges_unreadable_from_the_start_do_not_wait_and_say_so(metrics):
-    url, script, _ = metrics
+def test_gauges_unreadable_for_the_first_reads_window_do_not_wait_and_say_so(metrics):
+    url, script, served = metrics
     script += [None]
-    drained = wait_drained(url, "chat", (1,), timeout_s=120, poll_s=0.01)
-    assert drained.left is None and "not readable" in drained.text
+    began = []
+    drained = wait_drained(url, "chat", (1,), timeout_s=120, poll_s=0.01, first_read_s=0.3, began=began.append)
+    assert drained.left is None and "not readable" in drained.text and served[0] >= 2 and began == []
+
+
+def test_a_first_scrape_that_fails_is_tried_again_and_the_wait_begins_on_the_first_reading(metrics):
+    """One slow scrape of a busy node at the start had ended the wait before it began ("not readable"), and
+    the version was unloaded under its streams."""
+    url, script, _ = metrics
+    script += [None, None, _gauges(2), _gauges(1), _gauges(0)]
+    began = []
+    drained = wait_drained(url, "chat", (1,), timeout_s=120, poll_s=0.01, began=began.append)
+    assert began == [2] and (drained.left, drained.first) == (0, 2)
+    assert drained.text.startswith("2 stream(s) in flight finished")
 
 
 def test_streams_that_never_end_are_left_at_the_timeout(metrics):

@@ -82,7 +82,7 @@ def test_open_loop_counts_a_stream_that_errors_mid_way_as_broken(server, protoco
     assert any("engine failed after 2 tokens" in text for text in result.error_samples)
     assert result.output_tokens.count == 2 and result.output_tokens.max == 4  # only complete streams count
     assert list(result.output_token_counts) == [4, 2, 4, 2]  # and how far each broken one got
-    assert 0 <= result.send_lag_p95_ms < 1000
+    assert result.send_lag_p95_ms >= 0  # measured (its size is this machine's speed, not the behaviour)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

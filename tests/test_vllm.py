@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from llm_checkpoints import causal_lm
@@ -162,6 +163,11 @@ def test_publish_verified_generation_against_transformers_and_recorded_it(publis
     assert args["model"] == str((published / "tiny" / "1").resolve()) and args["max_model_len"] == 128
 
 
+def _count(value: Any) -> int:
+    """A count as the generate endpoint answers it: a number, or a one-element list."""
+    return int(value[0] if isinstance(value, list) else value)
+
+
 def test_http_generate_and_generate_stream_equal_transformers_greedy(served, checkpoint):
     for prompt in PROMPTS:
         ids, text = _reference(checkpoint, prompt)
@@ -175,7 +181,9 @@ def test_http_generate_and_generate_stream_equal_transformers_greedy(served, che
         status, answer = _post(f"{served.url}/v2/models/tiny/generate_stream", {**body, "stream": True})
         assert status == 200, answer
         events = [json.loads(line[5:]) for line in answer.splitlines() if line.startswith("data:")]
-        assert len(events) == TOKENS  # one response per engine output
+        # one response per engine output, and each carries the tokens it added: vLLM merges the outputs of
+        # steps a slow reader has not collected yet, so a stalled stub gets fewer responses, never fewer tokens
+        assert 1 <= len(events) <= TOKENS and sum(_count(e["num_output_tokens"]) for e in events) == TOKENS
         assert "".join(e["text_output"] for e in events) == text
         assert [int(next(iter(entry))) for e in events for entry in json.loads(e["logprobs"])] == ids
 
@@ -191,7 +199,7 @@ def test_trm_infer_streams_the_generated_text(served, checkpoint):
                   "--url", served.url)
     data = json.loads(result.stdout)["generations"][0]
     assert data["num_input_tokens"] == 2 and 1 <= data["num_output_tokens"] <= TOKENS
-    assert data["ttft_s"] > 0 and data["responses"] == data["num_output_tokens"]
+    assert data["ttft_s"] > 0 and 1 <= data["responses"] <= data["num_output_tokens"]  # (merged steps: fewer)
 
 
 @pytest.mark.parametrize("parameters, message", [
@@ -372,11 +380,12 @@ def test_tune_batching_of_the_engine_measures_two_settings_and_writes_the_choice
     version_1 = published / "tiny" / "1" / "model.json"
     before = version_1.read_bytes()
     report = tmp_path / "report"
-    # two settings (the served max_num_seqs and half of it), short windows, SLOs every setting meets here by far
-    # (the tiny engine's TTFT is well under a second); they also bound a stream that never ends to 4 x what they
-    # allow (114 s), so that a stuck stream fails the test with its record instead of hanging it
+    # two settings (the served max_num_seqs and half of it), short windows, SLOs only a hang can miss (the tiny
+    # engine's TTFT is well under a second: the search's verdicts are not what this test is about, they are tested
+    # on recorded points in test_tuning_llm_search.py); they also bound a stream that never ends to 4 x what they
+    # allow (402 s), so that a stuck stream fails the test with its record instead of hanging it
     result = _trm("--json", "tune-batching", "tiny", "--repo", published, "--url", served.url,
-                  "--ttft-p99-ms", "20000", "--itl-p99-ms", "2000", "--low-rps", "1", "--peak-rps", "2",
+                  "--ttft-p99-ms", "60000", "--itl-p99-ms", "10000", "--low-rps", "1", "--peak-rps", "2",
                   "--max-num-seqs", f"{MAX_NUM_SEQS // 2},{MAX_NUM_SEQS}", "--max-num-batched-tokens", "2048",
                   "--requests", "4", "--input-tokens", "4", "--output-tokens", "4", "--write", "--report", report,
                   timeout=1400)
@@ -431,6 +440,7 @@ def test_sigkill_of_tritonserver_leaves_no_engine_process_and_the_next_start_fre
     assert list(registry.glob("*.json")) == []
 
 
+@pytest.mark.timeout(1200)  # waits up to 900 s for the engine to start (minutes on a busy CPU)
 def test_sigkill_of_trm_during_verification_leaves_no_engine_and_no_version(checkpoint, registry, tmp_path,
                                                                             monkeypatch):
     from repo_manager.adapters.triton.server import TritonServer

@@ -32,7 +32,7 @@ from repo_manager.adapters.loadgen.llm import Lengths, LLMLoad, LLMResult, run_l
 from repo_manager.adapters.loadgen.measure import Target
 from repo_manager.adapters.triton.client import TritonClient
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                    reason="vLLM is not installed (scripts/setup.sh installs it)")]
 
 LOAD = LLMLoad(concurrency=3, requests=6, input_tokens=Lengths(6), output_tokens=Lengths(96), timeout_s=600)
@@ -85,6 +85,12 @@ class _Streams(threading.Thread):
             self.error = exc
 
 
+def _sent_after(streams: _Streams, moment: float) -> bool:
+    """A finished batch all of whose streams were sent after ``moment`` (this process's perf_counter): the batch
+    running at ``moment`` may have sent its streams before it."""
+    return any(len(b.sent_at) and float(b.sent_at.min()) > moment for b in list(streams.results))
+
+
 def _p99(values: list[float]) -> float:
     return round(float(np.nanpercentile(values, 99)), 1) if values else float("nan")
 
@@ -118,8 +124,7 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
                   server.endpoints.grpc, "--metrics-url", server.endpoints.metrics, "--repo", repo,
                   "--no-precheck", env=env)
     ended = time.perf_counter()
-    after = len(streams.results)
-    while len(streams.results) < after + 1 and streams.error is None and streams.is_alive():
+    while not _sent_after(streams, ended) and streams.error is None and streams.is_alive():
         time.sleep(0.5)  # one whole batch sent after the rollout ended
     streams.stop.set()
     streams.join(timeout=600)
@@ -174,7 +179,7 @@ def test_rollout_under_long_streams_breaks_none_and_drains_the_old_version(repo,
     from repo_manager.adapters.engines import has_dead_engine
     from repo_manager.adapters.triton.server import ENGINE_SWEEP_S
 
-    deadline = time.monotonic() + 3 * ENGINE_SWEEP_S + 30
+    deadline = time.monotonic() + max(300, 3 * ENGINE_SWEEP_S + 30)  # a hang detector: a sweep takes seconds
     while (has_dead_engine(registry) or len(list(registry.glob("*.json"))) != 1) and time.monotonic() < deadline:
         time.sleep(0.5)
     records = [json.loads(p.read_text()) for p in registry.glob("*.json")]
@@ -232,8 +237,7 @@ def test_agent_promotion_under_long_streams_breaks_none_and_unloads_the_old_vers
         open_store(store).update_env("production", {"tiny": 3})
         agent.wait_serving({"tiny": 3}, timeout=900)
         ended = time.perf_counter()
-        after = len(streams.results)
-        while len(streams.results) < after + 1 and streams.error is None and streams.is_alive():
+        while not _sent_after(streams, ended) and streams.error is None and streams.is_alive():
             time.sleep(0.5)  # one whole batch sent after the agent converged
         streams.stop.set()
         streams.join(timeout=600)

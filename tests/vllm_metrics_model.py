@@ -20,6 +20,7 @@ from stream_model import CONFIG
 
 MODEL_PY = '''
 import json
+import os
 import threading
 import time
 
@@ -38,9 +39,12 @@ class TritonPythonModel:
         self.first = value("first_ms", 20.0) / 1000.0
         self.next = value("next_ms", 10.0) / 1000.0
         self.slots = int(value("slots", 1))
-        self.free = threading.Semaphore(self.slots)
+        self.hold = params.get("hold_file", {}).get("string_value") or None
         self.lock = threading.Lock()
+        self.handed = threading.Condition(self.lock)
         self.running = self.waiting = 0
+        self.granted = 0
+        """Slots handed over to waiting requests and not yet taken (``_release``)."""
         labels = {"model": args["model_name"], "version": args["model_version"]}
         family = pb.MetricFamily
         self.families = []
@@ -65,13 +69,34 @@ class TritonPythonModel:
             self.__dict__.pop(name, None)
         self.families = []
 
-    def _count(self, running=0, waiting=0):
-        with self.lock:
-            self.running += running
-            self.waiting += waiting
-            self.running_gauge.set(float(self.running))
-            self.waiting_gauge.set(float(self.waiting))
-            self.kv.set(self.running / self.slots)
+    def _gauges(self):  # (under self.lock)
+        self.running_gauge.set(float(self.running))
+        self.waiting_gauge.set(float(self.waiting))
+        self.kv.set(self.running / self.slots)
+
+    def _acquire(self):
+        with self.handed:
+            if self.running < self.slots and not self.waiting:
+                self.running += 1
+                self._gauges()
+                return
+            self.waiting += 1
+            self._gauges()
+            while not self.granted:
+                self.handed.wait()
+            self.granted -= 1
+
+    def _release(self):
+        """A finished request hands its slot straight to a waiting one, as an engine's scheduler does: the
+        gauges never show a free slot while requests wait (a scrape in between would read running 0)."""
+        with self.handed:
+            if self.waiting:
+                self.waiting -= 1
+                self.granted += 1
+                self.handed.notify()
+            else:
+                self.running -= 1
+            self._gauges()
 
     def execute(self, requests):
         for request in requests:
@@ -84,9 +109,7 @@ class TritonPythonModel:
         tensor = pb.get_input_tensor_by_name(request, "sampling_parameters")
         sampling = json.loads(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else {}
         max_tokens = int(sampling.get("max_tokens", 16))
-        self._count(waiting=1)
-        self.free.acquire()
-        self._count(running=1, waiting=-1)
+        self._acquire()
         try:
             with self.lock:  # one metric call at a time, as vLLM's single stat logger makes them
                 self.prompt.increment(float(len(prompt.split())))
@@ -102,23 +125,30 @@ class TritonPythonModel:
                     self.generation.increment(1.0)
                 last_at = now
                 last = i == max_tokens - 1
+                if last and self.hold and max_tokens > 16:  # the test says when its streams end (a file)
+                    deadline = time.monotonic() + 600
+                    while not os.path.exists(self.hold) and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 out = [pb.Tensor("text_output", np.array([f" t{i}".encode()], dtype=np.object_)),
                        pb.Tensor("num_output_tokens", np.array([1], dtype=np.uint32))]
                 sender.send(pb.InferenceResponse(output_tensors=out), flags=FINAL if last else 0)
             with self.lock:
                 self.e2e.observe(time.monotonic() - arrived)
         finally:
-            self._count(running=-1)
-            self.free.release()
+            self._release()
 '''
 
 
 def write_engine_stand_in(folder: Path, name: str = "chat", *, first_ms: float = 20.0, next_ms: float = 20.0,
-                          slots: int = 1) -> Path:
-    """A source folder (model.py + config.pbtxt) of the stand-in that `trm publish model` accepts."""
+                          slots: int = 1, hold: Path | None = None) -> Path:
+    """A source folder (model.py + config.pbtxt) of the stand-in that `trm publish model` accepts. ``hold``: a
+    file every stream of more than 16 tokens waits for before its last token (at most 10 minutes), so a test
+    decides when they end (a smoke check's request, 16 tokens by default, is not held)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(MODEL_PY)
     config = CONFIG.format(name=name, first_ms=first_ms, next_ms=next_ms)
-    slots_line = f'parameters {{ key: "slots" value {{ string_value: "{slots}" }} }}\n'
-    (folder / "config.pbtxt").write_text(config + slots_line)
+    config += f'parameters {{ key: "slots" value {{ string_value: "{slots}" }} }}\n'
+    if hold is not None:
+        config += f'parameters {{ key: "hold_file" value {{ string_value: "{hold}" }} }}\n'
+    (folder / "config.pbtxt").write_text(config)
     return folder

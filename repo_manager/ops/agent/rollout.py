@@ -152,8 +152,11 @@ class LocalRollout:
         with self.client() as client:
             served = served_versions(client, models)
             for model in [m for m in models if served[m] and self._streams(m, max(served[m]))]:
-                drained = streams.wait_drained(streams.metrics_url_for(self.url, self.metrics_url), model,
-                                               served[model], max(0.0, deadline - time.monotonic()))
+                drained = streams.wait_drained(
+                    streams.metrics_url_for(self.url, self.metrics_url), model, served[model],
+                    max(0.0, deadline - time.monotonic()),
+                    began=lambda first, model=model: self.log("waiting for streams in flight", model=model,
+                                                              detail=f"{first} in flight"))
                 self.log("waited for streams in flight", model=model, detail=drained.text)
             while time.monotonic() < deadline:
                 total = 0

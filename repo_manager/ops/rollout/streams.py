@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,10 @@ DEFAULT_METRICS_PORT = 8002
 QUIET_S = 0.5
 """Gauges at zero for this long (two reads) count as drained: a request between Triton and the engine is
 not counted by them for a moment."""
+FIRST_READ_S = 10.0
+"""How long the first reading of the gauges is tried (within the drain's timeout): one slow scrape of a busy
+node must not end the wait before it began, and an endpoint that never answers must not hold a rollout for
+the whole timeout."""
 
 
 def planned_memory(manifest: Manifest) -> tuple[int, int] | None:
@@ -98,14 +103,21 @@ class Drained:
 
 
 def wait_drained(metrics_url: str, model: str, versions: tuple[int, ...], timeout_s: float,
-                 *, poll_s: float = 0.25) -> Drained:
-    """Until the engines of ``versions`` have had no request for QUIET_S, or ``timeout_s``. The gauges not
-    readable at the start: no wait (left None); a reading that fails later: the last one stands, and the
-    wait goes on."""
+                 *, poll_s: float = 0.25, first_read_s: float = FIRST_READ_S,
+                 began: Callable[[int], None] | None = None) -> Drained:
+    """Until the engines of ``versions`` have had no request for QUIET_S, or ``timeout_s``. The first reading is
+    tried for up to ``first_read_s``; the gauges still not readable: no wait (left None); a reading that fails
+    later: the last one stands, and the wait goes on. ``began`` is called with the first reading."""
     started = time.monotonic()
-    first = count = in_flight(metrics_url, model, versions)
-    if count is None:
-        return Drained(0.0, None, None)
+    first = in_flight(metrics_url, model, versions)
+    while first is None and time.monotonic() - started + poll_s < min(timeout_s, first_read_s):
+        time.sleep(poll_s)
+        first = in_flight(metrics_url, model, versions)
+    if first is None:
+        return Drained(time.monotonic() - started, None, None)
+    count = first
+    if began is not None:
+        began(first)
     quiet_since: float | None = None
     while True:
         now = time.monotonic()
