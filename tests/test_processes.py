@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -53,15 +55,18 @@ class TritonPythonModel:
 '''
 
 
+def slow_config(name: str) -> cfg.ModelConfig:
+    """The config of ``SLOW_MODEL_PY``: X and Y FP32 [2], max batch 4, one instance, no warm-up."""
+    return cfg.build_config(name, "python", [cfg.TensorSpec("X", "FP32", (2,))], [cfg.TensorSpec("Y", "FP32", (2,))],
+                            True, cfg.ConfigOptions(max_batch_size=4, instance_count=1, warmup=False))
+
+
 def slow_model(repo_root: Path, name: str = "slow", *, load_s: float = 0.0, execute_s: float = 0.0) -> None:
     """A Python model that sleeps while loading and while answering, and says when it starts each."""
     def build(repo, _name: str) -> list[Staged]:
         staging = repo.stage(name)
         (staging / "model.py").write_text(SLOW_MODEL_PY.format(load_s=load_s, execute_s=execute_s))
-        config = cfg.build_config(name, "python", [cfg.TensorSpec("X", "FP32", (2,))],
-                                  [cfg.TensorSpec("Y", "FP32", (2,))], True,
-                                  cfg.ConfigOptions(max_batch_size=4, instance_count=1, warmup=False))
-        return [Staged(name, staging, config, {"kind": "test"})]
+        return [Staged(name, staging, slow_config(name), {"kind": "test"})]
 
     run_publish(Settings(repository=repo_root), name, build, verify_model=False)
 
@@ -684,6 +689,23 @@ def starve_the_stub(server: TritonServer, instance: bytes, stopped: list[int]) -
         time.sleep(0.05)
 
 
+@contextmanager
+def starving(repo: Path, instance: bytes) -> Iterator[tuple[TritonServer, TritonClient, list[int]]]:
+    """A server on ``repo`` that kills a stuck stub after 2 s, and a thread that starves ``instance``'s first stub
+    (``starve_the_stub``); yields (server, client, the stopped stub's pid once it is stopped). The thread is
+    joined on the way out."""
+    server = TritonServer(repo)
+    server.engine_sweep_s, server.stuck_stub_wait_s = 0.5, 2.0
+    with server, TritonClient(server.url) as client:
+        stopped: list[int] = []
+        starver = threading.Thread(target=starve_the_stub, args=(server, instance, stopped), daemon=True)
+        starver.start()
+        try:
+            yield server, client, stopped
+        finally:
+            starver.join(30)
+
+
 def test_a_stub_triton_would_wait_for_forever_is_killed_and_its_load_fails_instead_of_never_ending(tmp_path):
     """Triton 2.51 gives up on a Python stub that misses its health check while initializing, but then waits
     for it to exit, and it never does: the load never ends (seen on a saturated host beside vLLM engine
@@ -694,17 +716,11 @@ def test_a_stub_triton_would_wait_for_forever_is_killed_and_its_load_fails_inste
     from repo_manager.core.errors import ModelLoadError
 
     slow_model(tmp_path / "repo", load_s=6.0)
-    server = TritonServer(tmp_path / "repo")
-    server.engine_sweep_s, server.stuck_stub_wait_s = 0.5, 2.0
-    with server, TritonClient(server.url) as client:
-        stopped: list[int] = []
-        starver = threading.Thread(target=starve_the_stub, args=(server, b"slow_0_0", stopped), daemon=True)
-        starver.start()
+    with starving(tmp_path / "repo", b"slow_0_0") as (server, client, stopped):
         started = time.monotonic()
         with pytest.raises(ModelLoadError) as failed:
             client.load("slow")
         took = time.monotonic() - started
-        starver.join(30)
         assert "is not healthy" in failed.value.message, failed.value.message
         assert stopped and server.killed_stubs == stopped and took < 60, (took, stopped, server.killed_stubs)
         assert "trm: killed Python stub" in server.log_path.read_text()
@@ -720,21 +736,13 @@ def test_a_candidate_whose_stub_stalled_while_loading_is_loaded_once_more_and_an
     from repo_manager.ops.verify import Candidate, LoadedCandidates
 
     (tmp_path / "model.py").write_text(SLOW_MODEL_PY.format(load_s=3.0, execute_s=0.0))
-    config = cfg.build_config("stalled", "python", [cfg.TensorSpec("X", "FP32", (2,))],
-                              [cfg.TensorSpec("Y", "FP32", (2,))], True,
-                              cfg.ConfigOptions(max_batch_size=4, instance_count=1, warmup=False))
+    candidate = Candidate("stalled", slow_config("stalled"), {"model.py": tmp_path / "model.py"})
     (tmp_path / "repo").mkdir()
-    server = TritonServer(tmp_path / "repo")
-    server.engine_sweep_s, server.stuck_stub_wait_s = 0.5, 2.0
-    with server, TritonClient(server.url) as client:
-        stopped: list[int] = []
-        starver = threading.Thread(target=starve_the_stub, args=(server, b"-stalled_0_0", stopped), daemon=True)
-        starver.start()
-        with LoadedCandidates(client, [Candidate("stalled", config, {"model.py": tmp_path / "model.py"})]) as loaded:
+    with starving(tmp_path / "repo", b"-stalled_0_0") as (_server, client, stopped):
+        with LoadedCandidates(client, [candidate]) as loaded:
             answer = client.infer(loaded.names["stalled"], {"X": np.ones((1, 2), np.float32)})
             assert answer["Y"].tolist() == [[1.0, 1.0]]
             assert stopped and len(loaded.reloaded_after) == 1 and "is not healthy" in loaded.reloaded_after[0]
-        starver.join(30)
         assert not [e for e in client.repository_index() if e.get("state") == "READY"]
 
 

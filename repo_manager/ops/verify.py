@@ -226,13 +226,14 @@ def verify(client: TritonClient, candidates: list[Candidate], entry: str,
     A request that Triton failed because a Python stub was declared unhealthy is not a verdict on the
     model: the candidates are unloaded and the whole verification runs once more on freshly loaded ones
     (a stub that was stalled answers then; one that dies dies again, and that failure is the error).
-    The report says so under ``reloaded_after``.
+    The report says so under ``reloaded_after``. (A load that failed that way was already made once more by
+    ``LoadedCandidates``: its failure is final here.)
     """
     started = time.monotonic()
     try:
         report = _verify_once(client, candidates, entry, samples, reference, check, repository)
     except VerificationError as exc:
-        if not STUB_DECLARED_UNHEALTHY.search(exc.message):
+        if not STUB_DECLARED_UNHEALTHY.search(exc.message) or isinstance(exc.__cause__, ModelLoadError):
             raise
         first = exc.message
         try:
@@ -256,6 +257,8 @@ def _verify_once(client: TritonClient, candidates: list[Candidate], entry: str,
     entry_config = by_name[entry].config
     try:
         with LoadedCandidates(client, candidates, repository) as loaded:
+            if loaded.reloaded_after:
+                report.extra["reloaded_after"] = loaded.reloaded_after[0]
             for sample in samples:
                 answer = client.infer(loaded.names[entry], sample)
                 report.samples += 1

@@ -166,7 +166,7 @@ class Search:
         plain = Candidate(self.current.max_batch_size, self.current.instances, True, 0, (), "plain")
         mandatory = [self.current, plain] + kept[:1]  # (ALWAYS_MEASURED: what the budget check counts)
         with self.prober.holding_back(self.confirm_reserve_s()):
-            pruned = self._explore(kept, pruned, mandatory)
+            self._explore(kept, pruned, mandatory)
         chosen, noise, evidence = self._finalists()
         evaluations = tuple(self._evaluation(c) for c in self.candidates.values())
         pruned = [p for p in pruned if p.candidate.key not in self.candidates]  # measured after all
@@ -176,8 +176,9 @@ class Search:
         return Outcome(self.profile, evaluations, tuple(pruned), tuple(self.prober.points), chosen, closest,
                        noise, evidence, tuple(self.notes))
 
-    def _explore(self, kept: list[Candidate], pruned: list[Pruned], mandatory: list[Candidate]) -> list[Pruned]:
-        """Steps 1-4: the structures, the queue delay, the capacities (the finalists' budget held back)."""
+    def _explore(self, kept: list[Candidate], pruned: list[Pruned], mandatory: list[Candidate]) -> None:
+        """Steps 1-4: the structures, the queue delay, the capacities (the finalists' budget held back); what the
+        budget leaves unmeasured is added to ``pruned``."""
         for candidate in mandatory:
             self.evaluate(candidate)
         # until a structure meets every level, measure the next; then search its delay (the step that
@@ -202,7 +203,6 @@ class Search:
             else:
                 pruned.append(Pruned(candidate, "not measured: time budget"))
         self._peak_delays()
-        return pruned
 
     def _delay_search(self, kept: list[Candidate]) -> None:
         passing = [c for c in kept if self._met_busy(c)]
