@@ -481,3 +481,4 @@ def test_a_larger_spike_held_without_the_margin_is_tried_with_a_shorter_timeout(
     outcome = search.run()
     assert (outcome.chosen.key == shorter) is tried and (shorter in search.normal_first) is tried
     assert outcome.higher is not None and outcome.higher.meets and "kept too" in outcome.summary()
+    assert any(f"{floor} held at 1312/s past 80% of the SLO ({at_3x:.1f} ms)" in n for n in outcome.notes) is tried

@@ -467,8 +467,11 @@ class PolicySearch:
             again = self.try_policy(candidate, self.factor * HIGHER_FACTOR)
             better = self._spike_closeness(again) < self._spike_closeness(higher)
             o = again.overload
+            how = (f"missed at {higher.rate:.0f}/s ({higher.note})" if not higher.meets else
+                   f"held at {higher.rate:.0f}/s past {HIGHER_MARGIN:.0%} of the SLO "
+                   f"({higher.overload.accepted_p99_ms:.1f} ms)")
             self.notes.append(
-                f"{chosen.key} missed at {higher.rate:.0f}/s ({higher.note}); {candidate.key} held at "
+                f"{chosen.key} {how}; {candidate.key} held at "
                 f"{self.rate:.0f}/s and gave accepted p99 {o.accepted_p99_ms:.1f} ms, goodput {o.goodput_rps:.0f}/s "
                 "there: " + ("kept" if better else "not kept"))
             if better:
