@@ -668,6 +668,31 @@ def test_a_python_stub_declared_unhealthy_is_reloaded_once_and_only_a_second_fai
     assert left == []  # every try's model unloaded
 
 
+def test_a_rollout_precheck_whose_stub_stalled_on_its_smoke_request_checks_a_fresh_load_once_more(
+        triton, tmp_path):
+    """The rollout's pre-check (the target loaded under a temporary name, smoke-requested there) on a host that
+    stalls the stub during its first request (real: SIGSTOP, resumed 3 s later): Triton fails the request
+    with "Stub process ... is not healthy" (seen in CI: an agent refused a version that way and stayed
+    degraded). The set is loaded afresh and checked once more, and nothing stays loaded."""
+    from repo_manager.adapters.repository import LocalRepository
+    from repo_manager.ops.rollout.checks import precheck, smoke_cases
+
+    model_py = STALLING_MODEL_PY.format(marker=str(tmp_path / "stalled"), mode="stalls once")
+
+    def build(repo, _name: str) -> list[Staged]:
+        staging = repo.stage("staller")
+        (staging / "model.py").write_text(model_py)
+        return [Staged("staller", staging, slow_config("staller"), {"kind": "test"})]
+
+    run_publish(Settings(repository=tmp_path / "repo"), "staller", build, verify_model=False)
+    repo = LocalRepository(tmp_path / "repo")
+    client = TritonClient(triton.url)
+    checked = precheck(client, repo, [("staller", 1)], "staller", smoke_cases(repo.config("staller"), None))
+    assert checked >= 1 and (tmp_path / "stalled").exists()  # the stub did stall, and the check passed after
+    left = [e["name"] for e in client.repository_index() if e["name"].endswith("staller") and e.get("state") == "READY"]
+    assert left == []
+
+
 def starve_the_stub(server: TritonServer, instance: bytes, stopped: list[int]) -> None:
     """Stop the first Python stub of ``instance`` (its command line names it: "slow_0_0") for 8 s, 1.5 s into
     its initialize(), longer than Triton's 5 s health window; record its pid in ``stopped``. Only the stub's

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -206,6 +206,8 @@ def compare(name: str, got: np.ndarray, want: np.ndarray) -> float:
     return worst
 
 
+T = TypeVar("T")
+
 STUB_DECLARED_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
 """Triton's python backend fails a request with this when the stub has not answered within 1 s and its health
 thread (which marks it alive every 300 ms) has not run in that second either: a stub that died, or one that was
@@ -230,23 +232,33 @@ def verify(client: TritonClient, candidates: list[Candidate], entry: str,
     ``LoadedCandidates``: its failure is final here.)
     """
     started = time.monotonic()
+    report, first = once_more_if_a_stub_stalled(
+        lambda: _verify_once(client, candidates, entry, samples, reference, check, repository))
+    if first is not None:
+        report.extra["reloaded_after"] = first
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def once_more_if_a_stub_stalled(attempt: Callable[[], T]) -> tuple[T, str | None]:
+    """``attempt()`` (which loads candidates and sends them requests); when a request failed because a Python
+    stub was declared unhealthy (``STUB_DECLARED_UNHEALTHY``: stalled by its host, or dead), the whole attempt
+    once more on freshly loaded candidates. Returns (its result, the first failure's message or None). A load
+    that failed that way is not tried again here: ``LoadedCandidates`` already made it twice."""
     try:
-        report = _verify_once(client, candidates, entry, samples, reference, check, repository)
+        return attempt(), None
     except VerificationError as exc:
         if not STUB_DECLARED_UNHEALTHY.search(exc.message) or isinstance(exc.__cause__, ModelLoadError):
             raise
         first = exc.message
-        try:
-            report = _verify_once(client, candidates, entry, samples, reference, check, repository)
-        except VerificationError as again:
-            before = ("the same happened before trm reloaded the model and verified it again"
-                      if STUB_DECLARED_UNHEALTHY.search(again.message) else
-                      f"on a second try: trm had reloaded the model after {first}")
-            raise VerificationError(f"{again.message} ({before})", hint=again.hint, report=again.report,
-                                    **again.facts) from again
-        report.extra["reloaded_after"] = first
-    report.seconds = time.monotonic() - started
-    return report
+    try:
+        return attempt(), first
+    except VerificationError as again:
+        before = ("the same happened before trm reloaded the model and tried again"
+                  if STUB_DECLARED_UNHEALTHY.search(again.message) else
+                  f"on a second try: trm had reloaded the model after {first}")
+        raise VerificationError(f"{again.message} ({before})", hint=again.hint, report=again.report,
+                                **again.facts) from again
 
 
 def _verify_once(client: TritonClient, candidates: list[Candidate], entry: str,

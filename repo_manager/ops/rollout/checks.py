@@ -41,6 +41,7 @@ from repo_manager.ops.verify import (
     LoadedCandidates,
     check_against_config,  # the check publish uses
     compare,
+    once_more_if_a_stub_stalled,
 )
 
 # Below this, a p99 difference is timer noise on a busy host, not a regression.
@@ -158,8 +159,9 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
     An ensemble alone in ``names`` keeps its steps pinned to the real member versions, which must be
     loaded already.
 
-    ModelLoadError when it does not load; VerificationError when it answers wrongly. Returns the number
-    of requests checked.
+    ModelLoadError when it does not load; VerificationError when it answers wrongly (a request failed because a
+    stub was declared unhealthy: once more on freshly loaded candidates first, as ``verify`` does). Returns the
+    number of requests checked.
     """
     candidates = []
     for name, version in names:
@@ -172,16 +174,21 @@ def precheck(client: TritonClient, repo: LocalRepository, names: list[tuple[str,
         candidates.append(Candidate(name, cfg.parse_config(manifest.config, f"manifest of {name}/{version}"),
                                     files, manifest.model_files))
     entry_config = next(c.config for c in candidates if c.name == entry)
-    with LoadedCandidates(client, candidates) as loaded:
-        if generates(entry_config):
-            return smoke_generation(client, loaded.names[entry], None, f"{entry} (pre-check)")
-        for case in cases:
-            try:
-                answer = client.infer(loaded.names[entry], case.inputs)
-            except TrmError as exc:
-                raise VerificationError(f"smoke request to {entry} (pre-check) failed: {exc.message}") from exc
-            check_answer(entry_config, case, answer)
-    return len(cases)
+
+    def attempt() -> int:
+        with LoadedCandidates(client, candidates) as loaded:
+            if generates(entry_config):
+                return smoke_generation(client, loaded.names[entry], None, f"{entry} (pre-check)")
+            for case in cases:
+                try:
+                    answer = client.infer(loaded.names[entry], case.inputs)
+                except TrmError as exc:
+                    raise VerificationError(f"smoke request to {entry} (pre-check) failed: {exc.message}") from exc
+                check_answer(entry_config, case, answer)
+        return len(cases)
+
+    # a request failed by a stub its host stalled is no verdict on the set: loaded afresh and checked once more
+    return once_more_if_a_stub_stalled(attempt)[0]
 
 
 # ------------------------------------------------------------------------------------------ soak
