@@ -304,12 +304,14 @@ def test_a_3_plus_3_ms_per_item_model_under_a_50_ms_slo_gets_its_batching_writte
 
 
 def test_the_batching_choice_is_written_when_the_overload_cannot_be_driven(tmp_path, capsys):
-    """6 ms + 0.75 ms per item under p99 25 ms: capacity is many hundreds per second, and 20 x that is more
+    """6 ms + 0.75 ms per item under p99 60 ms: capacity is many hundreds per second, and 20 x that is more
     than any client on this machine sends. That is "not measurable here", not a failure of the batching
-    choice: it is written, with the overload step's outcome in the record and a warning."""
+    choice: it is written, with the overload step's outcome in the record and a warning. (The SLO leaves
+    every structure room: under 25 ms a busy minute of this machine made every candidate miss in two runs
+    in a row, which is not the behaviour under test.)"""
     source = write_cost_model(tmp_path / "src", name="quick", fixed_ms=6.0, per_item_ms=0.75, max_batch_size=32)
     publish_model(Settings(repository=tmp_path / "repo"), source, "quick", verify_model=False)
-    result, data, manifest = _tune_written(capsys, tmp_path / "repo", "quick", "--p99-ms", "25", "--low-rps", "50",
+    result, data, manifest = _tune_written(capsys, tmp_path / "repo", "quick", "--p99-ms", "60", "--low-rps", "50",
                                            "--peak-rps", "250", "--requests", "300", "--budget", "80",
                                            "--overload-factor", "20")
     _assert_written_as_recorded(result, data, manifest)
