@@ -465,7 +465,7 @@ class PolicySearch:
                 if not self._affords_another():
                     break
             again = self.try_policy(candidate, self.factor * HIGHER_FACTOR)
-            better = self._spike_closeness(again) < self._spike_closeness(higher)
+            better = self._closeness(again, spike=True) < self._closeness(higher, spike=True)
             o = again.overload
             how = (f"missed at {higher.rate:.0f}/s ({higher.note})" if not higher.meets else
                    f"held at {higher.rate:.0f}/s past {HIGHER_MARGIN:.0%} of the SLO "
@@ -481,17 +481,13 @@ class PolicySearch:
     def _holds_with_margin(self, point: OverloadPoint) -> bool:
         return point.meets and point.overload.accepted_p99_ms <= HIGHER_MARGIN * self.slo_ms
 
-    def _spike_closeness(self, point: OverloadPoint) -> tuple[bool, bool, bool, float, float]:
-        """``_closeness`` at the larger spike, where holding means within ``HIGHER_MARGIN`` of the SLO."""
+    def _closeness(self, point: OverloadPoint, *, spike: bool = False) -> tuple[bool, bool, bool, float, float]:
+        """How close a try came to holding, smallest first: driven as offered, held (at the larger spike,
+        ``spike``: within ``HIGHER_MARGIN`` of the SLO), accepted p99 within the SLO, then the higher goodput,
+        then the lower accepted p99."""
         o = point.overload
-        return not o.valid, not self._holds_with_margin(point), o.accepted_p99_ms > self.slo_ms, -o.goodput_rps, \
-            o.accepted_p99_ms
-
-    def _closeness(self, point: OverloadPoint) -> tuple[bool, bool, bool, float, float]:
-        """How close a try came to holding, smallest first: driven as offered, held, accepted p99 within the SLO,
-        then the higher goodput, then the lower accepted p99."""
-        o = point.overload
-        return not o.valid, not point.meets, o.accepted_p99_ms > self.slo_ms, -o.goodput_rps, o.accepted_p99_ms
+        held = self._holds_with_margin(point) if spike else point.meets
+        return not o.valid, not held, o.accepted_p99_ms > self.slo_ms, -o.goodput_rps, o.accepted_p99_ms
 
     def _fallback(self) -> Candidate | None:
         """No policy held: the best policy tried that keeps normal traffic, to be written all the same. A timeout
