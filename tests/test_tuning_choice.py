@@ -106,6 +106,24 @@ def test_a_finalist_within_the_slo_but_past_the_margin_at_peak_x_headroom_does_n
     assert not search._holds(WIDE) and search._holds(NARROW)
 
 
+def test_the_next_by_capacity_is_measured_at_low_traffic_only_once_it_held_the_busy_levels_again():
+    """A point at 50/s costs about 10 s, two or three at 480/s: a candidate confirmed after the finalist broke is
+    measured at the busy levels first, and one that breaks there is never measured at low traffic."""
+    prober = RecordedProber(_traces(wide={"headroom": [19.0, 33.8], "peak": [18.0], "low": [12.5]},
+                                    narrow={"headroom": [19.0, 26.0], "peak": [18.0], "low": [12.0]},
+                                    none={"headroom": [15.0], "peak": [14.0], "low": [13.0]}))
+    search = _search(prober, {WIDE: 1875.0})
+    for candidate, capacity in ((NARROW, 1500.0), (NONE, 1500.0)):  # climbed, not measured at low traffic yet
+        search._add(candidate)
+        for level in ("headroom", "peak"):
+            prober.point(candidate, level, RATES[level])
+        search.capacity[candidate.key] = capacity
+    chosen, _noise, evidence = search._finalists()
+    assert chosen == NONE and evidence["rounds"].startswith("held")
+    low = [p.candidate for p in prober.points if p.rate == LOW]
+    assert NARROW.key not in low and low.count(NONE.key) == CONFIRM_ROUNDS
+
+
 def test_finalists_that_both_hold_within_noise_go_to_the_smaller_queue_delay():
     prober = RecordedProber(_traces(wide={"headroom": [12.0, 12.4, 12.2], "peak": [11.0], "low": [10.0]},
                                     narrow={"headroom": [12.3, 12.1, 12.6], "peak": [11.2], "low": [9.0]}))
@@ -237,6 +255,36 @@ def test_a_contender_that_misses_the_slo_at_low_traffic_leaves_the_choice_to_the
     assert {p.candidate for p in prober.points if p.rate == LOW} == {"b8-i2-d0", "b16-i2-d0"}
 
 
+def test_a_margin_is_not_bought_with_a_ladder_step_of_capacity():
+    """This machine's run on the check's model (trm's defaults): max batch 8 carried 750/s and met the SLO at
+    peak x headroom in every round at 21-22 ms, past the margin (20 ms); max batch 4 kept the margin at 480/s.
+    The short delays are tried on max batch 8 (the structure with the capacity), not on max batch 4, and when
+    they do not bring the margin max batch 8 is chosen after its rounds: a ladder step below carries a fifth
+    less, which the independent check counts against the choice (capacity within 95 % of the grid's best)."""
+    capacities = {"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 600.0}
+    at_headroom = {"b4-i2-d0": 18.0, "b8-i2-d0": 21.8, "b16-i2-d0": 21.3}
+
+    def trace(candidate: Candidate, rate: float) -> list[float]:
+        if rate == LOW:
+            return [14.0 + candidate.delay_us / 1000]
+        structure = f"b{candidate.max_batch_size}-i{candidate.instances}-d0"
+        if rate == RATES["headroom"]:
+            return [at_headroom.get(structure, 60.0) - (0.5 if candidate.delay_us else 0.0)]
+        return [15.0 if rate <= capacities.get(structure, 0.0) + 0.1 else 60.0]
+
+    prober = RecordedProber({}, fallback=trace)
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    assert outcome.chosen.key == "b8-i2-d0"
+    # (the low-traffic delay search had no room: 14 ms of 12.5); the short delays for the margin:
+    delays = {e.candidate for e in outcome.evaluations if e.candidate.delay_us and e.candidate.origin != "current"}
+    assert delays and {c.max_batch_size for c in delays} == {8}  # tried where the capacity is
+    rounds = [p for p in prober.points if p.candidate == "b8-i2-d0" and p.rate in RATES.values()]
+    assert len(rounds) == 3 * CONFIRM_ROUNDS
+    assert not [p for p in prober.points if p.level == "confirm" and p.candidate != "b8-i2-d0"]
+    assert outcome.evidence["rounds"].startswith("held the SLO in every round measured, past 80%")
+    assert any("chosen for capacity" in note for note in outcome.notes)
+
+
 @pytest.mark.parametrize("budget_s", [45.0, 60.0, 80.0])
 def test_the_finalists_rounds_are_budgeted_before_the_search_spends_the_rest(budget_s):
     """Each point costs 1 s here and the search has more to measure than the budget: what it leaves out is
@@ -260,7 +308,8 @@ class RecordedPolicySearch:
 
     def __new__(cls, outcomes: dict[tuple[str, float], tuple[float, float]], *,
                 default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset(),
-                slo_ms: float = 50.0):
+                slo_ms: float = 50.0, batching: Candidate = Candidate(4, 2, True, 0),
+                capacities: dict[str, float] | None = None):
         """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
         ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
         from repo_manager.adapters.loadgen import PhaseStats
@@ -294,7 +343,7 @@ class RecordedPolicySearch:
 
         prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True)
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
-        search = Search(prober, profile, Candidate(4, 2, True, 0), 437.37, slo_ms, 2.0, 150.0, 180.0)
+        search = Search(prober, profile, batching, 437.37, slo_ms, 2.0, 150.0, 180.0, capacities=capacities)
         search.normal_checked, search.normal_first = [], []
         return search
 
@@ -482,3 +531,22 @@ def test_a_larger_spike_held_without_the_margin_is_tried_with_a_shorter_timeout(
     assert (outcome.chosen.key == shorter) is tried and (shorter in search.normal_first) is tried
     assert outcome.higher is not None and outcome.higher.meets and "kept too" in outcome.summary()
     assert any(f"{floor} held at 1312/s past 80% of the SLO ({at_3x:.1f} ms)" in n for n in outcome.notes) is tried
+
+
+@pytest.mark.parametrize("carried", [352.0, 437.4])
+def test_a_policy_is_tried_on_a_simpler_structure_only_where_it_keeps_the_choices_capacity(carried):
+    """Max batch 8 (27 ms a full batch) leaves no timeout range under 50 ms; max batch 4 does. Where the batching
+    search measured max batch 4 to carry a ladder step less than the choice (352/s of 437/s), a policy on it
+    would give that capacity away at normal traffic: it is not tried, and the choice itself is measured (its
+    floor) instead; at the same capacity it is tried. One instance of max batch 4 carries at most 267/s (every
+    execution a full batch): never tried."""
+    search = RecordedPolicySearch({}, default=(70.0, 300.0), batching=Candidate(8, 2, True, 0),
+                                  capacities={"b8-i2-d0": 437.4, "b4-i2-d0": carried})
+    search.run()
+    tried = {p.candidate.without_queue_policy().key for p in search.points}
+    assert "b4-i1-d0" not in tried and any(n.startswith("max_batch 4, 1 instance(s)") for n in search.notes)
+    if carried < 0.95 * 437.4:
+        assert tried == {"b8-i2-d0"}
+        assert any("it carried 352/s within the SLO in the batching search" in n for n in search.notes)
+    else:
+        assert "b4-i2-d0" in tried

@@ -336,7 +336,9 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
                                         priority_levels=request.priority_levels, overload_s=request.overload_s,
                                         recover_s=request.recover_s,
                                         capacity_note=evaluation.capacity_note,
-                                        fallback=not request.require_overload_policy).run()
+                                        fallback=not request.require_overload_policy,
+                                        capacities={e.candidate.key: e.capacity_rps for e in outcome.evaluations
+                                                    if e.capacity_rps is not None}).run()
         finally:
             progress("restoring the served config", prober.used_s, request.budget_s)
             prober.restore(served.original)

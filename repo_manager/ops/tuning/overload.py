@@ -19,7 +19,9 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
 * the structures it is tried on: the chosen batching, then without its delay, then a smaller max batch
   (when the chosen one leaves no timeout range), then one instance: simpler structures that a measured
   stand-in showed to hold (a 10 ms timeout on a 3 ms + 3 ms/item model held 39 ms at 2-3 x capacity
-  where the chosen two-instance batching with a delay missed at 91 ms);
+  where the chosen two-instance batching with a delay missed at 91 ms); a simpler one only where it keeps
+  ``SIMPLER_CAPACITY`` of the choice's capacity (measured by the batching search, or bounded by the
+  profile): a policy is not bought with capacity at normal traffic;
 * the capacity is the SLO ladder's; when the ladder stopped early (the time budget), it is what the
   batching sustains closed loop (enough clients to fill every batch), measured once (an overload relative
   to a lower bound would be no overload, and a policy "holding" there would prove nothing);
@@ -101,6 +103,11 @@ HIGHER_MARGIN = 0.8
 """At the larger spike the chosen policy counts as holding with its accepted p99 within this share of the SLO (as
 the batching keeps its p99 at peak x headroom within 80 % of it): on 3 ms + 3 ms/item under 50 ms the range's
 floor measured 40.3 ms at 3 x in the tuner's run and 54.7 ms in the bench's independent run right after."""
+SIMPLER_CAPACITY = 0.95
+"""A simpler structure is tried for a queue policy only where the batching search did not measure it to carry
+less than this share of the chosen batching's capacity within the SLO: a policy there would give that capacity
+away at normal traffic to protect an overload (the tuning check's model, 6 ms + 0.75 ms per item under 25 ms:
+max batch 4 carried 480/s where the chosen max batch 8 carried 750/s, and a policy on it held at 2 x)."""
 MAX_NORMAL_REJECT = 0.01
 """Share of requests a policy may shed at peak x headroom (a burst of Poisson arrivals), within the p99."""
 
@@ -300,6 +307,7 @@ class PolicySearch:
         recover_s: float = 2.0,
         capacity_note: str = "",
         fallback: bool = True,
+        capacities: dict[str, float] | None = None,
     ) -> None:
         self.prober, self.profile, self.batching = prober, profile, batching.without_queue_policy()
         self.capacity, self.slo_ms, self.factor = capacity_rps, slo_ms, factor
@@ -312,6 +320,8 @@ class PolicySearch:
         self.capacity_note = capacity_note or "the ladder did not climb"
         self.want_fallback = fallback
         """Whether to look for a fallback when no policy holds (not when a held one is required: never written)."""
+        self.capacities = capacities or {}
+        """Capacities within the SLO the batching search measured (its ladder), by structure key."""
 
     @property
     def rate(self) -> float:
@@ -357,6 +367,24 @@ class PolicySearch:
             unique.setdefault(candidate.without_queue_policy().key, candidate)
         return list(unique.values())
 
+    def _gives_capacity_away(self, structure: Candidate) -> bool:
+        """Whether a simpler structure carries less than ``SIMPLER_CAPACITY`` of the choice's capacity: as the
+        batching search measured it, or at most by the profile (every execution a full batch). Noted."""
+        if structure.without_queue_policy().key == self.batching.key:
+            return False
+        need = SIMPLER_CAPACITY * self.capacity
+        carried = self.capacities.get(structure.without_queue_policy().key)
+        bound = self.profile.capacity_bound(structure.max_batch_size, structure.instances)
+        if carried is not None and carried < need and not self.lower_bound:  # (a ladder's figure against a ladder's)
+            why = f"it carried {carried:.0f}/s within the SLO in the batching search"
+        elif bound < need:
+            why = f"it carries at most {bound:.0f}/s (every execution a full batch)"
+        else:
+            return False
+        self.notes.append(f"{structure.label}: not tried: {why}, under {SIMPLER_CAPACITY:.0%} of the choice's "
+                          f"{self.capacity:.0f}/s (a policy there would give that capacity away at normal traffic)")
+        return True
+
     def _range_fits(self, structure: Candidate) -> bool:
         low, high = self.timeout_range_ms(structure)
         return low <= high
@@ -396,7 +424,7 @@ class PolicySearch:
         if self.lower_bound:  # the first try is always made, and it needs a true capacity to mean anything
             self._measure_capacity()
         chosen: Candidate | None = None
-        structures = self.structures()
+        structures = [c for c in self.structures() if not self._gives_capacity_away(c)]
         fitting = [c for c in structures if self._range_fits(c)]
         for structure in structures:
             if structure not in fitting:

@@ -15,9 +15,9 @@
    p99 leaves (keeping 10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
    third of it become candidates (and, when the profile says a smaller batch is already cheap, the
    largest delay with that size preferred, measured after the capacities below).
-   When no candidate that met the busy levels keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
+   When no candidate at the best capacity keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
    the SLO, short delays (a quarter, then a half of the room the whole SLO leaves at low traffic) are tried
-   on the best such structure too: at a busy rate a delay fills batches and can lower the peak's p99; the
+   on that structure too: at a busy rate a delay fills batches and can lower the peak's p99; the
    first that brings it within the margin is measured further, one that does not ends at that point
    (``_peak_delays``).
 4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
@@ -27,11 +27,12 @@
    again, interleaved, at the best capacity; a finalist that fails a repeat (no second chance for a near
    miss) loses that step. Then each must *hold*: meet the SLO at every level in ``CONFIRM_ROUNDS`` rounds
    (its search point, then rounds interleaved with the other finalists, fresh arrivals each, judged
-   strictly: the worst round decides), with p99 within ``PEAK_MARGIN`` of the SLO at peak x headroom. While
-   no finalist holds, the next candidates by capacity are tried. Among those that hold, the highest
-   capacity; a lower worst-round p99 at peak x headroom wins a tie only if lower by more than the noise seen
-   between repeats; otherwise the simplest wins (the current config, then smaller delay, no preferred sizes,
-   fewer instances, smaller batch). Every round is in the record.
+   strictly: the worst round decides). While no finalist holds, the next candidates by capacity are tried.
+   Among those that hold, the highest capacity; at equal capacity those that kept p99 within ``PEAK_MARGIN``
+   of the SLO at peak x headroom in every round (a margin is not bought with a ladder step of capacity: the
+   next step down carries a fifth less); a lower worst-round p99 at peak x headroom wins a tie only if lower
+   by more than the noise seen between repeats; otherwise the simplest wins (the current config, then
+   smaller delay, no preferred sizes, fewer instances, smaller batch). Every round is in the record.
 
 The finalists' rounds are budgeted first: the steps before them leave ``confirm_reserve_s`` of the
 budget, so the rounds are not what a long search runs out of time for.
@@ -257,21 +258,25 @@ class Search:
                                            (useful[-1],), "search"))
 
     def _peak_delays(self) -> None:
-        """When no eligible candidate keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of the SLO, a
-        short queue delay may: at a busy rate it fills batches that would otherwise leave one by one, and
+        """When no candidate at the best measured capacity keeps its p99 at peak x headroom within ``PEAK_MARGIN``
+        of the SLO, a short queue delay may: at a busy rate it fills batches that would otherwise leave one by one, and
         fewer, fuller executions drain the queue sooner (the independent check's model: 2 ms took p99 at
         400/s from about 22 to about 10 ms). The low-traffic search above does not try it when a delay would
         take the low-traffic p99 past ``DELAY_SHARE`` of the SLO, so here a quarter and a half of the room
         the whole SLO leaves at low traffic (at most the time a full batch takes to arrive at peak) are
-        tried on the eligible structure with the lowest p99 there, the shorter first. Each is measured at peak
+        tried on the structure with that capacity (and no delay) with the lowest p99 there, the shorter first: the
+        margin is sought where it costs no capacity (on a structure a ladder step below, a delay that kept it
+        would not be chosen: ``_finalists``). Each is measured at peak
         x headroom first, for what it is tried for: one that does not bring the p99 there within the margin is
         measured no further (its low-traffic point and ladder would cost about 20 s on the check's model and
         could not change the choice's margin); the first that does is measured at peak and climbed, and the
         longer one is then not tried (it would only add latency at low traffic)."""
         busy = [c for c in self.candidates.values() if self._met_busy(c)]
-        if not busy or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in busy):
+        top = max((self.capacity.get(c.key, 0.0) for c in busy), default=0.0)
+        best = [c for c in busy if self.capacity.get(c.key, 0.0) >= top * 0.999]
+        if not best or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best):
             return
-        base = min((c for c in busy if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
+        base = min((c for c in best if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
         if base is None or not self.meets_low(base):
             return
         zero = self._level_point(base, "low")
@@ -377,20 +382,28 @@ class Search:
                      for c in finalists}
         for key, capacity in confirmed.items():
             self.capacity[key] = round(capacity, 1)
-        # every level, in rounds: the finalists first, then (while none holds) the next best by capacity
+        # every level, in rounds: the finalists first, then (while none holds the SLO) the next best by capacity
         held, tried, batch = [], set(), finalists
         while batch and not held:
             completed = self._confirm(batch)
             tried |= {c.key for c in batch}
-            held = [c for c in batch if self._holds(c)]
+            held = [c for c in batch if self._holds(c, margin=False)]
             batch = [self.candidates[k] for k in ranked if k not in tried][:3] if completed else []
         if not held:
-            self.notes.append(f"no candidate held every level in every round measured with p99 within "
-                              f"{PEAK_MARGIN:.0%} of the SLO at peak x headroom: chosen on the search's "
+            self.notes.append("no candidate held every level in every round measured: chosen on the search's "
                               "measurements, as the record shows")
         group_from = held or finalists
         top = max(self.capacity[c.key] for c in group_from)
         group = [c for c in group_from if self.capacity[c.key] >= top * 0.999]
+        # the margin decides among equal capacities; a ladder step of capacity (a fifth) is not given for it
+        with_margin = [c for c in group if self._holds(c)]
+        if with_margin:
+            group = with_margin
+        elif held:
+            worst = min(self._worst_headroom_p99(c) for c in group)
+            self.notes.append(f"no candidate at the best capacity kept p99 at peak x headroom within {PEAK_MARGIN:.0%} "
+                              f"of the SLO in every round (best worst round {worst:.1f} ms): chosen for capacity, "
+                              "since the candidates that keep the margin carry a ladder step (a fifth) less")
 
         simplest = min(group, key=_simplicity)
         fastest = min(group, key=self._worst_headroom_p99)
@@ -408,12 +421,13 @@ class Search:
         return {level: [p for p in self.prober.points if p.candidate == candidate.key and p.rate == self.rates[level]
                         and p.level != "remeasure"] for level in LEVELS}
 
-    def _holds(self, candidate: Candidate, levels: tuple[str, ...] = LEVELS) -> bool:
-        """Met the SLO at every level in every round measured, within ``PEAK_MARGIN`` of it at peak x headroom."""
+    def _holds(self, candidate: Candidate, levels: tuple[str, ...] = LEVELS, *, margin: bool = True) -> bool:
+        """Met the SLO at every level in every round measured (with ``margin``: within ``PEAK_MARGIN`` of it at
+        peak x headroom)."""
         for level, points in self._rounds(candidate).items():
             if level not in levels:
                 continue
-            limit = self.slo_ms * (PEAK_MARGIN if level == "headroom" else 1.0)
+            limit = self.slo_ms * (PEAK_MARGIN if margin and level == "headroom" else 1.0)
             if not points or not all(p.meets_slo and p.p99_ms <= limit for p in points):
                 return False
         return True
@@ -424,21 +438,29 @@ class Search:
     def _confirm(self, candidates: list[Candidate]) -> bool:
         """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
         round, each measured with fresh arrivals and judged on its own; one that misses is not measured
-        further. False when the time budget ended the rounds."""
-        for candidate in candidates:  # the next by capacity may not have been measured at low traffic yet
-            if self._level_point(candidate, "low") is None and self._holds(candidate, ("headroom", "peak")):
-                self.meets_low(candidate)  # (only where the busy levels leave it a chance to hold)
-        for _ in range(CONFIRM_ROUNDS - 1):
+        further. A level not measured yet (low traffic, for the next by capacity) is measured in its turn, with
+        the search's second chance for a near miss and whatever the budget (no candidate is chosen unmeasured
+        at a level): after the busy levels, so that one that breaks there costs no low-traffic point (the
+        longest to measure). False when the time budget ended the rounds."""
+        for _ in range(CONFIRM_ROUNDS):
             for candidate in candidates:
                 for level in ("headroom", "peak", "low"):
-                    if not self._holds(candidate) or len(self._rounds(candidate)[level]) >= CONFIRM_ROUNDS:
+                    done = len(self._rounds(candidate)[level])
+                    if self._missed(candidate) or done >= CONFIRM_ROUNDS:
                         continue
                     rate = self.rates[level]
+                    if not done:
+                        self.prober.point(candidate, level, rate)
+                        continue
                     if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
                         self.notes.append("confirmation cut short: time budget")
                         return False
                     self.prober.point(candidate, "confirm", rate, strict=True)
         return True
+
+    def _missed(self, candidate: Candidate) -> bool:
+        """Missed the SLO in a round measured at any level."""
+        return any(not p.meets_slo for points in self._rounds(candidate).values() for p in points)
 
     def _evidence(self, chosen: Candidate, capacity: float, why: str) -> dict[str, str]:
         p = self.profile
@@ -460,9 +482,11 @@ class Search:
         evidence["preferred_batch_size"] = (f"{list(chosen.preferred)}: cost per request still drops there"
                                             if chosen.preferred else "none: the batcher takes what is queued")
         rounds = self._rounds(chosen)
+        held = ("held the SLO in every round measured, " + ("within" if self._holds(chosen) else "past")
+                + f" {PEAK_MARGIN:.0%} of it at peak x headroom") if self._holds(chosen, margin=False) else \
+            "did not hold the SLO in every round measured"
         evidence["rounds"] = (
-            f"{'held' if self._holds(chosen) else 'did not hold'} the SLO in every round measured "
-            f"(within {PEAK_MARGIN:.0%} of it at peak x headroom); worst p99 "
+            f"{held}; worst p99 "
             + ", ".join(f"{level} {max(p.p99_ms for p in points):.1f} ms over {len(points)} round(s)"
                         for level, points in rounds.items() if points))
         return evidence
