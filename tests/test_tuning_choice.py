@@ -285,6 +285,32 @@ def test_a_margin_is_not_bought_with_a_ladder_step_of_capacity():
     assert any("chosen for capacity" in note for note in outcome.notes)
 
 
+def test_a_point_right_after_a_much_slower_one_on_the_same_config_gets_the_whole_warm_up():
+    """Half the warm-up only where the config was just measured at a rate not far below: a round at 480/s right
+    after one at 50/s on the same config had missed the SLO in three runs of three on the check's model."""
+    from cost_model import cost_config
+
+    from repo_manager.ops.tuning.prober import WARM_CONFIG_WARMUP, Prober
+
+    class Recording(Prober):
+        def load(self, candidate: Candidate) -> bool:
+            self.loaded = candidate.key
+            return True
+
+        def _measure(self, spec, workload=None):
+            self.warmups.append(spec.warmup_s)
+            return SimpleNamespace(valid=True, saturated=False, errors=0, rejected=0, window_p99_ms=[10.0] * 3,
+                                   p99_ms=10.0, invalid_reason="")
+
+    prober = Recording(None, None, cost_config("m", fixed_ms=1.0, per_item_ms=1.0), SLO_MS, 1e9, warmup_s=1.0)
+    prober.warmups = []
+    for candidate, level, rate in ((NONE, "headroom", 480.0), (NONE, "peak", 400.0), (NONE, "low", 50.0),
+                                   (NONE, "confirm", 480.0), (NONE, "confirm", 400.0), (WIDE, "confirm", 400.0)):
+        prober.point(candidate, level, rate, strict=True)
+    half = WARM_CONFIG_WARMUP
+    assert prober.warmups == [1.0, half, half, 1.0, half, 1.0]
+
+
 @pytest.mark.parametrize("budget_s", [45.0, 60.0, 80.0])
 def test_the_finalists_rounds_are_budgeted_before_the_search_spends_the_rest(budget_s):
     """Each point costs 1 s here and the search has more to measure than the budget: what it leaves out is

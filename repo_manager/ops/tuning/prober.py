@@ -42,9 +42,11 @@ MAX_POINT_S = 8.0
 at a low rate a longer point is the search's largest cost (at 50/s, 15 s a point made the low-traffic
 points half of a 300 s search), and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds."""
 WARM_CONFIG_WARMUP = 0.5
-"""Share of the warm-up a point gets when its config was measured just before (no load in between): the
-connections and the model's first batches are warm, only the new rate's queue has to settle (tens of
-milliseconds at the rates a search measures)."""
+"""Share of the warm-up a point gets when its config was measured just before (no load in between) at a rate
+at least half of this one's: the model's batches of that size are warm, only the new rate's queue has to settle
+(tens of milliseconds at the rates a search measures). After a slower point the whole warm-up: on the tuning
+check's model a confirmation round at 480/s measured right after one at 50/s on the same config missed the
+SLO in three runs of three (25.7, 33.8, 42.4 ms, where its other rounds there measured 20-22 ms)."""
 PROFILE_REQUESTS = 8
 """Requests per profiled batch size, at least (and at least ``PROFILE_MEASURE_S`` of them)."""
 PROFILE_WARMUP_S = 0.2
@@ -186,7 +188,11 @@ class Prober:
             self.points.append(point)
             return point
         # a config just loaded runs its first batches in the whole warm-up; one measured just before is warm
-        warmup_s = self.warmup_s if self.loaded != loaded_before else self.warmup_s * WARM_CONFIG_WARMUP
+        # (at a rate not far below this one: WARM_CONFIG_WARMUP)
+        previous = self.points[-1] if self.points else None
+        warm = (self.loaded == loaded_before and previous is not None and previous.candidate == candidate.key
+                and previous.rate >= 0.5 * rate)
+        warmup_s = self.warmup_s * WARM_CONFIG_WARMUP if warm else self.warmup_s
         self.say(f"{level} {rate:.0f}/s: {candidate.label}")
         # far more requests in flight than the SLO allows means the server fell behind: stop early (but
         # not on a hiccup of a shared machine: allow half a second of traffic, or ten SLOs' worth)
