@@ -271,9 +271,7 @@ class Search:
         measured no further (its low-traffic point and ladder would cost about 20 s on the check's model and
         could not change the choice's margin); the first that does is measured at peak and climbed, and the
         longer one is then not tried (it would only add latency at low traffic)."""
-        busy = [c for c in self.candidates.values() if self._met_busy(c)]
-        top = max((self.capacity.get(c.key, 0.0) for c in busy), default=0.0)
-        best = [c for c in busy if self.capacity.get(c.key, 0.0) >= top * 0.999]
+        _, best = self._at_best_capacity([c for c in self.candidates.values() if self._met_busy(c)])
         if not best or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best):
             return
         base = min((c for c in best if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
@@ -300,6 +298,11 @@ class Search:
             self._capacities()
             self.notes.append(f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the "
                               f"SLO: tried queue delays on {base.label}: {'; '.join(tried)}")
+
+    def _at_best_capacity(self, candidates: list[Candidate]) -> tuple[float, list[Candidate]]:
+        """The best capacity among ``candidates`` (0 for one not climbed) and the candidates that reached it."""
+        top = max((self.capacity.get(c.key, 0.0) for c in candidates), default=0.0)
+        return top, [c for c in candidates if self.capacity.get(c.key, 0.0) >= top * 0.999]
 
     def _capacities(self) -> None:
         """Climb every candidate that met the busy levels and has no capacity yet, best predicted first."""
@@ -392,9 +395,7 @@ class Search:
         if not held:
             self.notes.append("no candidate held every level in every round measured: chosen on the search's "
                               "measurements, as the record shows")
-        group_from = held or finalists
-        top = max(self.capacity[c.key] for c in group_from)
-        group = [c for c in group_from if self.capacity[c.key] >= top * 0.999]
+        top, group = self._at_best_capacity(held or finalists)
         # the margin decides among equal capacities; a ladder step of capacity (a fifth) is not given for it
         with_margin = [c for c in group if self._holds(c)]
         if with_margin:
