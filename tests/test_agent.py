@@ -585,6 +585,29 @@ def test_readiness_comes_from_the_last_good_set_and_ensembles_keep_their_members
                                                                "version 2 pins pre version 2")
 
 
+def test_a_set_refused_for_a_stub_declared_unhealthy_is_tried_again_after_its_backoff_while_the_pointer_stays(
+        monkeypatch):
+    """A stub Triton declared unhealthy during a rollout (its host stalled it: seen in CI at load average 4, a
+    smoke request to the new version failed that way and the agent stayed degraded) is no verdict on the
+    version: like files missing from the store, the set is tried again once its backoff has passed, while the
+    pointer stays; a version that failed on the server otherwise waits for the pointer to move. (No server:
+    the backoff's clock is the test's.)"""
+    from repo_manager.ops.agent import core, state
+
+    reason = ("rollout of a 2 on http://127.0.0.1:58647: smoke request to a version 2 failed: inference on a at "
+              "http://127.0.0.1:58647 failed: Stub process 'a_0_0' is not healthy. (rolled back)")
+    assert core.STUB_DECLARED_UNHEALTHY.search(reason)  # the agent's refusal names that stage "host"
+    clock = [100.0]
+    monkeypatch.setattr(state.time, "monotonic", lambda: clock[0])
+    for stage, retried in (("host", True), ("store", True), ("rollout", False), ("sync", False)):
+        backoff = state.Backoff(first_s=0.5, max_s=10.0)
+        backoff.refuse("a=2", {"models": {"a": 2}, "etag": "2", "reason": reason, "stage": stage})
+        assert backoff.holds("a=2", "2")  # within its backoff: refused
+        clock[0] += 0.6
+        assert backoff.holds("a=2", "2") is not retried, stage
+        assert not backoff.holds("a=2", "3")  # the pointer moved: tried again whatever the stage
+
+
 def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(capsys, tmp_path):
     """A streaming LLM on the drain-swap path: its Triton request counters stand still while its streams run,
     so the agent waits on its engine's running/waiting gauges (at --metrics-url) before the swap. The engine is

@@ -22,7 +22,8 @@ node) is *refused*: whatever was moved is rolled back, the server keeps serving 
 the agent reports ``degraded`` with the reason and tries again when the pointer moves, with a backoff
 when it moves back to a set that already failed. A set refused because files are missing from the store
 is also tried again, with the same backoff, while the pointer stays: pushing the files again repairs it
-without a new promotion. Transient failures (store or Triton
+without a new promotion; so is a set refused because Triton declared a Python stub unhealthy during the
+rollout (a stub its host stalled answers on a fresh load). Transient failures (store or Triton
 unreachable) are retried with a backoff. Nothing in the loop raises out of it: the agent never exits on
 a bad version, so Kubernetes never restarts it into a crash loop.
 
@@ -81,6 +82,7 @@ from repo_manager.ops.serving import dependencies
 from repo_manager.ops.sync import loaded_versions, sync_versions
 from repo_manager.ops.sync.executor import prune_version
 from repo_manager.ops.sync.plan import prune_actions
+from repo_manager.ops.verify import STUB_DECLARED_UNHEALTHY
 
 # what makes a version refused (until the pointer moves) rather than retried
 # (InputError: the pointer names models a node repository cannot hold, e.g. two that differ only in case)
@@ -400,7 +402,9 @@ class Agent:
                     record.models.append(outcome)
         except REFUSALS as exc:
             self.rollout.undo(moved)
-            self._refuse(wanted, pointer_tag, exc.message.splitlines()[0], record, t0)
+            # a stub Triton declared unhealthy (stalled by its host, or dead) is no verdict on the version
+            stage = "host" if STUB_DECLARED_UNHEALTHY.search(exc.message) else "rollout"
+            self._refuse(wanted, pointer_tag, exc.message.splitlines()[0], record, t0, stage=stage)
             return
         except TrmError as exc:
             self.rollout.undo(moved)
@@ -449,8 +453,10 @@ class Agent:
                 t0: float, *, stage: str = "rollout") -> None:
         """Keep serving the last good set and report why. ``stage`` "store" (a file missing from the
         store) is tried again after the backoff even while the pointer stays (the files can be pushed again
-        under the same pointer; a retry downloads only what is missing); "sync" (corrupt in the store, or
-        not for this node) and "rollout" (failed on the server) are tried again only when the pointer moves."""
+        under the same pointer; a retry downloads only what is missing), and so is "host" (a Python stub
+        Triton declared unhealthy during the rollout: a stalled stub answers on a fresh load); "sync" (corrupt
+        in the store, or not for this node) and "rollout" (failed on the server) are tried again only when
+        the pointer moves."""
         key = _key(wanted)
         with self._lock:
             refused = self.backoff.refuse(key, {"models": dict(wanted), "etag": etag, "reason": reason,

@@ -204,6 +204,12 @@ def pin_conflict(repo: LocalRepository, wanted: Mapping[str, int]) -> str | None
     return None
 
 
+RETRIED_STAGES = ("store", "host")
+"""Refusals tried again after their backoff while the pointer stays: files missing from the store (``store``: they
+may be pushed again) and a Python stub Triton declared unhealthy (``host``: a stub its host stalled answers on a
+fresh load; one that dies dies again, and stays refused with a growing backoff)."""
+
+
 class Backoff:
     """When to try again: per refused set (keyed by its models) and after transient failures, each
     doubling from ``first_s`` up to ``max_s``. ``refused`` describes the last refusal (/status)."""
@@ -243,11 +249,11 @@ class Backoff:
         self.refused, self._transient, self._retry_at = None, 0, 0.0
 
     def holds(self, key: str, etag: str | None) -> bool:
-        """The pointer still names the refused set: keep it refused, unless it was refused for files
-        missing from the store (stage ``store``) and its backoff has passed (they may be back)."""
+        """The pointer still names the refused set: keep it refused, unless it was refused at a stage that is
+        tried again (``RETRIED_STAGES``) and its backoff has passed."""
         refused = self.refused
         return refused is not None and refused["etag"] == etag and not (
-            refused["stage"] == "store" and time.monotonic() >= self._refused_until.get(key, 0.0))
+            refused["stage"] in RETRIED_STAGES and time.monotonic() >= self._refused_until.get(key, 0.0))
 
     def waiting(self, key: str) -> bool:
         return time.monotonic() < max(self._retry_at, self._refused_until.get(key, 0.0))
