@@ -335,7 +335,7 @@ class RecordedPolicySearch:
     def __new__(cls, outcomes: dict[tuple[str, float], tuple[float, float]], *,
                 default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset(),
                 slo_ms: float = 50.0, batching: Candidate = Candidate(4, 2, True, 0),
-                capacities: dict[str, float] | None = None):
+                capacities: dict[str, float] | None = None, missed: dict[str, float] | None = None):
         """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
         ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
         from repo_manager.adapters.loadgen import PhaseStats
@@ -369,7 +369,8 @@ class RecordedPolicySearch:
 
         prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True)
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
-        search = Search(prober, profile, batching, 437.37, slo_ms, 2.0, 150.0, 180.0, capacities=capacities)
+        search = Search(prober, profile, batching, 437.37, slo_ms, 2.0, 150.0, 180.0, capacities=capacities,
+                        missed=missed)
         search.normal_checked, search.normal_first = [], []
         return search
 
@@ -576,3 +577,76 @@ def test_a_policy_is_tried_on_a_simpler_structure_only_where_it_keeps_the_choice
         assert any("it carried 352/s within the SLO in the batching search" in n for n in search.notes)
     else:
         assert "b4-i2-d0" in tried
+
+
+def test_a_queue_bound_is_not_tried_where_two_full_batches_do_not_fit_in_the_slo():
+    """Max batch 8 executes in 27 ms here: behind a queue of one batch per instance an accepted request waits for
+    the batch in flight and runs in its own, 55 ms against a 50 ms SLO, so the bound cannot hold (on the tuning
+    check's model max batch 16 at 18.9 ms under 25 ms measured 69.5 ms with it, 48.1 ms without: one overload run
+    of about 8 s for nothing). The timeouts are still bisected on the choice; max batch 4 (31 ms) keeps the bound."""
+    search = RecordedPolicySearch({}, default=(70.0, 300.0), batching=Candidate(8, 2, True, 0),
+                                  capacities={"b8-i2-d0": 437.4, "b4-i2-d0": 352.0})
+    outcome = search.run()
+    tried = [p.candidate.key for p in outcome.points]
+    assert tried and all(key.startswith("b8-i2-d0-q") for key in tried)
+    assert not any("-m" in key for key in tried)
+    assert any(n.startswith("max_batch 8, 2 instance(s), delay 0 us: max_queue_size not tried as the second bound")
+               and "55.0 ms" in n for n in outcome.notes)
+    kept = RecordedPolicySearch({}, default=(70.0, 300.0))  # max batch 4: 2 x 15 + 1 = 31 ms
+    assert any(p.candidate.max_queue_size for p in kept.run().points)
+
+
+@pytest.mark.parametrize(("windows", "p99", "strict", "measured"), [
+    ([57.9, 60.1, 59.3], 59.7, False, 1),  # every window missed, far past the SLO: the config, not the machine
+    ([33.5, 29.8, 27.1], 32.6, False, 1),  # every window missed, by more than NEAR_MISS
+    ([27.7, 26.2, 28.1], 28.0, False, 2),  # within NEAR_MISS of the SLO: once more
+    ([17.5, 40.1, 19.5], 41.0, False, 2),  # one disturbed window: once more
+    ([17.5, 40.1, 19.5], 41.0, True, 1),   # a confirmation round: no second chance
+    ([17.5, 90.1, 19.5], 90.0, False, 1),  # past three times the SLO
+])
+def test_a_miss_is_measured_again_only_where_a_disturbance_can_explain_it(windows, p99, strict, measured):
+    from cost_model import cost_config
+
+    from repo_manager.ops.tuning.prober import Prober
+
+    class Recording(Prober):
+        def load(self, candidate: Candidate) -> bool:
+            self.loaded = candidate.key
+            return True
+
+        def _measure(self, spec, workload=None):
+            self.measured += 1
+            return SimpleNamespace(valid=True, saturated=False, errors=0, rejected=0, window_p99_ms=windows,
+                                   p99_ms=p99, invalid_reason="")
+
+    prober = Recording(None, None, cost_config("m", fixed_ms=1.0, per_item_ms=1.0), SLO_MS, 1e9)
+    prober.measured = 0
+    point = prober.point(NONE, "headroom", 480.0, strict=strict)
+    assert not point.meets_slo and prober.measured == measured
+    assert ("missed twice" in point.note) is (measured == 2)
+
+
+def test_a_structure_that_missed_a_busy_level_the_choice_met_is_not_tried_for_a_policy():
+    """The tuning check's model in this machine's run: max batch 4 missed the SLO at peak x headroom (480/s) in
+    the batching search, so it has no ladder capacity; the choice (max batch 16 with a delay) leaves no timeout
+    range. A policy on max batch 4 was tried (three runs, none held) in place of the choice, and since a policy
+    on a simpler structure is never the fallback, nothing was written. Here: max batch 8 leaves no range, max
+    batch 4 missed at 180/s: the choice itself is measured, and its closest policy is the fallback."""
+    search = RecordedPolicySearch({}, default=(70.0, 300.0), batching=Candidate(8, 2, True, 0),
+                                  capacities={"b8-i2-d0": 437.4}, missed={"b4-i2-d0": 180.0})
+    outcome = search.run()
+    assert {p.candidate.without_queue_policy().key for p in outcome.points} == {"b8-i2-d0"}
+    assert any("it missed the SLO at 180/s in the batching search" in n for n in outcome.notes)
+    assert outcome.fallback is not None and outcome.fallback.max_batch_size == 8
+
+
+def test_the_busy_rate_a_structure_missed_is_what_the_policy_search_is_given():
+    from repo_manager.ops.tuning.search import Evaluation
+
+    def point(level, rate, meets):
+        return Point(NONE.key, level, rate, meets, True, SimpleNamespace(p99_ms=20.0 if meets else 30.0, valid=True))
+
+    missed = Evaluation(NONE, {"low": None, "peak": None, "headroom": point("headroom", 480.0, False)}, None)
+    at_low = Evaluation(NONE, {"low": point("low", 50.0, False), "peak": point("peak", 400.0, True),
+                               "headroom": point("headroom", 480.0, True)}, None)
+    assert missed.missed_rps == 480.0 and at_low.missed_rps is None

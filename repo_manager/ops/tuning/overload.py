@@ -15,13 +15,15 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
 * **max_queue_size as the second bound**: when accepted requests miss the SLO under a timeout, the same
   timeout with a queue of one full batch per instance is tried before a shorter timeout or a simpler
   structure (an accepted request then waits for at most the batch in flight and its own), so the batching
-  chosen for capacity keeps it where the bound holds;
+  chosen for capacity keeps it where the bound holds; not where two full batches do not fit in
+  ``MAX_TIMEOUT_SHARE`` of the SLO (``PolicySearch._bound_can_hold``);
 * the structures it is tried on: the chosen batching, then without its delay, then a smaller max batch
   (when the chosen one leaves no timeout range), then one instance: simpler structures that a measured
   stand-in showed to hold (a 10 ms timeout on a 3 ms + 3 ms/item model held 39 ms at 2-3 x capacity
   where the chosen two-instance batching with a delay missed at 91 ms); a simpler one only where it keeps
-  ``SIMPLER_CAPACITY`` of the choice's capacity (measured by the batching search, or bounded by the
-  profile): a policy is not bought with capacity at normal traffic;
+  ``SIMPLER_CAPACITY`` of the choice's capacity (measured by the batching search, where it may also have
+  missed the SLO at a busy level the choice met, or bounded by the profile): a policy is not bought with
+  capacity at normal traffic;
 * the capacity is the SLO ladder's; when the ladder stopped early (the time budget), it is what the
   batching sustains closed loop (enough clients to fill every batch), measured once (an overload relative
   to a lower bound would be no overload, and a policy "holding" there would prove nothing);
@@ -308,6 +310,7 @@ class PolicySearch:
         capacity_note: str = "",
         fallback: bool = True,
         capacities: dict[str, float] | None = None,
+        missed: dict[str, float] | None = None,
     ) -> None:
         self.prober, self.profile, self.batching = prober, profile, batching.without_queue_policy()
         self.capacity, self.slo_ms, self.factor = capacity_rps, slo_ms, factor
@@ -322,6 +325,8 @@ class PolicySearch:
         """Whether to look for a fallback when no policy holds (not when a held one is required: never written)."""
         self.capacities = capacities or {}
         """Capacities within the SLO the batching search measured (its ladder), by structure key."""
+        self.missed = missed or {}
+        """The lowest busy rate at which a structure missed the SLO in the batching search, by structure key."""
 
     @property
     def rate(self) -> float:
@@ -369,14 +374,18 @@ class PolicySearch:
 
     def _gives_capacity_away(self, structure: Candidate) -> bool:
         """Whether a simpler structure carries less than ``SIMPLER_CAPACITY`` of the choice's capacity: as the
-        batching search measured it, or at most by the profile (every execution a full batch). Noted."""
+        batching search measured it (its ladder, or a busy level it missed where the choice met it), or at most by
+        the profile (every execution a full batch). Noted."""
         if structure.without_queue_policy().key == self.batching.key:
             return False
         need = SIMPLER_CAPACITY * self.capacity
-        carried = self.capacities.get(structure.without_queue_policy().key)
+        key = structure.without_queue_policy().key
+        carried, missed = self.capacities.get(key), self.missed.get(key)
         bound = self.profile.capacity_bound(structure.max_batch_size, structure.instances)
         if carried is not None and carried < need and not self.lower_bound:  # (a ladder's figure against a ladder's)
             why = f"it carried {carried:.0f}/s within the SLO in the batching search"
+        elif carried is None and missed is not None and missed < need:  # the choice met that rate
+            why = f"it missed the SLO at {missed:.0f}/s in the batching search"
         elif bound < need:
             why = f"it carries at most {bound:.0f}/s (every execution a full batch)"
         else:
@@ -576,13 +585,14 @@ class PolicySearch:
                     # the second bound before a shorter timeout: a queue of one batch per instance keeps an
                     # accepted request's wait to the batch in flight and its own, whatever the timeout
                     bounded_tried = True
-                    bounded = structure.with_queue_policy(round(timeout * 1000), self.queue_bound(structure),
-                                                          self.priority_levels)
-                    held = self.try_policy(bounded)
-                    # a full queue's refusal can stall Triton's batcher (module docstring): kept only when it
-                    # also keeps the goodput the timeout alone had
-                    if held.meets and held.overload.goodput_rps >= MAX_QUEUE_GOODPUT * point.overload.goodput_rps:
-                        return bounded
+                    if self._bound_can_hold(structure):
+                        bounded = structure.with_queue_policy(round(timeout * 1000), self.queue_bound(structure),
+                                                              self.priority_levels)
+                        held = self.try_policy(bounded)
+                        # a full queue's refusal can stall Triton's batcher (module docstring): kept only when
+                        # it also keeps the goodput the timeout alone had
+                        if held.meets and held.overload.goodput_rps >= MAX_QUEUE_GOODPUT * point.overload.goodput_rps:
+                            return bounded
                 miss_above = timeout
                 following = (timeout + shed_below) / 2 if shed_below < timeout else timeout / 2
                 following = max(following, 1.0)
@@ -592,6 +602,21 @@ class PolicySearch:
                 return None
             timeout = following
         return None
+
+    def _bound_can_hold(self, structure: Candidate) -> bool:
+        """Whether the queue bound (``queue_bound``) can keep an accepted request within the SLO: it waits for at
+        most the batch in flight and then runs in its own, so two full batches (plus the queue delay and the
+        overhead) must fit in ``MAX_TIMEOUT_SHARE`` of the SLO, the same room the timeout range leaves. Noted
+        when not (on the tuning check's model, max batch 16 at 18.9 ms a batch under 25 ms: accepted p99 69.5 ms
+        with the bound, 48.1 ms without)."""
+        full = self.profile.exec_at(structure.max_batch_size)
+        wait = 2 * full + structure.delay_us / 1000 + self.profile.overhead_ms
+        if wait <= MAX_TIMEOUT_SHARE * self.slo_ms:
+            return True
+        self.notes.append(f"{structure.label}: max_queue_size not tried as the second bound: an accepted request "
+                          f"would wait for the batch in flight and run in its own, {wait:.1f} ms, past "
+                          f"{MAX_TIMEOUT_SHARE:.0%} of the SLO")
+        return False
 
     @staticmethod
     def queue_bound(structure: Candidate) -> int:

@@ -11,9 +11,11 @@ if it is still unstable it passes only if every window's p99 is within the SLO. 
 config already kept stably the queue cannot be growing, so there the windows' difference is noise and
 the point is taken as it is. A point the client
 could not drive (invalid) is retried once; if it stays invalid it is reported as such and never passes.
-A near miss (p99 within three times the SLO) is measured once more and the level is met if the retry
-meets it: on a shared machine one disturbed measurement should not condemn a config; the finalists'
-interleaved re-measure (``search``) catches a config that only passed by luck.
+A near miss is measured once more and the level is met if the retry meets it: on a shared machine one
+disturbed measurement should not condemn a config; the finalists' interleaved re-measure (``search``)
+catches a config that only passed by luck. A miss is near (``near_miss``) when a disturbance can explain it:
+some window met the SLO, or the p99 missed it by at most ``NEAR_MISS``; a config that cannot carry the rate
+misses in every window, and measuring it again only costs time.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ at least half of this one's: the model's batches of that size are warm, only the
 (tens of milliseconds at the rates a search measures). After a slower point the whole warm-up: on the tuning
 check's model a confirmation round at 480/s measured right after one at 50/s on the same config missed the
 SLO in three runs of three (25.7, 33.8, 42.4 ms, where its other rounds there measured 20-22 ms)."""
+NEAR_MISS = 1.2
+"""A point whose every window missed the SLO is a near miss only within this multiple of it (``near_miss``): on the
+tuning check's model (SLO 25 ms) a second measurement of the current config (59.7 ms in each of three windows)
+and of plain batching (33.5 / 29.8 / 27.1 ms) missed the same way, about 3.5 s each for nothing."""
 PROFILE_REQUESTS = 8
 """Requests per profiled batch size, at least (and at least ``PROFILE_MEASURE_S`` of them)."""
 PROFILE_WARMUP_S = 0.2
@@ -213,7 +219,7 @@ class Prober:
             result = self._measure(replace(spec, requests=spec.requests * 2, seed=spec.seed + 2000))
             stable = self._stable(result)
         passed = self._passes(result, stable)
-        if not strict and not passed and result.valid and not result.saturated and result.p99_ms <= 3 * self.slo_ms:
+        if not strict and not passed and near_miss(result, self.slo_ms):
             # a near miss on a shared machine may be a disturbance of the machine, not the config: one
             # more measurement decides (finalists are measured again, interleaved, before any choice)
             retry = self._measure(replace(spec, seed=spec.seed + 3000))
@@ -299,6 +305,15 @@ class Prober:
         if why:
             self.say(f"profile stopped at batch size {size}: {why}")
         return Profile(exec_ms, round(overhead, 3), max(exec_ms))
+
+
+def near_miss(result: Measurement, slo_ms: float) -> bool:
+    """Whether a point that missed ``slo_ms`` may have missed by a disturbance of the machine (worth one more
+    measurement): driven as offered, not saturated, within three times the SLO, and some window met the SLO
+    or the p99 missed it by at most ``NEAR_MISS``."""
+    if not result.valid or result.saturated or result.p99_ms > 3 * slo_ms:
+        return False
+    return result.p99_ms <= NEAR_MISS * slo_ms or min(result.window_p99_ms, default=float("inf")) <= slo_ms
 
 
 def profile_problem(result: Measurement, size: int) -> str:

@@ -81,6 +81,12 @@ class Evaluation:
     def eligible(self) -> bool:
         return all(p is not None and p.meets_slo for p in self.levels.values())
 
+    @property
+    def missed_rps(self) -> float | None:
+        """The lowest busy rate (peak, peak x headroom) at which it missed the SLO, None if it missed none."""
+        return min((p.rate for level, p in self.levels.items() if level != "low" and p is not None
+                    and not p.meets_slo), default=None)
+
     def closeness(self) -> tuple[int, float]:
         """For "closest" when nothing passes: more levels met, then the smallest worst p99."""
         measured = [p for p in self.levels.values() if p is not None]
