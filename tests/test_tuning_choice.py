@@ -650,3 +650,18 @@ def test_the_busy_rate_a_structure_missed_is_what_the_policy_search_is_given():
     at_low = Evaluation(NONE, {"low": point("low", 50.0, False), "peak": point("peak", 400.0, True),
                                "headroom": point("headroom", 480.0, True)}, None)
     assert missed.missed_rps == 480.0 and at_low.missed_rps is None
+
+
+@pytest.mark.parametrize(("zero_delay_low_ms", "searched"), [(11.6, False), (9.5, True), (5.0, True)])
+def test_a_delay_shorter_than_the_gap_between_requests_at_peak_is_not_measured(zero_delay_low_ms, searched):
+    """The tuning check's model in this machine's run: max batch 8 answered 11.6 ms at 50/s, leaving 0.9 ms under
+    half the 25 ms SLO; at 400/s requests arrive every 2.5 ms, so such a delay gathers a third of a request, and
+    its bisection had cost two low-traffic points (20 s). With 7.5 ms of room the delay is searched."""
+    prober = RecordedProber({}, fallback=_model({"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 600.0},
+                                                low_ms={"b8-i2-d0": zero_delay_low_ms}))
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    delays = {p.candidate for p in prober.points if p.rate == LOW and not p.candidate.endswith("-d0")}
+    assert bool(delays) is searched
+    assert any("shorter than the 2.5 ms a delay needs to gather one more request at peak" in n
+               for n in outcome.notes) is not searched
+    assert all(int(key.split("-d")[1]) >= 2500 for key in delays)  # 9.5 ms: the room (3 ms), not half of it

@@ -12,9 +12,11 @@
    one at 400/s does not), and without a queue delay it rarely separates structures.
 3. **Queue delay.** For the best structure that passed the busy levels and low traffic with no delay,
    the delay is searched against the low-traffic SLO by bisection between 0 and the room the zero-delay
-   p99 leaves (keeping 10 % of the SLO as a margin for noise), instead of a fixed grid; the largest passing delay and a
+   p99 leaves under ``DELAY_SHARE`` of the SLO, instead of a fixed grid; the largest passing delay and a
    third of it become candidates (and, when the profile says a smaller batch is already cheap, the
-   largest delay with that size preferred, measured after the capacities below).
+   largest delay with that size preferred, measured after the capacities below). A delay shorter than the
+   mean gap between requests at peak is not measured: it gathers less than one more request into a batch
+   (``_shortest_delay_ms``).
    When no candidate at the best capacity keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
    the SLO, short delays (a quarter, then a half of the room the whole SLO leaves at low traffic) are tried
    on that structure too: at a busy rate a delay fills batches and can lower the peak's p99; the
@@ -225,14 +227,17 @@ class Search:
         # a delay longer than a full batch takes to arrive at the peak rate cannot fill batches further
         fill_ms = 1000.0 * base.max_batch_size / self.rates["peak"]
         room_ms = min(self.slo_ms * DELAY_SHARE - zero.p99_ms, fill_ms)
-        if room_ms < 0.5:
+        if room_ms < self._shortest_delay_ms():
             self.notes.append(f"delay search skipped: {base.label} leaves {room_ms:.1f} ms of low-traffic "
-                              f"p99 room under {DELAY_SHARE:.0%} of the SLO")
+                              f"p99 room under {DELAY_SHARE:.0%} of the SLO, shorter than the "
+                              f"{self._shortest_delay_ms():.1f} ms a delay needs to gather one more request at peak")
             return
         low_cost = self.prober.point_cost_s(self.rates["low"]) + LOAD_S
         lo, hi = 0.0, room_ms
         trial = hi
         for _ in range(2):  # the room itself, then halfway: finer steps cost more than they change
+            if trial < self._shortest_delay_ms():
+                break
             if not self.prober.can_afford(low_cost + self._cost(2)):
                 self.notes.append("delay search cut short: time budget")
                 if lo <= 0:
@@ -256,7 +261,7 @@ class Search:
         # several instances a shorter wait already fills batches and leaves more room under load, so a
         # third of it is measured too (first: at peak it is the likelier of the two to pass)
         for candidate in (base.with_delay(int(lo * 1000 / 3)), found):
-            if candidate.delay_us > 0 and self.prober.can_afford(self._cost()):
+            if candidate.delay_us >= self._shortest_delay_ms() * 1000 and self.prober.can_afford(self._cost()):
                 self.evaluate(self._add(candidate))
         useful = [b for b in preferred_sizes(self.profile, base.max_batch_size) if b < base.max_batch_size]
         if useful:  # measured with the remaining structures, after the capacities
@@ -289,7 +294,7 @@ class Search:
         tried = []
         for share in (0.25, 0.5):
             delay_us = int(room_ms * share * 1000)
-            if delay_us < 500 or not self.prober.can_afford(self._cost()):
+            if delay_us < self._shortest_delay_ms() * 1000 or not self.prober.can_afford(self._cost()):
                 continue
             candidate = self._add(base.with_delay(delay_us))
             headroom = self.prober.point(candidate, "headroom", self.rates["headroom"])
@@ -304,6 +309,13 @@ class Search:
             self._capacities()
             self.notes.append(f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the "
                               f"SLO: tried queue delays on {base.label}: {'; '.join(tried)}")
+
+    def _shortest_delay_ms(self) -> float:
+        """The shortest queue delay worth measuring: the mean gap between requests at peak (at least 0.5 ms). A
+        shorter delay gathers less than one more request into a batch on average, and at low traffic it only adds
+        its wait (on the tuning check's model the room for one was 0.9 ms at 400/s: two low-traffic points, 20 s,
+        for delays that gathered a third of a request)."""
+        return max(0.5, 1000.0 / self.rates["peak"])
 
     def _at_best_capacity(self, candidates: list[Candidate]) -> tuple[float, list[Candidate]]:
         """The best capacity among ``candidates`` (0 for one not climbed) and the candidates that reached it."""
