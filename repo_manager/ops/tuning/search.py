@@ -228,9 +228,10 @@ class Search:
         fill_ms = 1000.0 * base.max_batch_size / self.rates["peak"]
         room_ms = min(self.slo_ms * DELAY_SHARE - zero.p99_ms, fill_ms)
         if room_ms < self._shortest_delay_ms():
-            self.notes.append(f"delay search skipped: {base.label} leaves {room_ms:.1f} ms of low-traffic "
-                              f"p99 room under {DELAY_SHARE:.0%} of the SLO, shorter than the "
-                              f"{self._shortest_delay_ms():.1f} ms a delay needs to gather one more request at peak")
+            short = (f", shorter than the {self._shortest_delay_ms():.1f} ms a delay needs to gather one more request "
+                     "at peak") if room_ms > 0 else ""
+            self.notes.append(f"delay search skipped: {base.label} leaves {max(room_ms, 0.0):.1f} ms of low-traffic "
+                              f"p99 room under {DELAY_SHARE:.0%} of the SLO{short}")
             return
         low_cost = self.prober.point_cost_s(self.rates["low"]) + LOAD_S
         lo, hi = 0.0, room_ms
