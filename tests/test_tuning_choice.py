@@ -665,3 +665,20 @@ def test_a_delay_shorter_than_the_gap_between_requests_at_peak_is_not_measured(z
     assert any("shorter than the 2.5 ms a delay needs to gather one more request at peak" in n
                for n in outcome.notes) is not searched
     assert all(int(key.split("-d")[1]) >= 2500 for key in delays)  # 9.5 ms: the room (3 ms), not half of it
+
+
+def test_a_timeout_under_the_batch_in_flight_is_never_written_as_the_fallback():
+    """This machine's bench run on the tuning check's model: no policy held on max batch 16 (18.9 ms a full batch,
+    SLO 25 ms); half the range's floor (11.3 ms) came closest under 2 x and kept peak x headroom, was written as the
+    fallback, and the independent load measured the written config at 480-580/s where the batching without it
+    carried 580-703/s: near capacity the batch in flight is a full one. Here max batch 8 (27 ms, floor 32.4 ms):
+    the closer 16.2 ms timeout is not written, the floor is."""
+    floor, half = "b8-i2-d0-q32400", "b8-i2-d0-q16200"
+    search = RecordedPolicySearch({(floor, 2.0): (70.0, 300.0), (half, 2.0): (55.0, 420.0)}, default=(80.0, 200.0),
+                                  batching=Candidate(8, 2, True, 0), capacities={"b8-i2-d0": 437.4},
+                                  missed={"b4-i2-d0": 180.0})
+    outcome = search.run()
+    assert {floor, half} <= {p.candidate.key for p in outcome.points}
+    assert outcome.chosen is None and outcome.fallback is not None and outcome.fallback.key == floor
+    assert any(n.startswith("max_batch 8, 2 instance(s), delay 0 us, queue timeout 16200 us then reject: not written")
+               and "under 1.2 full batches (32.4 ms)" in n for n in outcome.notes)
