@@ -16,7 +16,8 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   timeout with a queue of one full batch per instance is tried before a shorter timeout or a simpler
   structure (an accepted request then waits for at most the batch in flight and its own), so the batching
   chosen for capacity keeps it where the bound holds; not where two full batches do not fit in
-  ``MAX_TIMEOUT_SHARE`` of the SLO (``PolicySearch._bound_can_hold``);
+  ``MAX_TIMEOUT_SHARE`` of the SLO (``PolicySearch._bound_can_hold``: a structure with a timeout range always
+  fits them, so this spares a run only where the chosen batching leaves no range and is tried all the same);
 * the structures it is tried on: the chosen batching, then without its delay, then a smaller max batch
   (when the chosen one leaves no timeout range), then one instance: simpler structures that a measured
   stand-in showed to hold (a 10 ms timeout on a 3 ms + 3 ms/item model held 39 ms at 2-3 x capacity
@@ -48,9 +49,9 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   that held with less margin tries them too); the result reports both (a remaining miss there is reported,
   the choice for the asked overload stands);
 * when no policy held, the closest one tried that keeps normal traffic at peak x headroom, with a timeout
-  within the range (at least ``MIN_TIMEOUT_BATCHES`` full batches: a shorter one sheds near capacity), is
-  written all the same (``OverloadOutcome.fallback``): it sheds what waited past its timeout, where no policy
-  queues a spike without bound;
+  at or above the range's floor (``MIN_TIMEOUT_BATCHES`` full batches and the queue delay: a shorter one sheds
+  near capacity), is written all the same (``OverloadOutcome.fallback``): it sheds what waited past its
+  timeout, where no policy queues a spike without bound;
 * ``priority_levels`` (asked with ``--priority-levels``) gives every level the same policy; requests
   without a priority get the lowest level, so callers can mark the ones to keep.
 
@@ -537,7 +538,8 @@ class PolicySearch:
         held, since unproven it would also give away the capacity the batching search measured (the tuning
         check's model: a policy on max batch 4 written in place of max batch 16 carried 480/s where the
         batching carried 580-750/s, and shed normal traffic at peak x headroom in one of three rounds). Only a
-        timeout within the range, at least ``MIN_TIMEOUT_BATCHES`` full batches: a shorter one keeps peak x headroom
+        timeout at or above the range's floor (``timeout_range_ms``; above its top where the range is empty): a
+        shorter one keeps peak x headroom
         but sheds near the batching's capacity, where the batch in flight is a full one (the tuning check's model,
         max batch 16 at 18.9 ms a batch: 11.3 ms written as the fallback, the independent load measured the
         written config's capacity at 480-580/s where the grid's best carried 580-703/s)."""
@@ -550,8 +552,9 @@ class PolicySearch:
             if point.candidate.queue_timeout_us < floor_ms * 1000 - 1:
                 del tried[key]
                 self.notes.append(f"{point.candidate.label}: not written without a held policy: its timeout is under "
-                                  f"{MIN_TIMEOUT_BATCHES:g} full batches ({floor_ms:.1f} ms), so near capacity it "
-                                  "sheds requests the batching answers within the SLO")
+                                  f"the range's floor ({MIN_TIMEOUT_BATCHES:g} full batches and the queue delay, "
+                                  f"{floor_ms:.1f} ms), so near capacity it sheds requests the batching answers "
+                                  "within the SLO")
         ranked = sorted(tried.values(), key=self._closeness)
         for point in ranked[:2]:
             if not self.prober.load(point.candidate):

@@ -85,9 +85,10 @@ class Evaluation:
 
     @property
     def missed_rps(self) -> float | None:
-        """The lowest busy rate (peak, peak x headroom) at which it missed the SLO, None if it missed none."""
+        """The lowest busy rate (peak, peak x headroom) at which it was measured, as offered, to miss the SLO; None if
+        it missed none (a config that did not load, or a point the client could not drive, measured nothing)."""
         return min((p.rate for level, p in self.levels.items() if level != "low" and p is not None
-                    and not p.meets_slo), default=None)
+                    and not p.meets_slo and p.measurement is not None and p.measurement.valid), default=None)
 
     def closeness(self) -> tuple[int, float]:
         """For "closest" when nothing passes: more levels met, then the smallest worst p99."""
@@ -262,7 +263,7 @@ class Search:
         # several instances a shorter wait already fills batches and leaves more room under load, so a
         # third of it is measured too (first: at peak it is the likelier of the two to pass)
         for candidate in (base.with_delay(int(lo * 1000 / 3)), found):
-            if candidate.delay_us >= self._shortest_delay_ms() * 1000 and self.prober.can_afford(self._cost()):
+            if candidate.delay_us >= int(self._shortest_delay_ms() * 1000) and self.prober.can_afford(self._cost()):
                 self.evaluate(self._add(candidate))
         useful = [b for b in preferred_sizes(self.profile, base.max_batch_size) if b < base.max_batch_size]
         if useful:  # measured with the remaining structures, after the capacities
@@ -295,7 +296,7 @@ class Search:
         tried = []
         for share in (0.25, 0.5):
             delay_us = int(room_ms * share * 1000)
-            if delay_us < self._shortest_delay_ms() * 1000 or not self.prober.can_afford(self._cost()):
+            if delay_us < int(self._shortest_delay_ms() * 1000) or not self.prober.can_afford(self._cost()):
                 continue
             candidate = self._add(base.with_delay(delay_us))
             headroom = self.prober.point(candidate, "headroom", self.rates["headroom"])
