@@ -335,7 +335,8 @@ class RecordedPolicySearch:
     def __new__(cls, outcomes: dict[tuple[str, float], tuple[float, float]], *,
                 default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset(),
                 slo_ms: float = 50.0, batching: Candidate = Candidate(4, 2, True, 0),
-                capacities: dict[str, float] | None = None, missed: dict[str, float] | None = None):
+                capacities: dict[str, float] | None = None, missed: dict[str, float] | None = None,
+                climbed: dict[str, float] | None = None):
         """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
         ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
         from repo_manager.adapters.loadgen import PhaseStats
@@ -370,7 +371,7 @@ class RecordedPolicySearch:
         prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True)
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
         search = Search(prober, profile, batching, 437.37, slo_ms, 2.0, 150.0, 180.0, capacities=capacities,
-                        missed=missed)
+                        missed=missed, climbed=climbed)
         search.normal_checked, search.normal_first = [], []
         return search
 
@@ -577,6 +578,45 @@ def test_a_policy_is_tried_on_a_simpler_structure_only_where_it_keeps_the_choice
         assert any("it carried 352/s within the SLO in the batching search" in n for n in search.notes)
     else:
         assert "b4-i2-d0" in tried
+
+
+@pytest.mark.parametrize("b4_climbed", [437.4, 349.9])
+def test_a_structure_a_re_measure_put_a_step_under_the_choice_is_tried_where_the_choice_leaves_no_range(b4_climbed):
+    """bench_overload's per-item model in this machine's run: max batch 8 (27 ms a batch) and max batch 4 both met
+    437/s on their ladders; the finalists' re-measure missed on max batch 4 (59 and 120 ms), so its capacity fell a
+    step to 350/s. Max batch 8 leaves no timeout range under 50 ms: a policy on it missed at 2 x with every timeout
+    down to 8.4 ms. Max batch 4 is tried first (its first timeout, 19 ms, holds here) and is the structure chosen;
+    where its ladder itself stopped a step lower (the tuning check's model: max batch 4 at 480-600/s against 750/s)
+    it gives capacity away and only the choice is measured."""
+    first = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(first, 2.0): (41.0, 420.0), (first, 3.0): (45.0, 415.0)}, default=(70.0, 300.0),
+                                  batching=Candidate(8, 2, True, 0), capacities={"b8-i2-d0": 437.4, "b4-i2-d0": 349.9},
+                                  climbed={"b8-i2-d0": 437.4, "b4-i2-d0": b4_climbed})
+    outcome = search.run()
+    tried = [p.candidate.without_queue_policy().key for p in outcome.points]
+    if b4_climbed == 437.4:
+        assert tried[0] == "b4-i2-d0" and outcome.chosen is not None and outcome.chosen.key.startswith(first)
+        assert any(n.startswith("max_batch 4, 2 instance(s), delay 0 us: tried although the finalists' re-measure")
+                   and "met 437/s" in n and "(27.0 ms)" in n for n in outcome.notes)
+    else:
+        assert set(tried) == {"b8-i2-d0"} and outcome.chosen is None
+        assert any("it carried 350/s within the SLO in the batching search" in n for n in outcome.notes)
+
+
+def test_where_the_structures_with_a_range_do_not_hold_the_choice_is_measured_after_them_for_the_fallback():
+    """Max batch 4 (a re-measure put it a step under max batch 8, its ladder did not) is tried first and misses
+    with every timeout; the choice, which leaves no range, is then measured below it, and its closest policy that
+    keeps normal traffic and reaches the range's floor (1.2 full batches, 32.4 ms) is written as the fallback,
+    never one on max batch 4."""
+    search = RecordedPolicySearch({}, default=(70.0, 300.0), batching=Candidate(8, 2, True, 0),
+                                  capacities={"b8-i2-d0": 437.4, "b4-i2-d0": 349.9},
+                                  climbed={"b8-i2-d0": 437.4, "b4-i2-d0": 437.4})
+    outcome = search.run()
+    tried = [p.candidate.without_queue_policy().key for p in outcome.points]
+    assert tried[0] == "b4-i2-d0" and "b8-i2-d0" in tried
+    assert tried.index("b8-i2-d0") > max(i for i, key in enumerate(tried) if key == "b4-i2-d0")
+    assert outcome.chosen is None and outcome.fallback is not None
+    assert outcome.fallback.key == "b8-i2-d0-q32400"
 
 
 def test_a_queue_bound_is_not_tried_where_two_full_batches_do_not_fit_in_the_slo():

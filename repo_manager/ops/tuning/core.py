@@ -340,7 +340,9 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
                                         capacities={e.candidate.key: e.capacity_rps for e in outcome.evaluations
                                                     if e.capacity_rps is not None},
                                         missed={e.candidate.key: e.missed_rps for e in outcome.evaluations
-                                                if e.missed_rps is not None}).run()
+                                                if e.missed_rps is not None},
+                                        climbed={e.candidate.key: e.climbed_rps for e in outcome.evaluations
+                                                 if e.climbed_rps is not None}).run()
         finally:
             progress("restoring the served config", prober.used_s, request.budget_s)
             prober.restore(served.original)

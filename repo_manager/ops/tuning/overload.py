@@ -24,7 +24,10 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   where the chosen two-instance batching with a delay missed at 91 ms); a simpler one only where it keeps
   ``SIMPLER_CAPACITY`` of the choice's capacity (measured by the batching search, where it may also have
   missed the SLO at a busy level the choice met, or bounded by the profile): a policy is not bought with
-  capacity at normal traffic;
+  capacity at normal traffic; except where the choice leaves no timeout range and the simpler structure's
+  own ladder met the choice's capacity, which only the finalists' re-measure took a step off (the two are
+  within this machine's noise, and only the simpler one can cover the batch in flight); a choice that
+  leaves no range is measured after the structures that have one, so that the fallback still has its tries;
 * the capacity is the SLO ladder's; when the ladder stopped early (the time budget), it is what the
   batching sustains closed loop (enough clients to fill every batch), measured once (an overload relative
   to a lower bound would be no overload, and a policy "holding" there would prove nothing);
@@ -313,6 +316,7 @@ class PolicySearch:
         fallback: bool = True,
         capacities: dict[str, float] | None = None,
         missed: dict[str, float] | None = None,
+        climbed: dict[str, float] | None = None,
     ) -> None:
         self.prober, self.profile, self.batching = prober, profile, batching.without_queue_policy()
         self.capacity, self.slo_ms, self.factor = capacity_rps, slo_ms, factor
@@ -329,6 +333,8 @@ class PolicySearch:
         """Capacities within the SLO the batching search measured (its ladder), by structure key."""
         self.missed = missed or {}
         """The lowest busy rate at which a structure missed the SLO in the batching search, by structure key."""
+        self.climbed = climbed or {}
+        """Each ladder's own figure before the finalists' re-measure took a step off it, by structure key."""
 
     @property
     def rate(self) -> float:
@@ -378,13 +384,15 @@ class PolicySearch:
         """Whether a simpler structure carries less than ``SIMPLER_CAPACITY`` of the choice's capacity: as the
         batching search measured it (its ladder, or a busy level it missed where the choice met it), or at most by
         the profile (every execution a full batch). Noted."""
-        if structure.without_queue_policy().key == self.batching.key:
+        key = structure.without_queue_policy().key
+        if key == self.batching.key:
             return False
         need = SIMPLER_CAPACITY * self.capacity
-        key = structure.without_queue_policy().key
         carried, missed = self.capacities.get(key), self.missed.get(key)
         bound = self.profile.capacity_bound(structure.max_batch_size, structure.instances)
         if carried is not None and carried < need and not self.lower_bound:  # (a ladder's figure against a ladder's)
+            if self._within_noise_where_the_choice_cannot_hold(structure):
+                return False
             why = f"it carried {carried:.0f}/s within the SLO in the batching search"
         elif carried is None and missed is not None and missed < need:  # the choice met that rate
             why = f"it missed the SLO at {missed:.0f}/s in the batching search"
@@ -394,6 +402,25 @@ class PolicySearch:
             return False
         self.notes.append(f"{structure.label}: not tried: {why}, under {SIMPLER_CAPACITY:.0%} of the choice's "
                           f"{self.capacity:.0f}/s (a policy there would give that capacity away at normal traffic)")
+        return True
+
+    def _within_noise_where_the_choice_cannot_hold(self, structure: Candidate) -> bool:
+        """Whether a structure whose capacity the finalists' re-measure cut a ladder step below the choice's is
+        tried all the same: its own ladder met the choice's capacity (the two are within this machine's noise
+        of each other), the choice leaves no timeout range, and ``structure`` has one. There a policy on the
+        choice cannot cover the batch in flight: an accepted request waits for it and runs in its own, past the
+        SLO (3 ms + 3 ms/item under 50 ms: max batch 8, 27 ms a batch, missed at 2 x capacity with every
+        timeout down to 8.4 ms, and with it 67.9 ms in the bench's independent run; max batch 4 had met the same
+        440/s on its ladder and lost that step on a re-measure at 59 and 120 ms). Noted."""
+        climbed = self.climbed.get(structure.without_queue_policy().key)
+        if (climbed is None or climbed < SIMPLER_CAPACITY * self.capacity or self._range_fits(self.batching)
+                or not self._range_fits(structure)):
+            return False
+        full = self.profile.exec_at(self.batching.max_batch_size)
+        self.notes.append(
+            f"{structure.label}: tried although the finalists' re-measure put its capacity a ladder step under the "
+            f"choice's: its ladder met {climbed:.0f}/s as the choice's did, and the choice's full batch "
+            f"({full:.1f} ms) leaves no timeout that covers the batch in flight within the SLO")
         return True
 
     def _range_fits(self, structure: Candidate) -> bool:
@@ -440,9 +467,14 @@ class PolicySearch:
         for structure in structures:
             if structure not in fitting:
                 full = self.profile.exec_at(structure.max_batch_size)
-                self.notes.append(f"{structure.label}: not tried: a full batch ({full:.1f} ms) leaves no timeout "
-                                  "that both covers the batch in flight and keeps an accepted request within the SLO")
-        for structure in fitting or [self.batching]:  # none fits: the chosen batching, measured all the same
+                room = (f"a full batch ({full:.1f} ms) leaves no timeout that both covers the batch in flight and "
+                        "keeps an accepted request within the SLO")
+                self.notes.append(f"{structure.label}: {room}: measured last, with timeouts from the range's floor "
+                                  "down" if structure == self.batching else f"{structure.label}: not tried: {room}")
+        # where the choice has no range, the structures that have one come first and the choice itself after
+        # them (below its range), so that without a held policy the fallback still has the choice's tries
+        order = fitting + ([self.batching] if self.batching not in fitting else [])
+        for structure in order:
             if not self._affords_another():
                 break
             chosen = self._search_timeout(structure)
@@ -625,9 +657,9 @@ class PolicySearch:
         when not (on the tuning check's model, max batch 16 at 18.9 ms a batch under 25 ms: accepted p99 69.5 ms
         with the bound, 48.1 ms without)."""
         full = self.profile.exec_at(structure.max_batch_size)
-        wait = 2 * full + structure.delay_us / 1000 + self.profile.overhead_ms
-        if wait <= MAX_TIMEOUT_SHARE * self.slo_ms:
+        if full + structure.delay_us / 1000 <= self.timeout_range_ms(structure)[1]:
             return True
+        wait = 2 * full + structure.delay_us / 1000 + self.profile.overhead_ms
         self.notes.append(f"{structure.label}: max_queue_size not tried as the second bound: an accepted request "
                           f"would wait for the batch in flight and run in its own, {wait:.1f} ms, past "
                           f"{MAX_TIMEOUT_SHARE:.0%} of the SLO")

@@ -78,6 +78,9 @@ class Evaluation:
     capacity_rps: float | None
     """Largest ladder rate that met the SLO (None: it missed a level, or was not climbed)."""
     capacity_note: str = ""
+    climbed_rps: float | None = None
+    """The ladder's largest rate that met the SLO before the finalists' re-measure (which may take a step off
+    ``capacity_rps``); None where it did not climb."""
 
     @property
     def eligible(self) -> bool:
@@ -98,7 +101,7 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.candidate.to_dict(), "eligible": self.eligible, "capacity_rps": self.capacity_rps,
-                "capacity_note": self.capacity_note,
+                "climbed_rps": self.climbed_rps, "capacity_note": self.capacity_note,
                 "levels": {k: (p.to_dict() if p else None) for k, p in self.levels.items()}}
 
 
@@ -133,6 +136,8 @@ class Search:
         self.notes: list[str] = []
         self.capacity: dict[str, float] = {}
         self.capacity_notes: dict[str, str] = {}
+        self.climbed: dict[str, float] = {}
+        """Each ladder's own figure, kept when the finalists' re-measure takes a step off ``capacity``."""
         self.deferred: list[Candidate] = []
 
     # ------------------------------------------------------------------------------------ helpers
@@ -353,7 +358,7 @@ class Search:
                 break
             capacity = round(rate, 1)
             rate *= STEP
-        self.capacity[candidate.key] = capacity
+        self.capacity[candidate.key] = self.climbed[candidate.key] = capacity
         return capacity
 
     def _meet_low(self) -> None:
@@ -515,10 +520,11 @@ class Search:
     def _evaluation(self, candidate: Candidate) -> Evaluation:
         levels = {level: self._level_point(candidate, level) for level in LEVELS}
         evaluation = Evaluation(candidate, levels, None)
+        climbed = self.climbed.get(candidate.key)
         if evaluation.eligible:
             return Evaluation(candidate, levels, self.capacity.get(candidate.key, self.rates["headroom"]),
-                              self.capacity_notes.get(candidate.key, ""))
+                              self.capacity_notes.get(candidate.key, ""), climbed)
         if levels["low"] is None and candidate.key in self.capacity:  # climbed, no contender: low not measured
             return Evaluation(candidate, levels, self.capacity[candidate.key],
-                              self.capacity_notes.get(candidate.key, ""))
+                              self.capacity_notes.get(candidate.key, ""), climbed)
         return evaluation
