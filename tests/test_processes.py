@@ -420,6 +420,26 @@ def test_run_command_stops_the_whole_group_at_its_timeout_and_after_it_exits(tmp
     wait_for(lambda: not _alive(int(done.stdout)), "the left-behind sleep to be stopped", 10)
 
 
+def test_a_stopped_process_group_is_gone_when_stop_returns_even_a_member_that_takes_long_to_die(tmp_path):
+    """What runs right after a stop (the server's owner freeing the shared memory its engines mapped) must not
+    find a member of the group still alive: one that maps a gigabyte takes a while to be torn down after the
+    SIGKILL. Looked at once, at the moment ``stop`` returns."""
+    from repo_manager.adapters.process import ManagedProcess
+
+    ready = tmp_path / "ready"
+    holder = (f"import os, time; block = b'x' * (2 << 30); open({str(ready)!r}, 'w').write(str(os.getpid())); "
+              "time.sleep(300)")
+    # the holder is a member of the group, not the command (whose end the group's reaper waits for)
+    process = ManagedProcess(["/bin/sh", "-c", f'"{sys.executable}" -c "{holder}" & wait'], log_path=tmp_path / "log")
+    process.start()
+    try:
+        wait_for(lambda: ready.exists() and ready.read_text(), "the holder to touch its gigabyte", 60)
+        pid = int(ready.read_text())
+    finally:
+        process.stop(timeout_s=0.1)
+    assert not _alive(pid)
+
+
 def test_sigkilled_owner_takes_its_operator_command_with_it(tmp_path):
     script = ("import sys; sys.path.insert(0, sys.argv[1]); from repo_manager.adapters.process import run_command; "
               "print('go', flush=True); run_command('sleep 300 & sleep 300', timeout_s=600)")

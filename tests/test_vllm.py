@@ -453,13 +453,8 @@ def test_sigkill_of_trm_during_verification_leaves_no_engine_and_no_version(chec
                                 "--name", "killed", "--format", "vllm", "--repo", str(repo)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 900
-        while not set(registry.glob("*.json")) - before and time.monotonic() < deadline:
-            assert process.poll() is None, "the publish ended before its engine started"
-            time.sleep(0.5)
-        new = set(registry.glob("*.json")) - before
-        assert new, "the engine did not start"
-        record = json.loads(next(iter(new)).read_text())
+        record = _new_record(registry, before, process, lambda r: r.get("started"), 900)
+        assert record, "the engine did not start"
         process.kill()
         process.wait()
         assert _wait_dead(record["pids"]) == []
@@ -472,6 +467,53 @@ def test_sigkill_of_trm_during_verification_leaves_no_engine_and_no_version(chec
         pass
     assert [s for s in record["segments"] if Path(s).exists()] == []
     assert not (repo / "killed").exists() or not [p for p in (repo / "killed").iterdir() if p.name.isdigit()]
+
+
+def _new_record(registry: Path, before: set, process: subprocess.Popen, wanted, timeout_s: float) -> dict | None:
+    """The first engine record not in ``before`` for which ``wanted(record)`` holds, read as the backend rewrites
+    it; None at ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the publish ended before its engine got there"
+        for path in set(registry.glob("*.json")) - before:
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # replaced meanwhile
+            if wanted(record):
+                return record
+        time.sleep(0.2)
+    return None
+
+
+@pytest.mark.timeout(1200)
+def test_a_server_killed_while_its_engine_starts_leaves_no_engine_and_no_shared_memory(checkpoint, registry, tmp_path,
+                                                                                    monkeypatch):
+    """vLLM's engine maps its first segment (160 MiB on CPU) before its workers load the weights. The backend
+    records the engine while it starts, so a server killed then (here: trm SIGKILLed, which takes its server
+    with it) leaves nothing the next start does not free."""
+    from repo_manager.adapters.triton.server import TritonServer
+
+    monkeypatch.setenv("TRM_VLLM_ENGINE_REGISTRY", str(registry))
+    env = {**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)}
+    before = set(registry.glob("*.json"))
+    process = subprocess.Popen([sys.executable, "-m", "repo_manager", "publish", "model", str(checkpoint),
+                                "--name", "early", "--format", "vllm", "--repo", str(tmp_path / "repo")], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        record = _new_record(registry, before, process, lambda r: r.get("segments") and not r.get("started"), 900)
+        assert record, "no segment was recorded while the engine started"
+        process.kill()
+        process.wait()
+        assert _wait_dead(record["pids"]) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with TritonServer(empty):
+        pass
+    assert [s for s in record["segments"] if Path(s).exists()] == []
 
 
 def test_a_qwen2_checkpoint_with_head_size_64_publishes_verified(tmp_path, registry):

@@ -6,8 +6,11 @@ unlinks the segments; a SIGKILL does neither. trm covers both halves:
 
 - processes: the server runs under ``repo_manager.adapters.process``' group reaper, which kills the whole process
   group when trm dies and also when tritonserver itself dies; the engine's processes are in that group;
-- segments: trm's vllm backend records, once its engine has started, the stub's and the engine's process ids
-  and the /dev/shm segments they map, in one file per stub in ``registry_dir()``. Every server start
+- segments: trm's vllm backend records, every second while its engine starts and once it has started, the
+  stub's and the engine's process ids and the /dev/shm segments they map (every segment any of those records
+  named: vLLM's engine maps a 160 MiB one on CPU before its workers load the weights), in one file per stub
+  in ``registry_dir()``. A server's stop frees its engines' records once its whole process group is gone
+  (``ManagedProcess.stop`` waits for that). Every server start
   (``free_stale_engines``) kills what is left of a record whose stub is dead and, once those processes are
   gone, unlinks its segments; a segment some live process still maps keeps the record for the next start.
   While a server runs, its owner does the same every ``ENGINE_SWEEP_S`` (``repo_manager.adapters.triton.server``)

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -243,8 +244,12 @@ class ManagedProcess:
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
                 self.process.wait()
-        # children it left behind in its group (a server's helpers) go with it
+        # children it left behind in its group (a server's helpers) go with it, and are gone when this returns:
+        # what runs after a stop (freeing the shared memory a killed engine mapped) must not see them alive
         self._signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + GROUP_EXIT_S
+        while group_alive(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
         return self.process.returncode
 
     def _signal_group(self, signum: int) -> None:
@@ -259,6 +264,25 @@ class ManagedProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+GROUP_EXIT_S = 10.0
+"""How long ``ManagedProcess.stop`` waits for the SIGKILLed members of the group to be gone: the kernel tears a
+process down after the signal, longer for one that maps gigabytes (an engine's weights)."""
+
+
+def group_alive(group: int) -> bool:
+    """Whether a process of process group ``group`` still runs (a zombie, or one being reaped, has ended)."""
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] not in ("Z", "X") and fields[2] == str(group):
+            return True
+    return False
 
 
 class CommandResult(NamedTuple):

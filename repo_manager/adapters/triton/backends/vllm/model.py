@@ -148,14 +148,23 @@ class TritonPythonModel:
         engine_args = AsyncEngineArgs(**engine_config)
         started = time.monotonic()
         future = asyncio.run_coroutine_threadsafe(self._start_engine(engine_args), self.loop)
+        # recorded while it starts too: the engine maps its first segment (160 MiB on CPU) before its workers
+        # load the weights, and a server killed meanwhile must not leave it behind
+        started_or_failed = threading.Event()
+        recorder = threading.Thread(target=_register_until, args=(started_or_failed,), name="vllm-engine-record",
+                                    daemon=True)
+        recorder.start()
         try:
             future.result()
         except BaseException:
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise
+        finally:
+            started_or_failed.set()
+            recorder.join()
         pb_utils.Logger.log_info(f"vllm backend: engine for {args['model_name']} started in "
                                  f"{time.monotonic() - started:.1f} s")
-        _register_engine()
+        _register_engine(started=True)
 
     async def _start_engine(self, engine_args):
         from vllm.usage.usage_lib import UsageContext
@@ -509,11 +518,15 @@ class _Metrics:
 def _descendants(pid):
     children = []
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                children += [int(c) for c in handle.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                children += [int(c) for c in handle.read().split()]
+        except OSError:
+            continue  # a thread that ended meanwhile: the others' children still count
     found = list(children)
     for child in children:
         found += _descendants(child)
@@ -548,13 +561,32 @@ def _registry_file():
     return os.path.join(folder, f"{os.getpid()}.json") if folder else None
 
 
-def _register_engine():
-    """Write this stub's engine processes and their shared-memory segments where the launcher looks."""
+RECORD_EVERY_S = 1.0
+"""How often the engine's record is written again while the engine starts."""
+
+
+def _register_until(done):
+    """Record the engine every ``RECORD_EVERY_S`` until ``done`` is set (the start ended, either way)."""
+    while not done.wait(RECORD_EVERY_S):
+        _register_engine()
+
+
+def _register_engine(started=False):
+    """Write this stub's engine processes and their shared-memory segments where the launcher looks, and whether
+    the engine has started. The segments of the record written before are kept: a start maps some only for a
+    while, and a segment its process has unlinked is skipped when the record is used."""
     path = _registry_file()
     if not path:
         return
     pids = [os.getpid(), *_descendants(os.getpid())]
-    record = {"pids": pids, "starts": {str(pid): _start_time(pid) for pid in pids}, "segments": _segments(pids)}
+    earlier = []
+    try:
+        with open(path) as handle:
+            earlier = [str(s) for s in json.load(handle).get("segments", [])]
+    except (OSError, ValueError, AttributeError):
+        pass  # none yet
+    record = {"pids": pids, "starts": {str(pid): _start_time(pid) for pid in pids},
+              "segments": sorted(set(_segments(pids)) | set(earlier)), "started": started}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as handle:
