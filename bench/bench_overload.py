@@ -11,7 +11,8 @@ Poisson for a few seconds per point:
 * **seed** (the published config).
 
 Per point: accepted p99 (answered requests only), goodput (answers within the SLO per second), rejected
-fraction and rejection latency, errors. A point waits for every answer, so a backlog shows in full.
+fraction and rejection latency, errors, and the time to recover once the load drops back to the peak rate
+(``RECOVER_S`` seconds of it follow each point). A point waits for every answer, so a backlog shows in full.
 Prints a markdown table and writes ``bench/results/bench_overload.json``. From the repository root:
 
     PYTHONPATH=$PWD python bench/bench_overload.py          # about 5 minutes on 2 cores
@@ -49,6 +50,8 @@ from repo_manager.ops.tuning.overload import PolicySearch  # noqa: E402
 from repo_manager.ops.tuning.prober import Prober  # noqa: E402
 
 MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
+RECOVER_S = 3.0
+"""Seconds at the peak rate after each point: the time to recover is measured there (None: not within them)."""
 
 
 def log(message: str) -> None:
@@ -119,10 +122,13 @@ def run(args: argparse.Namespace) -> dict:
             for multiple in args.multiples:
                 rate = round(capacity * multiple, 1)
                 started = time.monotonic()
-                trace = run_schedule(target, [Phase(rate, args.seconds)], workload, seed=int(multiple * 10))
+                # the spike, then the drop back to the peak rate: how long until answers are in time again
+                trace = run_schedule(target, [Phase(rate, args.seconds), Phase(args.peak, RECOVER_S)], workload,
+                                     seed=int(multiple * 10))
                 stats = trace.phase_stats(0, args.p99_ms)
                 row = {"config": name, "multiple": multiple, "seconds": round(time.monotonic() - started, 1),
-                       **stats.to_dict(), "goodput_share_of_capacity": round(stats.goodput_rps / capacity, 3)}
+                       **stats.to_dict(), "goodput_share_of_capacity": round(stats.goodput_rps / capacity, 3),
+                       "time_to_recover_s": trace.recovery(1, args.p99_ms)}
                 written_capacity = (results.get("independent") or {}).get("capacity_rps")
                 if written_capacity:
                     row["goodput_share_of_written_capacity"] = round(stats.goodput_rps / written_capacity, 3)
@@ -155,16 +161,20 @@ def render(results: dict) -> str:
     lines = [f"SLO p99 {results['slo_p99_ms']:g} ms; measured capacity {results['capacity_rps']:.0f}/s; "
              f"model {results['model']['fixed_ms']} ms + {results['model']['per_item_ms']} ms per item", "",
              "| config | x capacity | offered/s | sent/s | accepted p99 ms | goodput/s (share of capacity) | "
-             "rejected | rejection p50 / p99 ms | errors |", "|---|---|---|---|---|---|---|---|---|"]
+             "rejected | rejection p50 / p99 ms | errors | recovered after the drop |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
+
+    def recovered(seconds: float | None) -> str:
+        return f"not within {RECOVER_S:g} s" if seconds is None else f"{seconds:.2f} s"
 
     for r in results["rows"]:
         lines.append(f"| {r['config']} | {r['multiple']:g} | {r['offered_rps']:.0f} | {r['send_rps']:.0f} | "
                      f"{ms(r['accepted_p99_ms'])} | {r['goodput_rps']:.0f} ({r['goodput_share_of_capacity']:.0%}) | "
                      f"{r['rejected_fraction']:.1%} | {ms(r['rejection_p50_ms'])} / {ms(r['rejection_p99_ms'])} | "
-                     f"{r['errors']} |")
+                     f"{r['errors']} | {recovered(r.get('time_to_recover_s'))} |")
     policy = results["configs"]["trm: tuned + queue policy"]
     lines += ["", f"trm's choice: `{policy['key']}` ({results['path']}; status {results.get('status')}); tuning "
                   f"took {results['trm_seconds']:g} s"]
