@@ -100,10 +100,14 @@ def stubs_waited_for(root: int) -> dict[int, int]:
 def _descendants(pid: int) -> list[int]:
     children: list[int] = []
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    except (OSError, ValueError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return []
+    for task in tasks:
+        try:
+            children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile: the others' children still count
     return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
@@ -253,6 +257,8 @@ def free_stale_engines(folder: Path | None = None) -> dict[str, list]:
     for record in records:
         kept = False
         for segment in record.segments:
+            if BACKEND_SEGMENT.match(Path(segment).name):
+                continue  # the stub's own region: free_dead_backend_segments, which also reads open descriptors
             if segment in in_use:
                 kept = True  # still mapped: the record stays, and the next start tries again
             elif Path(segment).exists():

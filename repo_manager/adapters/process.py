@@ -11,7 +11,8 @@ through ``run_command``, which uses it:
   child exits, so children are always forked by a thread that lives as long as trm: the main thread, or
   one long-lived launcher thread when the caller is another thread;
 * ``stop()`` sends the stop signal to the command (through the group reaper below), waits, then SIGKILLs
-  the group.
+  the group, and returns once none of the group's processes runs (what comes after a stop, such as freeing
+  the shared memory they mapped, does not find one still being torn down).
 
 ``terminate_on_signals()`` (installed by ``cli.main``) turns SIGTERM and SIGHUP into ``Terminated``, a
 ``SystemExit``, so every ``finally`` and context manager on the way out runs: servers are stopped and
@@ -231,7 +232,8 @@ class ManagedProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 10.0, stop_signal: int | None = None) -> int | None:
-        """The stop signal to the process group, wait up to ``timeout_s``, then SIGKILL. Returns the exit code."""
+        """The stop signal to the process group, wait up to ``timeout_s``, then SIGKILL the group and wait (up to
+        ``GROUP_EXIT_S``) until none of its processes runs. Returns the exit code."""
         if self.process is None:
             return None
         if self.process.poll() is None:

@@ -464,19 +464,24 @@ class PolicySearch:
         chosen: Candidate | None = None
         structures = [c for c in self.structures() if not self._gives_capacity_away(c)]
         fitting = [c for c in structures if self._range_fits(c)]
+        def no_room(structure: Candidate) -> str:
+            full = self.profile.exec_at(structure.max_batch_size)
+            return (f"a full batch ({full:.1f} ms) leaves no timeout that both covers the batch in flight and keeps "
+                    "an accepted request within the SLO")
+
         for structure in structures:
-            if structure not in fitting:
-                full = self.profile.exec_at(structure.max_batch_size)
-                room = (f"a full batch ({full:.1f} ms) leaves no timeout that both covers the batch in flight and "
-                        "keeps an accepted request within the SLO")
-                self.notes.append(f"{structure.label}: {room}: measured last, with timeouts from the range's floor "
-                                  "down" if structure == self.batching else f"{structure.label}: not tried: {room}")
+            if structure not in fitting and structure != self.batching:
+                self.notes.append(f"{structure.label}: not tried: {no_room(structure)}")
         # where the choice has no range, the structures that have one come first and the choice itself after
         # them (below its range), so that without a held policy the fallback still has the choice's tries
         order = fitting + ([self.batching] if self.batching not in fitting else [])
         for structure in order:
             if not self._affords_another():
                 break
+            if structure not in fitting:
+                self.notes.append(f"{structure.label}: {no_room(structure)}: measured all the same, with timeouts "
+                                  "from the range's floor down" + (" (no structure with a range held)" if fitting
+                                                                   else ""))
             chosen = self._search_timeout(structure)
             if chosen is not None or any(p.client_limited for p in self.points):
                 break

@@ -579,14 +579,21 @@ def _register_engine(started=False):
     if not path:
         return
     pids = [os.getpid(), *_descendants(os.getpid())]
-    earlier = []
+    starts = {str(pid): _start_time(pid) for pid in pids}
+    segments = set(_segments(pids))
     try:
         with open(path) as handle:
-            earlier = [str(s) for s in json.load(handle).get("segments", [])]
-    except (OSError, ValueError, AttributeError):
-        pass  # none yet
-    record = {"pids": pids, "starts": {str(pid): _start_time(pid) for pid in pids},
-              "segments": sorted(set(_segments(pids)) | set(earlier)), "started": started}
+            earlier = json.load(handle)
+        # a process recorded before (reparented since, say) stays: the launcher kills only a pid whose start
+        # time still matches
+        for pid in earlier.get("pids", []):
+            if str(pid) not in starts and earlier.get("starts", {}).get(str(pid)) is not None:
+                pids.append(int(pid))
+                starts[str(pid)] = earlier["starts"][str(pid)]
+        segments |= {str(s) for s in earlier.get("segments", [])}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # none yet, or not a record
+    record = {"pids": pids, "starts": starts, "segments": sorted(segments), "started": started}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as handle:
