@@ -444,30 +444,40 @@ def test_sigkill_of_tritonserver_leaves_no_engine_process_and_the_next_start_fre
 @pytest.mark.timeout(1200)  # waits up to 900 s for the engine to start (minutes on a busy CPU)
 def test_sigkill_of_trm_during_verification_leaves_no_engine_and_no_version(checkpoint, registry, tmp_path,
                                                                             monkeypatch):
-    from repo_manager.adapters.triton.server import TritonServer
-
     monkeypatch.setenv("TRM_VLLM_ENGINE_REGISTRY", str(registry))
     repo = tmp_path / "repo"
+    record = _publish_killed_once(checkpoint, registry, repo, "killed", lambda r: r.get("started"),
+                                  "the engine did not start")
+    assert [s for s in record["segments"] if Path(s).exists()] == []
+    assert not (repo / "killed").exists() or not [p for p in (repo / "killed").iterdir() if p.name.isdigit()]
+
+
+def _publish_killed_once(checkpoint: Path, registry: Path, repo: Path, name: str, wanted: Callable[[dict], bool],
+                         what: str) -> dict:
+    """``trm publish model`` of ``checkpoint`` as vLLM, SIGKILLed at the first new engine record ``wanted`` accepts
+    (``what`` when none came), once every process it names is gone; then a server start on an empty repository
+    (its start-up clean-up). The record."""
+    from repo_manager.adapters.triton.server import TritonServer
+
     env = {**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)}
     before = set(registry.glob("*.json"))
     process = subprocess.Popen([sys.executable, "-m", "repo_manager", "publish", "model", str(checkpoint),
-                                "--name", "killed", "--format", "vllm", "--repo", str(repo)], env=env,
+                                "--name", name, "--format", "vllm", "--repo", str(repo)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        record = _new_record(registry, before, process, lambda r: r.get("started"), 900)
-        assert record, "the engine did not start"
+        record = _new_record(registry, before, process, wanted, 900)
+        assert record, what
         process.kill()
         process.wait()
         assert _wait_dead(record["pids"]) == []
     finally:
         if process.poll() is None:
             process.kill()
-    empty = tmp_path / "empty"
+    empty = repo.parent / f"empty-{name}"
     empty.mkdir()
     with TritonServer(empty):
         pass
-    assert [s for s in record["segments"] if Path(s).exists()] == []
-    assert not (repo / "killed").exists() or not [p for p in (repo / "killed").iterdir() if p.name.isdigit()]
+    return record
 
 
 def _new_record(registry: Path, before: set, process: subprocess.Popen, wanted: Callable[[dict], bool],
@@ -495,29 +505,15 @@ def test_a_server_killed_while_its_engine_starts_leaves_no_engine_and_no_shared_
     records the engine while it starts, so a server killed then (here: trm SIGKILLed, which takes its server
     with it) leaves nothing the next start does not free."""
     from repo_manager.adapters.engines import BACKEND_SEGMENT
-    from repo_manager.adapters.triton.server import TritonServer
 
     monkeypatch.setenv("TRM_VLLM_ENGINE_REGISTRY", str(registry))
-    env = {**os.environ, "TRM_VLLM_ENGINE_REGISTRY": str(registry)}
-    before = set(registry.glob("*.json"))
-    process = subprocess.Popen([sys.executable, "-m", "repo_manager", "publish", "model", str(checkpoint),
-                                "--name", "early", "--format", "vllm", "--repo", str(tmp_path / "repo")], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    def engine_segment_while_starting(record: dict) -> bool:
         # the stub maps its own region with Triton from the start: the engine's segment is another
-        record = _new_record(registry, before, process, lambda r: not r.get("started") and any(
-            not BACKEND_SEGMENT.match(Path(s).name) for s in r.get("segments", [])), 900)
-        assert record, "no segment of the engine was recorded while it started"
-        process.kill()
-        process.wait()
-        assert _wait_dead(record["pids"]) == []
-    finally:
-        if process.poll() is None:
-            process.kill()
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with TritonServer(empty):
-        pass
+        return not record.get("started") and any(not BACKEND_SEGMENT.match(Path(s).name)
+                                                 for s in record.get("segments", []))
+
+    record = _publish_killed_once(checkpoint, registry, tmp_path / "repo", "early", engine_segment_while_starting,
+                                  "no segment of the engine was recorded while it started")
     assert [s for s in record["segments"] if Path(s).exists()] == []
 
 
