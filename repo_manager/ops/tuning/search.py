@@ -29,12 +29,15 @@
    again, interleaved, at the best capacity; a finalist that fails a repeat (no second chance for a near
    miss) loses that step. Then each must *hold*: meet the SLO at every level in ``CONFIRM_ROUNDS`` rounds
    (its search point, then rounds interleaved with the other finalists, fresh arrivals each, judged
-   strictly: the worst round decides). While no finalist holds, the next candidates by capacity are tried.
+   strictly: the worst round decides). The finalists that kept the best capacity are confirmed first: one a
+   step below cannot win while one of them holds. While none holds, the other finalists, then the next
+   candidates by capacity are tried.
    Among those that hold, the highest capacity; at equal capacity those that kept p99 within ``PEAK_MARGIN``
    of the SLO at peak x headroom in every round (a margin is not bought with a ladder step of capacity: the
    next step down carries a fifth less); a lower worst-round p99 at peak x headroom wins a tie only if lower
-   by more than the noise seen between repeats; otherwise the simplest wins (the current config, then
-   smaller delay, no preferred sizes, fewer instances, smaller batch). Every round is in the record.
+   by more than the noise seen between repeats, or lower at peak and at peak x headroom in every round
+   (``_lower_in_every_round``); otherwise the simplest wins (the current config, then smaller delay, no
+   preferred sizes, fewer instances, smaller batch). Every round is in the record.
 
 The finalists' rounds are budgeted first: the steps before them leave ``confirm_reserve_s`` of the
 budget, so the rounds are not what a long search runs out of time for.
@@ -410,13 +413,18 @@ class Search:
                      for c in finalists}
         for key, capacity in confirmed.items():
             self.capacity[key] = round(capacity, 1)
-        # every level, in rounds: the finalists first, then (while none holds the SLO) the next best by capacity
-        held, tried, batch = [], set(), finalists
+        # every level, in rounds: the finalists that kept the best capacity first (one a step below cannot win
+        # while one of them holds), then the other finalists, then (while none holds the SLO) the next by capacity
+        top_confirmed = max(self.capacity[c.key] for c in finalists)
+        held, tried = [], set()
+        batch = [c for c in finalists if self.capacity[c.key] >= top_confirmed * 0.999]
         while batch and not held:
             completed = self._confirm(batch)
             tried |= {c.key for c in batch}
             held = [c for c in batch if self._holds(c, margin=False)]
-            batch = [self.candidates[k] for k in ranked if k not in tried][:3] if completed else []
+            rest = [c for c in finalists if c.key not in tried] or \
+                [self.candidates[k] for k in ranked if k not in tried][:3]
+            batch = rest if completed else []
         if not held:
             self.notes.append("no candidate held every level in every round measured: chosen on the search's "
                               "measurements, as the record shows")
@@ -440,7 +448,25 @@ class Search:
             chosen = fastest
             why = (f"worst-round p99 at peak x headroom {worst_fastest:.1f} ms vs {worst_simplest:.1f} ms, a "
                    f"difference beyond the measured noise {noise:.0%}")
+        elif fastest is not simplest and self._lower_in_every_round(fastest, simplest):
+            chosen = fastest
+            rounds = min(len(self._rounds(fastest)[level]) for level in ("headroom", "peak"))
+            why = (f"p99 lower than {simplest.label} at peak and at peak x headroom in each of {rounds} rounds "
+                   f"(worst round at peak x headroom {worst_fastest:.1f} ms vs {worst_simplest:.1f} ms): a "
+                   "consistent difference, not noise")
         return chosen, noise, self._evidence(chosen, top, why)
+
+    def _lower_in_every_round(self, candidate: Candidate, other: Candidate) -> bool:
+        """``candidate``'s p99 was below ``other``'s in every round at both busy levels (round by round: the
+        confirmation rounds are interleaved, so each pair saw the same minutes of the machine), over at least
+        ``CONFIRM_ROUNDS`` rounds. Equal configs would do that by chance once in 2^6 = 64; the spread between
+        repeats at the best capacity (``noise``) is no measure of it, since one repeat past the knee of the
+        curve or one disturbed minute makes that spread large (on the tuning check's model a 2.5 ms delay was
+        1.4-2.0 ms below no delay in each of six pairs, and a disturbed repeat put the noise at 90 %)."""
+        mine, theirs = self._rounds(candidate), self._rounds(other)
+        pairs = [(a.p99_ms, b.p99_ms) for level in ("headroom", "peak") for a, b in zip(mine[level], theirs[level])]
+        rounds = min(len(mine[level]) for level in ("headroom", "peak"))
+        return rounds >= CONFIRM_ROUNDS and all(a < b for a, b in pairs) and len(pairs) >= 2 * CONFIRM_ROUNDS
 
     def _rounds(self, candidate: Candidate) -> dict[str, list[Point]]:
         """Every measurement of ``candidate`` at each level: its search point, then its confirmation rounds."""
