@@ -290,6 +290,36 @@ def test_a_contender_that_misses_the_slo_at_low_traffic_leaves_the_choice_to_the
     assert {p.candidate for p in prober.points if p.rate == LOW} == {"b8-i2-d0", "b16-i2-d0"}
 
 
+def _with_repeats(capacities: dict[str, float], repeats: dict[tuple[str, float], list[float]]):
+    """``_model``, with the given candidates' measurements at a rate answered in turn from ``repeats``."""
+    model = _model(capacities)
+    return lambda candidate, rate: repeats.get((candidate.key, rate)) or model(candidate, rate)
+
+
+def test_a_contender_the_re_measure_takes_a_step_down_is_never_measured_at_low_traffic():
+    """The longest point (about 10 s at 50/s on the check's model) is measured for a finalist in its rounds, after
+    its re-measure: this machine's last two runs there spent it on a contender that then lost the step."""
+    prober = RecordedProber({}, fallback=_with_repeats({"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 750.0},
+                                                       {("b16-i2-d0", 750.0): [15.0, 60.0]}))
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    assert outcome.chosen.key == "b8-i2-d0"
+    assert [p.p99_ms for p in prober.points if p.candidate == "b16-i2-d0" and p.level == "remeasure"] == [60.0, 60.0]
+    assert outcome.evaluation("b16-i2-d0").capacity_rps == 600.0
+    low = [p.candidate for p in prober.points if p.rate == LOW]
+    assert "b16-i2-d0" not in low and low.count("b8-i2-d0") == CONFIRM_ROUNDS
+
+
+def test_when_no_finalist_holds_each_is_measured_at_low_traffic_before_one_is_chosen():
+    prober = RecordedProber({}, fallback=_with_repeats(
+        {"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 750.0},
+        {(key, RATES["headroom"]): [15.0, 60.0] for key in ("b4-i2-d0", "b8-i2-d0", "b16-i2-d0")}))
+    search = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM)
+    outcome = search.run()
+    assert any(note.startswith("no candidate held every level") for note in outcome.notes)
+    assert outcome.chosen.key == "b8-i2-d0"
+    assert [p.candidate for p in prober.points if p.rate == LOW].count("b16-i2-d0") == 1
+
+
 def test_a_margin_is_not_bought_with_a_ladder_step_of_capacity():
     """This machine's run on the check's model (trm's defaults): max batch 8 carried 750/s and met the SLO at
     peak x headroom in every round at 21-22 ms, past the margin (20 ms); max batch 4 kept the margin at 480/s.

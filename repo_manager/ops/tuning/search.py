@@ -6,10 +6,10 @@
    ``dynamic_batching {}`` are always measured.
 2. **Levels.** Each candidate is measured at peak × headroom first (the level most candidates fail, and
    the shortest to measure), then peak; the first failed level ends it. Low traffic is measured only where
-   it can decide (``_meet_low``): for the structure whose queue delay is searched, and for the candidates
-   within one ladder step of the best capacity before they are confirmed; a contender that misses it
-   leaves the choice. A point at low traffic is the longest to measure (at 50/s a point takes seconds that
-   one at 400/s does not), and without a queue delay it rarely separates structures.
+   it can decide: for the structure whose queue delay is searched, and for a finalist in its confirmation
+   rounds, after its busy levels (``_confirm``); one that misses it leaves the choice. A point at low
+   traffic is the longest to measure (at 50/s a point takes seconds that one at 400/s does not), and
+   without a queue delay it rarely separates structures.
 3. **Queue delay.** For the best structure that passed the busy levels and low traffic with no delay,
    the delay is searched against the low-traffic SLO by bisection between 0 and the room the zero-delay
    p99 leaves under ``DELAY_SHARE`` of the SLO, instead of a fixed grid; the largest passing delay and a
@@ -364,30 +364,22 @@ class Search:
         self.capacity[candidate.key] = self.climbed[candidate.key] = capacity
         return capacity
 
-    def _meet_low(self) -> None:
-        """Measure low traffic for every candidate within one ladder step of the best capacity, best first;
-        one that misses it leaves the choice (its capacity is dropped), which may bring the next one within
-        a step. Measured whatever the budget: no candidate is chosen unmeasured at a level."""
-        while self.capacity:
-            for key in [k for k in self.capacity if self._misses_low(self.candidates[k])]:
-                del self.capacity[key]  # (measured earlier, as the delay search's base)
-            if not self.capacity:
-                return
-            best = max(self.capacity.values())
-            contenders = [k for k in sorted(self.capacity, key=lambda k: -self.capacity[k])
-                          if self.capacity[k] * STEP > best * 1.001
-                          and self._level_point(self.candidates[k], "low") is None]
-            if not contenders:
-                return
-            for key in contenders:
-                self.meets_low(self.candidates[key])
+    def _drop_those_that_missed_low(self) -> None:
+        """A candidate measured to miss the SLO at low traffic (the delay search's base) leaves the choice: its
+        capacity is dropped, which may bring the next one within a step. The other candidates are measured at
+        low traffic in their confirmation rounds, after their busy levels and re-measure (``_confirm``): a
+        contender's low-traffic point (about 10 s on the check's model, the longest point) measured before them was
+        spent for nothing in the last two runs there: the re-measure took one contender a step down, and the
+        other broke its first confirmation round."""
+        for key in [k for k in self.capacity if self._misses_low(self.candidates[k])]:
+            del self.capacity[key]
 
     def _misses_low(self, candidate: Candidate) -> bool:
         point = self._level_point(candidate, "low")
         return point is not None and not point.meets_slo
 
     def _finalists(self) -> tuple[Candidate | None, float, dict[str, str]]:
-        self._meet_low()
+        self._drop_those_that_missed_low()
         if not self.capacity:
             return None, 0.0, {}
         best = max(self.capacity.values())
@@ -428,6 +420,10 @@ class Search:
         if not held:
             self.notes.append("no candidate held every level in every round measured: chosen on the search's "
                               "measurements, as the record shows")
+            for candidate in finalists:  # no candidate is chosen unmeasured at a level, whatever the budget
+                if self._level_point(candidate, "low") is None:
+                    self.meets_low(candidate)
+            finalists = [c for c in finalists if not self._misses_low(c)] or finalists
         top, group = self._at_best_capacity(held or finalists)
         # the margin decides among equal capacities; a ladder step of capacity (a fifth) is not given for it
         with_margin = [c for c in group if self._holds(c)]
@@ -490,10 +486,11 @@ class Search:
     def _confirm(self, candidates: list[Candidate]) -> bool:
         """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
         round, each measured with fresh arrivals and judged on its own; one that misses is not measured
-        further. A level not measured yet (low traffic, for the next by capacity) is measured in its turn, with
+        further. A level not measured yet (low traffic) is measured in its turn, with
         the search's second chance for a near miss and whatever the budget (no candidate is chosen unmeasured
         at a level): after the busy levels, so that one that breaks there costs no low-traffic point (the
         longest to measure). False when the time budget ended the rounds."""
+        completed = True
         for _ in range(CONFIRM_ROUNDS):
             for candidate in candidates:
                 for level in ("headroom", "peak", "low"):
@@ -504,11 +501,14 @@ class Search:
                     if not done:
                         self.prober.point(candidate, level, rate)
                         continue
+                    if not completed:
+                        continue
                     if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
                         self.notes.append("confirmation cut short: time budget")
-                        return False
+                        completed = False  # the levels not measured yet are still measured
+                        continue
                     self.prober.point(candidate, "confirm", rate, strict=True)
-        return True
+        return completed
 
     def _missed(self, candidate: Candidate) -> bool:
         """Missed the SLO in a round measured at any level."""
