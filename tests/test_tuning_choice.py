@@ -320,6 +320,25 @@ def test_when_no_finalist_holds_each_is_measured_at_low_traffic_before_one_is_ch
     assert [p.candidate for p in prober.points if p.rate == LOW].count("b16-i2-d0") == 1
 
 
+@pytest.mark.parametrize("b4_low_ms", [14.0, 31.0])
+def test_when_none_holds_a_candidate_that_missed_low_traffic_is_never_chosen_the_next_capacity_is_measured_there(
+        b4_low_ms):
+    """Max batch 8 missed low traffic as the delay search's base; max batch 16, the only finalist, missed it in its
+    first round; max batch 4 (a step below) broke a busy round. Chosen on the search's measurements, the choice
+    is the best capacity that met low traffic (max batch 4, measured there now), or none."""
+    capacities = {"b4-i2-d0": 480.0, "b8-i2-d0": 750.0, "b16-i2-d0": 750.0}
+    model = _model(capacities, low_ms={"b8-i2-d0": 31.0, "b16-i2-d0": 31.0, "b4-i2-d0": b4_low_ms})
+    repeats = {("b4-i2-d0", RATES["headroom"]): [15.0, 60.0]}
+    prober = RecordedProber({}, fallback=lambda c, rate: repeats.get((c.key, rate)) or model(c, rate))
+    outcome = Search(prober, PROFILE, SEED, SLO_MS, LOW, PEAK, HEADROOM).run()
+    assert any(note.startswith("no candidate held every level") for note in outcome.notes)
+    assert [p.candidate for p in prober.points if p.rate == LOW].count("b4-i2-d0") == 1
+    if b4_low_ms < SLO_MS:
+        assert outcome.chosen.key == "b4-i2-d0"
+    else:
+        assert outcome.chosen is None and outcome.closest is not None
+
+
 def test_a_margin_is_not_bought_with_a_ladder_step_of_capacity():
     """This machine's run on the check's model (trm's defaults): max batch 8 carried 750/s and met the SLO at
     peak x headroom in every round at 21-22 ms, past the margin (20 ms); max batch 4 kept the margin at 480/s.

@@ -25,11 +25,12 @@
 4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
-5. **Finalists** (within one ladder step of the best, after low traffic is measured for them) are measured
-   again, interleaved, at the best capacity; a finalist that fails a repeat (no second chance for a near
-   miss) loses that step. Then each must *hold*: meet the SLO at every level in ``CONFIRM_ROUNDS`` rounds
-   (its search point, then rounds interleaved with the other finalists, fresh arrivals each, judged
-   strictly: the worst round decides). The finalists that kept the best capacity are confirmed first: one a
+5. **Finalists** (within one ladder step of the best) are measured again, interleaved, at the best capacity; a
+   finalist that fails a repeat (no second chance for a near miss) loses that step. Then each must *hold*:
+   meet the SLO at every level in ``CONFIRM_ROUNDS`` rounds (its search point, then rounds interleaved with
+   the finalists confirmed with it, fresh arrivals each, judged strictly: the worst round decides; its
+   low-traffic point, if the search did not measure one, is measured in its first round, after the busy
+   levels). The finalists that kept the best capacity are confirmed first: one a
    step below cannot win while one of them holds. While none holds, the other finalists, then the next
    candidates by capacity are tried.
    Among those that hold, the highest capacity; at equal capacity those that kept p99 within ``PEAK_MARGIN``
@@ -374,6 +375,23 @@ class Search:
         for key in [k for k in self.capacity if self._misses_low(self.candidates[k])]:
             del self.capacity[key]
 
+    def _best_that_meets_low(self) -> list[Candidate]:
+        """When no candidate held: the candidates at the best capacity that met the SLO at low traffic, measuring
+        it for those not measured there yet (whatever the budget: no candidate is chosen unmeasured at a level);
+        where all of them miss it, the next capacity down. Empty when every candidate that climbed missed it."""
+        while True:
+            self._drop_those_that_missed_low()
+            if not self.capacity:
+                return []
+            top = max(self.capacity.values())
+            tier = [self.candidates[k] for k in self.capacity if self.capacity[k] >= top * 0.999]
+            for candidate in tier:
+                if self._level_point(candidate, "low") is None:
+                    self.meets_low(candidate)
+            met = [c for c in tier if not self._misses_low(c)]
+            if met:
+                return met
+
     def _misses_low(self, candidate: Candidate) -> bool:
         point = self._level_point(candidate, "low")
         return point is not None and not point.meets_slo
@@ -420,11 +438,10 @@ class Search:
         if not held:
             self.notes.append("no candidate held every level in every round measured: chosen on the search's "
                               "measurements, as the record shows")
-            for candidate in finalists:  # no candidate is chosen unmeasured at a level, whatever the budget
-                if self._level_point(candidate, "low") is None:
-                    self.meets_low(candidate)
-            finalists = [c for c in finalists if not self._misses_low(c)] or finalists
-        top, group = self._at_best_capacity(held or finalists)
+            held = self._best_that_meets_low()
+            if not held:
+                return None, noise, {}
+        top, group = self._at_best_capacity(held)
         # the margin decides among equal capacities; a ladder step of capacity (a fifth) is not given for it
         with_margin = [c for c in group if self._holds(c)]
         if with_margin:
@@ -453,12 +470,13 @@ class Search:
         return chosen, noise, self._evidence(chosen, top, why)
 
     def _lower_in_every_round(self, candidate: Candidate, other: Candidate) -> bool:
-        """``candidate``'s p99 was below ``other``'s in every round at both busy levels (round by round: the
-        confirmation rounds are interleaved, so each pair saw the same minutes of the machine), over at least
-        ``CONFIRM_ROUNDS`` rounds. Equal configs would do that by chance once in 2^6 = 64; the spread between
-        repeats at the best capacity (``noise``) is no measure of it, since one repeat past the knee of the
-        curve or one disturbed minute makes that spread large (on the tuning check's model a 2.5 ms delay was
-        1.4-2.0 ms below no delay in each of six pairs, and a disturbed repeat put the noise at 90 %)."""
+        """``candidate``'s p99 was below ``other``'s in every round at both busy levels, pair by pair, over at
+        least ``CONFIRM_ROUNDS`` rounds: the first pair is the search's own points, and each later pair saw the same
+        minutes of the machine (the confirmation rounds are interleaved). Two configs that perform the same do
+        that by chance once in 2^6 = 64 (more often when more are tied, since the lowest is the one compared).
+        The spread between repeats at the best capacity (``noise``) is no measure of it: one repeat past the knee
+        of the curve or one disturbed minute makes that spread large (on the tuning check's model a 2.5 ms delay
+        was 1.4-2.0 ms below no delay in each of six pairs, and a disturbed repeat put the noise at 90 %)."""
         mine, theirs = self._rounds(candidate), self._rounds(other)
         pairs = [(a.p99_ms, b.p99_ms) for level in ("headroom", "peak") for a, b in zip(mine[level], theirs[level])]
         rounds = min(len(mine[level]) for level in ("headroom", "peak"))
