@@ -407,8 +407,10 @@ class Search:
                                                 if p.candidate == c.key and abs(p.rate - best) < 0.05]
                                         for c in finalists}
         if len(finalists) > 1:
-            for _ in range(2):
-                for candidate in finalists:  # interleaved, so a slow minute of the machine hits everyone
+            # interleaved, so a slow minute of the machine hits everyone; the second round in reverse, so that no
+            # finalist is always measured first and the last one goes again without a reload
+            for order in (finalists, finalists[::-1]):
+                for candidate in order:
                     if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
                         runs[candidate.key].append(self.prober.point(candidate, "remeasure", best, strict=True))
                     elif "re-measure cut short: time budget" not in self.notes:
@@ -503,14 +505,15 @@ class Search:
 
     def _confirm(self, candidates: list[Candidate]) -> bool:
         """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
-        round, each measured with fresh arrivals and judged on its own; one that misses is not measured
-        further. A level not measured yet (low traffic) is measured in its turn, with
-        the search's second chance for a near miss and whatever the budget (no candidate is chosen unmeasured
-        at a level): after the busy levels, so that one that breaks there costs no low-traffic point (the
-        longest to measure). False when the time budget ended the rounds."""
+        round (every other round in reverse order), each measured with fresh arrivals and judged on its own; one
+        that misses is not measured further. A level not measured yet (low traffic) is measured in its turn,
+        with the search's second chance for a near miss and whatever the budget (no candidate is chosen
+        unmeasured at a level): after the busy levels, so that one that breaks there costs no low-traffic point
+        (the longest to measure). False when the time budget ended the rounds."""
         completed = True
-        for _ in range(CONFIRM_ROUNDS):
-            for candidate in candidates:
+        for round_ in range(CONFIRM_ROUNDS):
+            # every other round in reverse: the candidate measured last goes again without a reload
+            for candidate in (candidates if round_ % 2 == 0 else candidates[::-1]):
                 for level in ("headroom", "peak", "low"):
                     done = len(self._rounds(candidate)[level])
                     if self._missed(candidate) or done >= CONFIRM_ROUNDS:
