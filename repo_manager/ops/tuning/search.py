@@ -383,8 +383,7 @@ class Search:
             self._drop_those_that_missed_low()
             if not self.capacity:
                 return []
-            top = max(self.capacity.values())
-            tier = [self.candidates[k] for k in self.capacity if self.capacity[k] >= top * 0.999]
+            _, tier = self._at_best_capacity([self.candidates[k] for k in self.capacity])
             for candidate in tier:
                 if self._level_point(candidate, "low") is None:
                     self.meets_low(candidate)
@@ -427,9 +426,8 @@ class Search:
             self.capacity[key] = round(capacity, 1)
         # every level, in rounds: the finalists that kept the best capacity first (one a step below cannot win
         # while one of them holds), then the other finalists, then (while none holds the SLO) the next by capacity
-        top_confirmed = max(self.capacity[c.key] for c in finalists)
         held, tried = [], set()
-        batch = [c for c in finalists if self.capacity[c.key] >= top_confirmed * 0.999]
+        _, batch = self._at_best_capacity(finalists)
         while batch and not held:
             completed = self._confirm(batch)
             tried |= {c.key for c in batch}
