@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -243,52 +244,94 @@ def test_vllm_metrics_and_the_gauges_the_official_backend_lacks(served):
     assert generated and generated[0] >= TOKENS
 
 
-def test_a_cancelled_stream_is_aborted_in_the_engine(served):
-    """Streams cancelled after their first token are aborted in the engine: the backend sees the cancel
-    before its next output and aborts the request (its log says so). MAX_WAITING streams of 120 tokens at once
-    (no more: the backend would reject the rest at once, before any token, with max_waiting_requests) and a
-    cancel sent the moment a first token arrives. A try in which every stream had been sent in full before the
-    cancel reached the server cancelled nothing: it is not counted, and the streams are sent again."""
-    import threading
+def _executed(served) -> int:
+    """How many requests tiny's backend has been handed (Triton's statistics count one when its execute returns)."""
+    data = json.loads(urllib.request.urlopen(f"{served.url}/v2/models/tiny/stats", timeout=10).read())
+    return int(data["model_stats"][0]["inference_count"])
 
-    import numpy as np
-    import tritonclient.grpc as grpcclient
 
-    streams, marker = MAX_WAITING, "was cancelled: aborted in the engine"
-    for attempt in range(4):
-        received, token = [], threading.Event()
+class _Streams:
+    """One gRPC stream to tiny, streaming requests of ``tokens`` tokens, and what came back on it: per request, its
+    first response and its final one; the stream's errors (an error names no request: it ends every open one)."""
 
-        def collect(result, error, into=received, event=token):
-            into.append((result, error))
-            if error is None:
+    def __init__(self, served, tokens: int) -> None:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        self.first: dict[str, threading.Event] = {}
+        self.ended: dict[str, threading.Event] = {}
+        self.errors: list[str] = []
+        self.client = grpcclient.InferenceServerClient(served.endpoints.grpc)
+        self.client.start_stream(callback=self._collect)
+        self.inputs = [grpcclient.InferInput("text_input", [1], "BYTES"),
+                       grpcclient.InferInput("stream", [1], "BOOL"),
+                       grpcclient.InferInput("sampling_parameters", [1], "BYTES")]
+        self.inputs[0].set_data_from_numpy(np.array([b"Hello"], dtype=np.object_))
+        self.inputs[1].set_data_from_numpy(np.array([True]))
+        self.inputs[2].set_data_from_numpy(np.array(
+            [json.dumps({"max_tokens": tokens, "ignore_eos": True}).encode()], dtype=np.object_))
+
+    def send(self, request_id: str) -> None:
+        self.first[request_id], self.ended[request_id] = threading.Event(), threading.Event()
+        self.client.async_stream_infer("tiny", self.inputs, request_id=request_id)
+
+    def _collect(self, result, error) -> None:
+        if error is not None:
+            self.errors.append(str(error))
+            for event in (*self.first.values(), *self.ended.values()):
                 event.set()
+            return
+        response = result.get_response()
+        self.first[response.id].set()
+        if response.parameters["triton_final_response"].bool_param:
+            self.ended[response.id].set()
 
-        client = grpcclient.InferenceServerClient(served.endpoints.grpc)
-        client.start_stream(callback=collect)
-        inputs = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("stream", [1], "BOOL"),
-                  grpcclient.InferInput("sampling_parameters", [1], "BYTES")]
-        inputs[0].set_data_from_numpy(np.array([b"Hello"], dtype=np.object_))
-        inputs[1].set_data_from_numpy(np.array([True]))
-        inputs[2].set_data_from_numpy(np.array([json.dumps({"max_tokens": 120, "ignore_eos": True}).encode()],
-                                               dtype=np.object_))
-        before = served.log_path.read_text().count(marker)
-        for stream in range(streams):
-            client.async_stream_infer("tiny", inputs, request_id=f"cancel-me-{attempt}-{stream}")
-        arrived = token.wait(300)  # a hang detector: a first token takes well under a second here
-        client.stop_stream(cancel_requests=True)
-        client.close()
-        assert arrived, [str(error) for _, error in received[:3]]
-        if sum(error is None for _, error in received) >= streams * 120:
-            continue  # every stream had been sent in full before the cancel arrived: nothing was left to abort
-        deadline = time.monotonic() + 60  # a stream was cut short: its abort is logged (a hang detector)
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def test_a_cancelled_stream_is_aborted_in_the_engine(served, registry):
+    """A request whose stream is cancelled before its first output is aborted in the engine, and a request on
+    another stream is not touched: the backend sees the cancel at the request's next output, aborts it in vLLM
+    and logs so. The engine's processes are paused (SIGSTOP) while both requests are sent, handed to the backend
+    (Triton's statistics say when) and one stream is cancelled, so neither can have an output before the cancel
+    is sent, whatever this machine's pace. A try in which the cancel reached the server only after the
+    request's 120 outputs is not counted."""
+    marker = "was cancelled: aborted in the engine"
+    records = [json.loads(path.read_text())["pids"] for path in registry.glob("*.json")]
+    engine = [pid for pids in records if _alive(pids[0]) for pid in pids[1:]]  # the served stub's engine
+    assert engine, "the backend recorded its engine's processes"
+    for attempt in range(3):
+        before, handed = served.log_path.read_text().count(marker), _executed(served)
+        kept, cancelled = _Streams(served, 120), _Streams(served, 120)
+        try:
+            for pid in engine:
+                os.kill(pid, signal.SIGSTOP)
+            kept.send(f"kept-{attempt}")
+            cancelled.send(f"cancel-me-{attempt}")
+            deadline = time.monotonic() + 60  # a hang detector
+            while _executed(served) < handed + 2:
+                assert time.monotonic() < deadline, "the backend was not handed both requests"
+                time.sleep(0.05)
+            assert not kept.first[f"kept-{attempt}"].is_set()  # the paused engine made no output
+        finally:
+            cancelled.close(cancel=True)  # sent while the engine is paused
+            for pid in engine:
+                os.kill(pid, signal.SIGCONT)
+        try:
+            assert kept.ended[f"kept-{attempt}"].wait(300), "the kept stream never ended"  # a hang detector
+            assert not kept.errors, kept.errors  # ended in full, with its final response
+        finally:
+            kept.close()
+        deadline = time.monotonic() + 30  # the abort is logged at the request's next output (a hang detector)
         while served.log_path.read_text().count(marker) == before and time.monotonic() < deadline:
             time.sleep(0.2)
         aborted = served.log_path.read_text().count(marker) - before
-        if aborted == 0:
-            continue  # every stream had been sent in full before the cancel arrived: nothing was left to abort
-        assert 1 <= aborted <= streams, aborted
-        return
-    pytest.fail("every stream was generated in full before its cancel reached the server, in each of 4 tries")
+        if aborted:
+            assert aborted == 1
+            return
+    pytest.fail("no try aborted the cancelled request in the engine (3 tries)")
 
 
 def test_prompts_have_the_tokens_asked_for_as_the_server_counts_them(served):
