@@ -298,9 +298,11 @@ def test_a_cancelled_stream_is_aborted_in_the_engine(served, registry):
     (Triton's statistics say when) and one stream is cancelled, so neither can have an output before the cancel
     is sent, whatever this machine's pace. A try in which the cancel reached the server only after the
     request's 120 outputs is not counted."""
+    from repo_manager.adapters.engines import EngineRecord, alive
+
     marker = "was cancelled: aborted in the engine"
-    records = [json.loads(path.read_text())["pids"] for path in registry.glob("*.json")]
-    engine = [pid for pids in records if _alive(pids[0]) for pid in pids[1:]]  # the served stub's engine
+    records = [r for r in map(EngineRecord.read, registry.glob("*.json")) if r is not None and r.stub_alive()]
+    engine = [pid for r in records for pid in r.pids[1:] if alive(pid, r.starts.get(pid))]  # the same processes
     assert engine, "the backend recorded its engine's processes"
     for attempt in range(3):
         before, handed = served.log_path.read_text().count(marker), _executed(served)
@@ -316,9 +318,11 @@ def test_a_cancelled_stream_is_aborted_in_the_engine(served, registry):
                 time.sleep(0.05)
             assert not kept.first[f"kept-{attempt}"].is_set()  # the paused engine made no output
         finally:
-            cancelled.close(cancel=True)  # sent while the engine is paused
-            for pid in engine:
-                os.kill(pid, signal.SIGCONT)
+            try:
+                cancelled.close(cancel=True)  # sent while the engine is paused
+            finally:
+                for pid in engine:
+                    os.kill(pid, signal.SIGCONT)
         try:
             assert kept.ended[f"kept-{attempt}"].wait(300), "the kept stream never ended"  # a hang detector
             assert not kept.errors, kept.errors  # ended in full, with its final response
