@@ -7,9 +7,10 @@
 # Each pass lists its 30 slowest tests and a reason per failure, and keeps a JUnit XML report in test-results/;
 # a failed test that used a tritonserver shows the end of that server's log. The whole CI run aims at 25 minutes.
 #
-# A pass whose every failure came with the death of the tritonserver it used (a crash, SIGSEGV and the like;
-# the failure's report holds the server's last log lines and the kernel's line) runs those tests once more,
-# one at a time, and prints which ones. Any other failure fails the run as it is.
+# A pass whose every failure came with a crash of Triton (a server the test used died, SIGSEGV and the like, or
+# logged a fatal signal and hung; the kernel killed a Python stub during the test; the failure's report holds
+# the server's last log lines and the kernel's lines) runs those tests once more, one at a time, and prints
+# which ones. Any other failure fails the run as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0

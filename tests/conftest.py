@@ -7,8 +7,10 @@ model_repository/.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 import weakref
 from pathlib import Path
 
@@ -40,6 +42,32 @@ ENGINES = {"test_vllm_rollout.py", "test_vllm.py"}
 """The modules that start real vLLM engines (minutes of them): one worker runs them, one after the other, while
 the other worker runs the rest; two engines starting beside each other (test_vllm.py run beside
 test_vllm_rollout.py) made a test of one of them fail once."""
+
+
+ENGINE_NICENESS = 10
+"""How much lower the engine modules run, two at a time: what they start (tritonserver, its Python stubs, vLLM's
+engine processes, which keep both cores busy while they start and generate) yields the CPU to the other worker's
+servers. Beside them, Python stubs of the other worker stalled for more than a second (Triton's health check
+failed them) and crashed (the kernel's ``trap stack segment`` in ``triton_python_backend_stub``: a handle read
+from the shared memory pointed nowhere), taking their server down with them."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engines_yield_the_cpu(request):
+    """The engine modules, run beside another worker, start everything at ``ENGINE_NICENESS`` (a process's
+    niceness is inherited by what it starts); set back afterwards where this user may (root), else the rest of
+    this worker's modules run lower too, which costs only their own time."""
+    if Path(str(request.path)).name not in ENGINES or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    os.nice(ENGINE_NICENESS)
+    try:
+        yield
+    finally:
+        try:
+            os.nice(-ENGINE_NICENESS)
+        except PermissionError:
+            pass
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: none without it (-p no:xdist)
@@ -128,16 +156,48 @@ _STOPPED_LOGS: list[str] = []
 LOG_LINES = 40
 
 
+FATAL_IN_LOG = re.compile(r"Signal \((?:4|6|7|8|11)\) received|terminate called after throwing|Fatal Python error")
+"""What a server's log holds once Triton (its signal handler prints ``Signal (11) received.`` and a backtrace, and
+may then hang instead of exiting) or one of its Python stubs or engines (faulthandler: ``Fatal Python error``)
+crashed. No test causes one on purpose: their kills are SIGKILL and SIGTERM."""
+
+KERNEL_CRASH = re.compile(r"^\[\s*(\d+\.\d+)\]\s.*(?:traps: triton|triton\S*\[\d+\].*segfault|"
+                          r"general protection.*triton|Out of memory: Killed process \d+ \(triton)")
+"""The kernel's line for a Triton process (the server, a Python stub: ``triton_python_b``) killed by a fault or by
+the out-of-memory killer, with its time since boot."""
+
+
+def _kernel_lines() -> list[str]:
+    try:
+        return subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []  # unreadable here: the servers' own logs still tell
+
+
+def _kernel_crashes_since(started: float) -> list[str]:
+    """Kernel lines of Triton processes that crashed since ``started`` (``time.monotonic()``, the clock of the
+    kernel's timestamps; a second's slack). On either worker: a stub of the other worker's server counts too,
+    which at worst runs a failed test once more."""
+    return [line for line in _kernel_lines() if (match := KERNEL_CRASH.match(line))
+            and float(match.group(1)) >= started - 1.0]
+
+
+def _fatal_lines(server: TritonServer) -> list[str]:
+    """The lines of a server's log that say it or one of its Python processes crashed (FATAL_IN_LOG)."""
+    try:
+        if not server.log_path or not server.log_path.exists():
+            return []
+        text = server.log_path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if FATAL_IN_LOG.search(line)][:5]
+
+
 def _death_report(server: TritonServer) -> str | None:
     death = server.death()
     if death is None:
         return None
-    kernel = ""
-    try:  # a crash of the server or of one of its Python stubs: the kernel's line names the process
-        lines = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout.splitlines()
-        kernel = "\n".join(line for line in lines[-400:] if "triton" in line)[-3000:]
-    except (OSError, subprocess.SubprocessError):
-        pass
+    kernel = "\n".join(line for line in _kernel_lines()[-400:] if "triton" in line)[-3000:]
     return (f"tritonserver at {server.url} {death.split(';')[0]}\n--- its log's last lines ---\n"
             f"{server.log_tail(60)}\n--- the kernel's lines naming triton ---\n{kernel or '(none, or unreadable)'}")
 
@@ -175,9 +235,31 @@ def _server_deaths_are_reported():
 
 
 FAILURES_FILE = os.environ.get("TEST_FAILURES_FILE")
-"""Where scripts/test.sh has each failed test written, as ``crash <node id>`` when a tritonserver died by
-itself during it (a crash of Triton or of a Python stub; the kernel's out-of-memory killer), else
-``fail <node id>``: a pass whose failures all came with a dead server runs them once more, and says so."""
+"""Where scripts/test.sh has each failed test written, as ``crash <node id>`` when a Triton process crashed
+(see ``_crashes``), else ``fail <node id>``: a pass whose failures all came with a crash runs them once more,
+and says so."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._started = time.monotonic()  # noqa: SLF001 - the kernel lines after it are this test's
+
+
+def _crashes(item) -> list[str]:
+    """Why a failed test's servers cannot be trusted, one text per crash: a server that died during this test;
+    one that died earlier, not by a SIGKILL (a test's own kill), and is still held by a fixture (a module's
+    server that crashed under one test fails the next ones); a running server whose log says it or one of its
+    Python processes crashed (Triton's signal handler can hang after printing, so it still looks alive); a
+    Triton process the kernel killed during this test (a Python stub's fault leaves its server running)."""
+    held = [server._death for server in list(_LIVE) if server._death is not None
+            and not (server.death() or "").startswith("died of SIGKILL")]
+    fatal = [f"tritonserver at {server.url}, still running, logged a crash:\n" + "\n".join(lines)
+             for server in list(_LIVE) if server.death() is None and (lines := _fatal_lines(server))]
+    fatal += [text for text in _STOPPED_LOGS if FATAL_IN_LOG.search(text)]  # a hung one the test then stopped
+    kernel = _kernel_crashes_since(getattr(item, "_started", time.monotonic()))
+    if kernel:
+        fatal.append("the kernel killed a Triton process during this test:\n" + "\n".join(kernel[-5:]))
+    return list(dict.fromkeys(_DEATHS + held + fatal))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -187,11 +269,7 @@ def pytest_runtest_makereport(item, call):
     for server in list(_LIVE):  # stopped already (noted then), or still held by a fixture
         _note_death(server)
     if report.failed:
-        # died during this phase; or died earlier, not by a SIGKILL (a test's own kill), and still held by a
-        # fixture: a module's server that crashed under one test fails the next ones
-        held = [server._death for server in list(_LIVE) if server._death is not None
-                and not (server.death() or "").startswith("died of SIGKILL")]
-        deaths = list(dict.fromkeys(_DEATHS + held))
+        deaths = _crashes(item)
         for text in deaths:
             report.sections.append(("tritonserver died", text))
         # the servers this failure may involve: those still running, and those stopped during it

@@ -166,7 +166,13 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         agent, server = fleet.agents["a-pod1"], fleet.servers["a-pod1"]
         scraped = agent.metrics()
         assert scraped['trm_serving_version{model="m"}'] == 2
-        assert scraped['trm_operations_total{model="m",operation="rollout",outcome="ok"}'] == 2  # v1 (a load), v2
+        prefix = 'trm_operations_total{model="m",operation="rollout",outcome="'
+        rollouts = {key[len(prefix):-2]: value for key, value in scraped.items() if key.startswith(prefix)}
+        # v1 (a load) and v2, each "ok"; on a loaded host a rollout that a transient error interrupted after the
+        # swap is counted under that error, and the next tick, finding v2 served, counts "skipped"
+        errors = sum(value for outcome, value in rollouts.items() if outcome not in ("ok", "skipped"))
+        assert rollouts.get("ok", 0) + rollouts.get("skipped", 0) == 2, (rollouts, agent.log_tail(60))
+        assert rollouts.get("ok", 0) >= 1 and rollouts.get("skipped", 0) <= errors, (rollouts, agent.log_tail(60))
         assert scraped['trm_operations_total{model="",operation="sync",outcome="ok"}'] == 2
         assert scraped['trm_operations_total{model="",operation="pointer_read",outcome="unchanged"}'] > 0
         assert scraped['trm_sync_bytes_total{source="downloaded"}'] + scraped['trm_sync_bytes_total{source="cache"}']

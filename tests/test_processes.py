@@ -405,6 +405,22 @@ def test_run_command_answers_like_subprocess_run(command):
     assert (got.returncode, got.stdout, got.stderr) == (expected.returncode, expected.stdout, expected.stderr)
 
 
+def test_a_command_is_started_without_running_trms_fork_handlers_in_the_child(tmp_path):
+    """A library's fork handlers do not run between fork and exec: gRPC's, in a trm that had opened a channel,
+    wrote "epoll_wait error: Bad file descriptor" into a drain command's stderr (a Python fork handler stands in
+    for them: it runs in every child Python forks itself, which a ``preexec_fn`` makes it do)."""
+    marker = tmp_path / "forked"
+    script = ("import os, sys\n"
+              f"os.register_at_fork(after_in_child=lambda: open({str(marker)!r}, 'a').write('x'))\n"
+              "from repo_manager.adapters.process import run_command\n"
+              "got = run_command('echo out; echo err >&2', timeout_s=30)\n"
+              "assert (got.returncode, got.stdout, got.stderr) == (0, 'out\\n', 'err\\n'), got\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists(), "a fork handler ran in the command's process"
+
+
 def test_run_command_stops_the_whole_group_at_its_timeout_and_after_it_exits(tmp_path):
     from repo_manager.adapters.process import run_command
 

@@ -22,7 +22,6 @@ bounded by timeouts); a SIGKILL is covered by the parent-death signal.
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import shutil
@@ -36,8 +35,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, NamedTuple
 
-_PR_SET_PDEATHSIG = 1
-
 
 class Terminated(SystemExit):
     """trm was asked to stop by a signal (exit code 128 + signal number)."""
@@ -45,30 +42,6 @@ class Terminated(SystemExit):
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
         self.signum = signum
-
-
-@functools.cache
-def _libc_prctl() -> Callable[..., int] | None:
-    import ctypes  # noqa: PLC0415 - only when a child is started
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: no parent-death signal, cleanup paths only
-        return None
-
-
-def _death_signal_setter(death_signal: int) -> Callable[[], None] | None:
-    prctl = _libc_prctl()  # resolved in the parent: the forked child only calls it
-    if prctl is None:
-        return None
-    parent = os.getpid()
-
-    def set_death_signal() -> None:  # runs in the child between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
-        if os.getppid() != parent:  # trm died before the signal was armed
-            os.kill(os.getpid(), death_signal)
-
-    return set_death_signal
 
 
 class _Launcher:
@@ -118,6 +91,11 @@ def reap(*_):
     os.killpg(0, death)
     os._exit(128 + death)
 signal.signal(signal.SIGUSR2, reap)
+try:  # the parent-death signal, armed here rather than between fork and exec (see spawn)
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2), 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass  # not Linux: the cleanup paths only
 STOPS, pending, child = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP), [], []
 def forward(signum, _frame):
     if child:
@@ -169,13 +147,14 @@ def spawn(command: Sequence[str], *, log_path: Path | None = None, output: tuple
     command = list(command)
     if shutil.which(command[0]) is None:  # the reaper would only report it in the log: say it here
         raise FileNotFoundError(2, "No such file or directory", command[0])
-    setter = _death_signal_setter(signal.SIGUSR2)
+    # no preexec_fn: Python then forks without running fork handlers in the child (with one, gRPC's handlers,
+    # in a trm that had opened a channel, wrote "epoll_wait error: Bad file descriptor" into the command's
+    # stderr); the reaper arms its parent-death signal itself and checks that trm is still its parent after
     reaper = [sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(int(death_signal)), str(os.getpid()), *command]
 
     def start(stdout: IO | int, stderr: IO | int) -> subprocess.Popen:
         return subprocess.Popen(reaper, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-                                preexec_fn=setter)
+                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
 
     def popen() -> subprocess.Popen:
         if output is not None:
