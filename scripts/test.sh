@@ -24,7 +24,7 @@ run_pass() {
     .venv/bin/python -m pytest "$@" || code=$?
     if [ "$code" -eq 1 ] && [ -s "$failures" ] && ! grep -qv '^crash ' "$failures"; then
         mapfile -t crashed < <(sed 's/^crash //' "$failures" | sort -u)
-        echo "scripts/test.sh: ${#crashed[@]} test(s) failed where the tritonserver they used had died (reports above); running them once more:"
+        echo "scripts/test.sh: ${#crashed[@]} test(s) failed where a Triton process had crashed (reports above); running them once more:"
         printf '  %s\n' "${crashed[@]}"
         code=0
         .venv/bin/python -m pytest -q "${crashed[@]}" || code=$?

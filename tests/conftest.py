@@ -46,26 +46,32 @@ test_vllm_rollout.py) made a test of one of them fail once."""
 
 ENGINE_NICENESS = 10
 """How much lower the engine modules run, two at a time: what they start (tritonserver, its Python stubs, vLLM's
-engine processes, which keep both cores busy while they start and generate) yields the CPU to the other worker's
-servers. Beside them, Python stubs of the other worker stalled for more than a second (Triton's health check
-failed them) and crashed (the kernel's ``trap stack segment`` in ``triton_python_backend_stub``: a handle read
-from the shared memory pointed nowhere), taking their server down with them."""
+engine processes, which keep both cores busy while they start and generate) yields the CPU to the other worker's.
+
+Why: Triton's Python backend gives a starting stub one second to answer its initialization or show it is alive
+(``StubLauncher::ReceiveMessageFromStub``); past that it fails the load and frees the initialization message, and
+the stub, reading it late, crashes on a handle that points nowhere (the kernel's ``trap stack segment`` in
+``triton_python_backend_stub``), after which tritonserver aborts in ``TRITONBACKEND_ModelInstanceFinalize``
+(``boost::interprocess::lock_exception``). Every such crash came while the other worker ran vLLM engines.
+
+The worker's niceness is inherited by everything it starts, and trm gives it to the scheduling group of each
+process it starts in a session of its own (``adapters/process.py``: Linux autogroups)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _engines_yield_the_cpu(request):
-    """The engine modules, run beside another worker, start everything at ``ENGINE_NICENESS`` (a process's
-    niceness is inherited by what it starts); set back afterwards where this user may (root), else the rest of
-    this worker's modules run lower too, which costs only their own time."""
+    """The engine modules, run beside another worker, run at ``ENGINE_NICENESS``; the worker's niceness is set
+    back afterwards where this user may (root), else the rest of its modules run lower too."""
     if Path(str(request.path)).name not in ENGINES or not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
+    before = os.getpriority(os.PRIO_PROCESS, 0)
     os.nice(ENGINE_NICENESS)
     try:
         yield
     finally:
         try:
-            os.nice(-ENGINE_NICENESS)
+            os.setpriority(os.PRIO_PROCESS, 0, before)
         except PermissionError:
             pass
 
@@ -153,24 +159,31 @@ _DEATHS: list[str] = []
 """The deaths seen since the last test report: how each server that died by itself ended, and its log's end."""
 _STOPPED_LOGS: list[str] = []
 """The last lines of the logs of the servers stopped since the last test report (a stop removes the log)."""
+_STOPPED_FATAL: list[str] = []
+"""The crash lines (``FATAL_IN_LOG``) in the logs of the servers stopped since the last test report."""
 LOG_LINES = 40
 
 
-FATAL_IN_LOG = re.compile(r"Signal \((?:4|6|7|8|11)\) received|terminate called after throwing|Fatal Python error")
-"""What a server's log holds once Triton (its signal handler prints ``Signal (11) received.`` and a backtrace, and
-may then hang instead of exiting) or one of its Python stubs or engines (faulthandler: ``Fatal Python error``)
-crashed. No test causes one on purpose: their kills are SIGKILL and SIGTERM."""
+SERVER_SIGNAL = re.compile(r"Signal \((?:4|6|7|8|11)\) received")
+"""Triton's signal handler, for a crash of the server itself (it prints a backtrace, and may then hang instead of
+exiting: the server looks alive and answers nothing)."""
+FATAL_IN_LOG = re.compile(SERVER_SIGNAL.pattern + r"|terminate called after throwing|"
+                          r"Fatal Python error: (?!_enter_buffered_busy)")
+"""What a server's log holds once it or one of its Python stubs or engines (faulthandler: ``Fatal Python error``;
+not the lock of a buffered stream at an interpreter's normal exit) crashed. No test causes one on purpose: their
+kills are SIGKILL, SIGTERM and SIGSTOP."""
 
 KERNEL_CRASH = re.compile(r"^\[\s*(\d+\.\d+)\]\s.*(?:traps: triton|triton\S*\[\d+\].*segfault|"
-                          r"general protection.*triton|Out of memory: Killed process \d+ \(triton)")
+                          r"general protection.*triton|Killed process \d+ \(triton)")
 """The kernel's line for a Triton process (the server, a Python stub: ``triton_python_b``) killed by a fault or by
 the out-of-memory killer, with its time since boot."""
 
 
 def _kernel_lines() -> list[str]:
     try:
-        return subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
+        return subprocess.run(["dmesg"], capture_output=True, text=True, errors="replace",
+                              timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError, ValueError):
         return []  # unreadable here: the servers' own logs still tell
 
 
@@ -182,15 +195,26 @@ def _kernel_crashes_since(started: float) -> list[str]:
             and float(match.group(1)) >= started - 1.0]
 
 
-def _fatal_lines(server: TritonServer) -> list[str]:
-    """The lines of a server's log that say it or one of its Python processes crashed (FATAL_IN_LOG)."""
+def _log_size(server: TritonServer) -> int:
+    try:
+        return server.log_path.stat().st_size if server.log_path else 0
+    except OSError:
+        return 0
+
+
+def _fatal_lines(server: TritonServer, since: int = 0) -> list[str]:
+    """The lines of a server's log that say it crashed (``SERVER_SIGNAL``, anywhere: the server is unusable
+    since), or that one of its Python processes did (``FATAL_IN_LOG``) after byte ``since`` (a stub Triton
+    restarted is no reason to doubt the tests after it)."""
     try:
         if not server.log_path or not server.log_path.exists():
             return []
-        text = server.log_path.read_text(errors="replace")
+        data = server.log_path.read_bytes()
     except OSError:
         return []
-    return [line.strip() for line in text.splitlines() if FATAL_IN_LOG.search(line)][:5]
+    server = [line.strip() for line in data.decode(errors="replace").splitlines() if SERVER_SIGNAL.search(line)]
+    python = [line.strip() for line in data[since:].decode(errors="replace").splitlines() if FATAL_IN_LOG.search(line)]
+    return list(dict.fromkeys(server + python))[:5]
 
 
 def _death_report(server: TritonServer) -> str | None:
@@ -223,6 +247,8 @@ def _server_deaths_are_reported():
     def stop_and_note(self, *args, **kwargs):
         _note_death(self)
         _LIVE.discard(self)
+        if lines := _fatal_lines(self):  # before the stop removes the log
+            _STOPPED_FATAL.append(f"tritonserver at {self.url}, stopped, had logged a crash:\n" + "\n".join(lines))
         try:
             _STOPPED_LOGS.append(f"tritonserver at {self.url}, stopped:\n{self.log_tail(LOG_LINES)}")
         except Exception:  # noqa: BLE001 - a server that never started has no log: nothing to keep
@@ -242,7 +268,8 @@ and says so."""
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    item._started = time.monotonic()  # noqa: SLF001 - the kernel lines after it are this test's
+    item._started = time.monotonic()  # the kernel lines after it are this test's
+    item._log_sizes = {id(server): _log_size(server) for server in list(_LIVE)}  # and the log lines after these
 
 
 def _crashes(item) -> list[str]:
@@ -253,9 +280,11 @@ def _crashes(item) -> list[str]:
     Triton process the kernel killed during this test (a Python stub's fault leaves its server running)."""
     held = [server._death for server in list(_LIVE) if server._death is not None
             and not (server.death() or "").startswith("died of SIGKILL")]
+    sizes = getattr(item, "_log_sizes", {})
     fatal = [f"tritonserver at {server.url}, still running, logged a crash:\n" + "\n".join(lines)
-             for server in list(_LIVE) if server.death() is None and (lines := _fatal_lines(server))]
-    fatal += [text for text in _STOPPED_LOGS if FATAL_IN_LOG.search(text)]  # a hung one the test then stopped
+             for server in list(_LIVE)
+             if server.death() is None and (lines := _fatal_lines(server, sizes.get(id(server), 0)))]
+    fatal += _STOPPED_FATAL  # a hung one the test then stopped, say
     kernel = _kernel_crashes_since(getattr(item, "_started", time.monotonic()))
     if kernel:
         fatal.append("the kernel killed a Triton process during this test:\n" + "\n".join(kernel[-5:]))
@@ -286,6 +315,7 @@ def pytest_runtest_makereport(item, call):
                 handle.write(f"{'crash' if deaths else 'fail'} {item.nodeid}\n")
     _DEATHS.clear()
     _STOPPED_LOGS.clear()
+    _STOPPED_FATAL.clear()
 
 
 @pytest.fixture(scope="session")

@@ -168,15 +168,17 @@ def test_drain_swap_keeps_at_most_one_pod_out_of_rotation_and_fails_no_request(c
         assert scraped['trm_serving_version{model="m"}'] == 2
         prefix = 'trm_operations_total{model="m",operation="rollout",outcome="'
         rollouts = {key[len(prefix):-2]: value for key, value in scraped.items() if key.startswith(prefix)}
-        # v1 (a load) and v2, each "ok"; on a loaded host a rollout that a transient error interrupted after the
-        # swap is counted under that error, and the next tick, finding v2 served, counts "skipped"
+        # v1 (a load) and v2, each "ok" and each one sync and one finished rollout; on a loaded host a rollout that
+        # a transient error interrupted after the swap is counted under that error, and the next pass (a sync,
+        # then v2 found served) counts "skipped": the counts agree with each other whichever happened
+        done = scraped['trm_agent_rollouts_total{env="production",outcome="done",pod="web"}']
         errors = sum(value for outcome, value in rollouts.items() if outcome not in ("ok", "skipped"))
-        assert rollouts.get("ok", 0) + rollouts.get("skipped", 0) == 2, (rollouts, agent.log_tail(60))
         assert rollouts.get("ok", 0) >= 1 and rollouts.get("skipped", 0) <= errors, (rollouts, agent.log_tail(60))
-        assert scraped['trm_operations_total{model="",operation="sync",outcome="ok"}'] == 2
+        assert rollouts.get("ok", 0) + rollouts.get("skipped", 0) == done >= 1, (rollouts, done)
+        assert rollouts.get("ok", 0) == 2 or errors, (rollouts, agent.log_tail(60))
+        assert scraped['trm_operations_total{model="",operation="sync",outcome="ok"}'] == sum(rollouts.values())
         assert scraped['trm_operations_total{model="",operation="pointer_read",outcome="unchanged"}'] > 0
         assert scraped['trm_sync_bytes_total{source="downloaded"}'] + scraped['trm_sync_bytes_total{source="cache"}']
-        assert scraped['trm_agent_rollouts_total{env="production",outcome="done",pod="web"}'] == 2
         assert_rule_metrics_exist(scraped, server.endpoints.metrics)
         top = run_cli(capsys, "top", server.url, "--metrics-port", server.ports["metrics"], "--agent", agent.base,
                       "--agent", "http://127.0.0.1:9", "--interval", "0.2", "--json")

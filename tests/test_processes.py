@@ -421,6 +421,19 @@ def test_a_command_is_started_without_running_trms_fork_handlers_in_the_child(tm
     assert not marker.exists(), "a fork handler ran in the command's process"
 
 
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="a kernel without autogroups")
+def test_a_child_in_a_session_of_its_own_runs_at_trms_niceness_as_a_whole(tmp_path):
+    """``nice trm ...`` lowers what trm starts too: Linux schedules each session as a group (autogroups), where the
+    niceness a child inherits counts only against its own processes, so the group gets trm's niceness."""
+    script = ("from repo_manager.adapters.process import run_command\n"
+              "print(run_command('cat /proc/self/autogroup; cut -d\\  -f19 /proc/self/stat', timeout_s=30).stdout)")
+    done = subprocess.run(["nice", "-n", "7", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parent.parent)
+    niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + 7, 19)  # nice adds to this test's own
+    group, own = done.stdout.split("\n")[:2]
+    assert group.endswith(f" nice {niceness}") and own == str(niceness), done.stdout + done.stderr
+
+
 def test_run_command_stops_the_whole_group_at_its_timeout_and_after_it_exits(tmp_path):
     from repo_manager.adapters.process import run_command
 

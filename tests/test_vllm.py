@@ -308,26 +308,26 @@ def test_a_cancelled_stream_is_aborted_in_the_engine(served, registry):
         before, handed = served.log_path.read_text().count(marker), _executed(served)
         kept, cancelled = _Streams(served, 120), _Streams(served, 120)
         try:
-            for pid in engine:
-                os.kill(pid, signal.SIGSTOP)
-            kept.send(f"kept-{attempt}")
-            cancelled.send(f"cancel-me-{attempt}")
-            deadline = time.monotonic() + 60  # a hang detector
-            while _executed(served) < handed + 2:
-                assert time.monotonic() < deadline, "the backend was not handed both requests"
-                time.sleep(0.05)
-            assert not kept.first[f"kept-{attempt}"].is_set()  # the paused engine made no output
-        finally:
             try:
-                cancelled.close(cancel=True)  # sent while the engine is paused
-            finally:
                 for pid in engine:
-                    os.kill(pid, signal.SIGCONT)
-        try:
-            assert kept.ended[f"kept-{attempt}"].wait(300), "the kept stream never ended"  # a hang detector
-            assert not kept.errors, kept.errors  # ended in full, with its final response
-        finally:
-            kept.close()
+                    os.kill(pid, signal.SIGSTOP)
+                kept.send(f"kept-{attempt}")
+                cancelled.send(f"cancel-me-{attempt}")
+                deadline = time.monotonic() + 60  # a hang detector
+                while _executed(served) < handed + 2:
+                    assert time.monotonic() < deadline, "the backend was not handed both requests"
+                    time.sleep(0.05)
+                assert not kept.first[f"kept-{attempt}"].is_set(), "the paused engine made an output"
+            finally:
+                try:
+                    cancelled.close(cancel=True)  # sent while the engine is paused
+                finally:
+                    for pid in engine:
+                        os.kill(pid, signal.SIGCONT)
+            assert kept.ended[f"kept-{attempt}"].wait(300), "the kept request never ended"  # a hang detector
+            assert not kept.errors, f"the kept request ended in an error: {kept.errors}"
+        finally:  # closed whatever failed above; its request cancelled only if it has not ended
+            kept.close(cancel=not all(event.is_set() for event in kept.ended.values()))
         deadline = time.monotonic() + 30  # the abort is logged at the request's next output (a hang detector)
         while served.log_path.read_text().count(marker) == before and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -5,7 +5,7 @@ goes through ``ManagedProcess``, and every short one (an operator's drain/restor
 through ``run_command``, which uses it:
 
 * it runs in a new session (a Ctrl-C in the terminal reaches trm only, which then stops it in order),
-  with its output in a log file whose tail goes into errors;
+  with its output in a log file whose tail goes into errors, and at trm's niceness (``nice trm ...``);
 * the kernel sends it a **parent-death signal** (``PR_SET_PDEATHSIG``, SIGKILL by default) when trm
   dies without cleaning up (SIGKILL, a crash). Linux sends that signal when the *thread* that forked the
   child exits, so children are always forked by a thread that lives as long as trm: the main thread, or
@@ -94,8 +94,8 @@ signal.signal(signal.SIGUSR2, reap)
 try:  # the parent-death signal, armed here rather than between fork and exec (see spawn)
     import ctypes
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2), 0, 0, 0)  # PR_SET_PDEATHSIG
-except (OSError, AttributeError):
-    pass  # not Linux: the cleanup paths only
+except (ImportError, OSError, AttributeError):
+    pass  # not Linux, no ctypes: the cleanup paths only
 STOPS, pending, child = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP), [], []
 def forward(signum, _frame):
     if child:
@@ -163,9 +163,23 @@ def spawn(command: Sequence[str], *, log_path: Path | None = None, output: tuple
         with open(log_path, "ab") as log:
             return start(log, subprocess.STDOUT)
 
-    if threading.current_thread() is threading.main_thread():
-        return popen()
-    return _launcher.run(popen)
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's
+    child = popen() if threading.current_thread() is threading.main_thread() else _launcher.run(popen)
+    _keep_niceness(child.pid, niceness)
+    return child
+
+
+def _keep_niceness(pid: int, niceness: int) -> None:
+    """Give a child that leads a session of its own trm's niceness as a whole. Linux schedules each session as a
+    group (autogroups) and shares the CPU between groups first, so the niceness the child inherited counts only
+    against its own processes: without this, ``nice trm ...`` would lower trm and not the tritonserver and engines
+    it starts. Raising a niceness needs no privilege; a kernel without autogroups has nothing to set."""
+    if niceness <= 0:
+        return
+    try:  # the child called setsid before the exec Popen waited for
+        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+    except OSError:
+        pass
 
 
 class ManagedProcess:
