@@ -832,3 +832,51 @@ def test_a_timeout_under_the_batch_in_flight_is_never_written_as_the_fallback():
     assert any(n.startswith("max_batch 8, 2 instance(s), delay 0 us, queue timeout 16200 us then reject: not written")
                and "under the range's floor (1.2 full batches and the queue delay, 32.4 ms)" in n
                for n in outcome.notes)
+
+
+def test_an_overload_run_is_driven_again_after_a_hiccup_not_at_this_clients_ceiling():
+    """Recorded figures: twice the tuning check's capacity (1875/s) from a client whose fastest point driven as
+    offered sent 1172/s. A run that sent as much as that met the client's ceiling: a second drive would meet it
+    again. One that sent less than the client already drove, but at least half the rate, met a hiccup."""
+    from repo_manager.adapters.loadgen import PhaseStats
+    from repo_manager.ops.tuning.overload import drive_again
+
+    def run(sent: float, requests: int = 5000, valid: bool = False) -> PhaseStats:
+        return PhaseStats(1875.0, sent, requests, requests, 0, 0, 30.0, 60.0, None, None, sent, 40.0, valid)
+
+    assert not drive_again(run(1150.0), 1875.0, 1172.0)  # the client's ceiling
+    assert drive_again(run(1000.0), 1875.0, 1172.0)  # short of what it drove before: a hiccup
+    assert not drive_again(run(800.0), 1875.0, 1172.0)  # less than half the rate: it cannot offer it
+    assert drive_again(run(0.0, requests=0), 1875.0, 1172.0)  # stalled before the overload began
+    assert not drive_again(run(1875.0, valid=True), 1875.0, 1172.0)
+
+
+def test_the_clients_best_rate_is_the_fastest_point_it_drove_as_offered():
+    from repo_manager.adapters.loadgen import Measurement
+    from repo_manager.ops.tuning.prober import Prober
+
+    fields = {name: None for name in Measurement.__dataclass_fields__}
+    points = [Point("a", "peak", rate, True, True,
+                    Measurement(**{**fields, "send_rps": sent, "valid": valid}))
+              for rate, sent, valid in ((400, 399.0, True), (1172, 1168.0, True), (1465, 1300.0, False))]
+    prober = Prober.__new__(Prober)
+    prober.points = [*points, Point("a", "low", 50, False, True, None)]
+    assert prober.best_valid_send_rps() == 1168.0
+    prober.points = []
+    assert prober.best_valid_send_rps() == 0.0
+
+
+@pytest.mark.parametrize("rejected, p99_ms, sheds", [(17, float("inf"), True), (2, 21.0, False), (3, 21.0, True),
+                                                     (0, 26.0, True)])
+def test_a_policy_keeps_normal_traffic_only_if_it_sheds_at_most_a_fifth_of_the_p99s_room(rejected, p99_ms, sheds):
+    """Recorded: the 7.6 ms timeout on the tuning check's model shed 17-18 of 1000 requests at 400/s in the
+    independent rounds (their p99, a rejection counted as a miss: inf). At peak x headroom a policy may shed at
+    most 0.2 %, and the p99 of every request must meet the SLO."""
+    from repo_manager.ops.tuning.overload import PolicySearch
+
+    measured = SimpleNamespace(requests=1000, rejected=rejected, valid=True, errors=0, p99_ms=p99_ms,
+                               accepted_p99_ms=min(p99_ms, 21.0), invalid_reason=None)
+    search = PolicySearch.__new__(PolicySearch)
+    search.prober = SimpleNamespace(measure=lambda spec: measured, point_count=lambda rate: 1000, warmup_s=1.0)
+    search.headroom_rps, search.slo_ms, search.points = 480.0, 25.0, []
+    assert bool(search._normal_traffic(Candidate(8, 2, True, 0, queue_timeout_us=7644))) is sheds

@@ -63,7 +63,7 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
                    "more): optional steps are skipped to fit; a budget below what "
                    "every run measures is refused.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000),
-              help="Requests per measured point (default 1000, at most 8 s of traffic at low rates; a vLLM "
+              help="Requests per measured point (default 1000, at most 6 s of traffic at low rates; a vLLM "
                    "model: 100 streams).")
 @click.option("--overload-factor", type=NUMBER, default=2.0, show_default=True,
               help="Choose a queue policy that keeps the SLO for accepted requests at this multiple of the "

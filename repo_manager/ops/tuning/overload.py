@@ -115,8 +115,11 @@ SIMPLER_CAPACITY = 0.95
 less than this share of the chosen batching's capacity within the SLO: a policy there would give that capacity
 away at normal traffic to protect an overload (the tuning check's model, 6 ms + 0.75 ms per item under 25 ms:
 max batch 4 carried 480/s where the chosen max batch 8 carried 750/s, and a policy on it held at 2 x)."""
-MAX_NORMAL_REJECT = 0.01
-"""Share of requests a policy may shed at peak x headroom (a burst of Poisson arrivals), within the p99."""
+MAX_NORMAL_REJECT = 0.002
+"""Share of requests a policy may shed at peak x headroom (a burst of Poisson arrivals), where the p99 of every
+request, a rejection counted as a miss, must also meet the SLO: a fifth of the p99's 1 % room. At 1 %, a 7.6 ms
+timeout on the tuning check's model (a full batch of 8 takes 12 ms) passed trm's measurement and shed 1.7-1.8 % at
+400/s in each of three independent rounds, which put that config's p99 at peak out of the SLO."""
 
 SPIKE_ONSET_S = 0.5
 """Seconds of the spike left out of its figures (``PolicySearch._trace``)."""
@@ -284,6 +287,24 @@ def not_drivable(points: tuple[OverloadPoint, ...] | list[OverloadPoint]) -> boo
     """No overload run was driven as offered, and at least one was sent (not merely a config that did not load)."""
     return not any(p.overload.valid for p in points) and any(p.overload.requests or p.overload.unsent
                                                              for p in points)
+
+
+CLIENT_CEILING = 0.9
+"""An overload run that sent at least this share of the highest rate this client already drove as offered in the
+search has met the client's ceiling, not a hiccup: it is not driven a second time (``drive_again``)."""
+
+
+def drive_again(over: PhaseStats, rate: float, client_best_rps: float) -> bool:
+    """Whether an overload run that was not driven as offered is run once more: after a hiccup of the shared
+    machine (it sent at least half the rate, less than the client already drove as offered; or it stalled
+    before the overload began), not when this client cannot offer the rate: it sent less than half of it, or
+    as much as it ever drove (``CLIENT_CEILING``: at twice the tuning check's capacity, 1875/s, both drives of
+    one try sent what the ladder's last valid point had, about 7 s for nothing)."""
+    if over.valid:
+        return False
+    if over.requests == 0:
+        return True
+    return 0.5 * rate <= over.send_rps < CLIENT_CEILING * client_best_rps
 
 
 def try_cost_s(overload_s: float, recover_s: float, headroom_point_s: float) -> float:
@@ -740,9 +761,7 @@ class PolicySearch:
         self.prober.say(f"overload {rate:.0f}/s ({factor:g} x capacity): {candidate.label}")
         trace = self._trace(rate)
         over, rec = trace.phase_stats(OVERLOAD_PHASE, self.slo_ms), trace.phase_stats(RECOVERY_PHASE, self.slo_ms)
-        # again after a hiccup of the shared machine (it sent at least half the rate, or it stalled before
-        # the overload began), not when this client cannot offer the rate at all
-        if not over.valid and (over.send_rps >= 0.5 * rate or over.requests == 0):
+        if drive_again(over, rate, self.prober.best_valid_send_rps()):
             self.prober.say(f"overload run not driven as offered ({over.send_rps:.0f}/s sent): again")
             trace = self._trace(rate, seed=7)
             over, rec = trace.phase_stats(OVERLOAD_PHASE, self.slo_ms), trace.phase_stats(RECOVERY_PHASE, self.slo_ms)
@@ -778,7 +797,8 @@ class PolicySearch:
         return point
 
     def _normal_traffic(self, candidate: Candidate) -> list[str]:
-        """At peak x headroom the policy may shed a Poisson burst now and then, not more than ``MAX_NORMAL_REJECT``."""
+        """At peak x headroom the policy may shed a Poisson burst now and then, not more than ``MAX_NORMAL_REJECT``,
+        and the p99 of every request, a rejection counted as a miss, meets the SLO."""
         normal = self.prober.measure(
             LoadSpec(
                 rate=self.headroom_rps,
@@ -788,7 +808,7 @@ class PolicySearch:
             )
         )
         share = normal.rejected / normal.requests if normal.requests else 1.0
-        if normal.valid and not normal.errors and normal.accepted_p99_ms <= self.slo_ms and share <= MAX_NORMAL_REJECT:
+        if normal.valid and not normal.errors and normal.p99_ms <= self.slo_ms and share <= MAX_NORMAL_REJECT:
             return []
         return [
             f"at peak x headroom ({self.headroom_rps:.0f}/s): accepted p99 {normal.accepted_p99_ms:.1f} ms, "

@@ -39,10 +39,11 @@ LOAD_S = 1.5
 """Allowance for loading one candidate (Triton's load API with a config override)."""
 REPEATED = ("remeasure", "confirm")
 """Levels measured again on purpose (never answered from an earlier point)."""
-MAX_POINT_S = 8.0
+MAX_POINT_S = 6.0
 """A point is ``requests`` requests but at most this many seconds of traffic (and at least 300 requests):
 at a low rate a longer point is the search's largest cost (at 50/s, 15 s a point made the low-traffic
-points half of a 300 s search), and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds."""
+points half of a 300 s search; at 8 s, five low-traffic points of 8.3-9.7 s each were 45 s of a 163 s search),
+and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds, the worst deciding."""
 WARM_CONFIG_WARMUP = 0.5
 """Share of the warm-up a point gets when its config was measured just before (no load in between) at a rate
 at least half of this one's: the model's batches of that size are warm, only the new rate's queue has to settle
@@ -138,6 +139,11 @@ class Prober:
 
     def point_cost_s(self, rate: float) -> float:
         return point_cost_s(rate, requests=self.requests, max_point_s=self.max_point_s, warmup_s=self.warmup_s)
+
+    def best_valid_send_rps(self) -> float:
+        """The highest rate this client sent at in a point it drove as offered (0 before any)."""
+        return max((p.measurement.send_rps for p in self.points if p.measurement and p.measurement.valid),
+                   default=0.0)
 
     def can_afford(self, seconds: float) -> bool:
         return seconds <= self.remaining_s() - self.held_back_s
