@@ -39,7 +39,8 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   until every later request is answered within the SLO);
 * a policy passes when the overload run was driven as offered, had no errors besides rejections, its
   accepted p99 met the SLO, its goodput kept at least ``MIN_GOODPUT`` of capacity, the server recovered,
-  and at peak x headroom the policy sheds at most 1 % (a Poisson burst) with the accepted p99 in the SLO;
+  and at peak x headroom the policy sheds at most ``MAX_NORMAL_REJECT`` (a Poisson burst) with the p99 of every
+  request, a rejection counted as a miss, in the SLO;
 * **max_queue_size** is tried on top of the passing timeout and kept if it also passes with at least
   ``MAX_QUEUE_GOODPUT`` of the timeout-only goodput: it rejects at once instead of after T, but on
   Triton 2.51 a request refused for a full queue did not wake the batcher, and on a loaded machine
@@ -290,21 +291,24 @@ def not_drivable(points: tuple[OverloadPoint, ...] | list[OverloadPoint]) -> boo
 
 
 CLIENT_CEILING = 0.9
-"""An overload run that sent at least this share of the highest rate this client already drove as offered in the
-search has met the client's ceiling, not a hiccup: it is not driven a second time (``drive_again``)."""
+"""An overload run that sent too little, and within this ratio of the highest rate this client already drove as
+offered in the search (either way), met the client's ceiling, not a hiccup (``drive_again``)."""
 
 
 def drive_again(over: PhaseStats, rate: float, client_best_rps: float) -> bool:
     """Whether an overload run that was not driven as offered is run once more: after a hiccup of the shared
-    machine (it sent at least half the rate, less than the client already drove as offered; or it stalled
-    before the overload began), not when this client cannot offer the rate: it sent less than half of it, or
-    as much as it ever drove (``CLIENT_CEILING``: at twice the tuning check's capacity, 1875/s, both drives of
-    one try sent what the ladder's last valid point had, about 7 s for nothing)."""
+    machine (it sent at least half the rate; or it stalled before the overload began), not when this client
+    cannot offer the rate: it sent less than half of it, or it sent too little and about what it already drove
+    as offered at most (``CLIENT_CEILING``: at twice the tuning check's capacity, 1875/s, both drives of one try
+    sent what the ladder's last valid point had, about 7 s for nothing). A run that sent its rate and lagged, or
+    sent more than the client was ever asked for, is a hiccup."""
     if over.valid:
         return False
     if over.requests == 0:
         return True
-    return 0.5 * rate <= over.send_rps < CLIENT_CEILING * client_best_rps
+    at_ceiling = (client_best_rps > 0 and over.send_rps < CLIENT_CEILING * rate
+                  and CLIENT_CEILING * client_best_rps <= over.send_rps <= client_best_rps / CLIENT_CEILING)
+    return over.send_rps >= 0.5 * rate and not at_ceiling
 
 
 def try_cost_s(overload_s: float, recover_s: float, headroom_point_s: float) -> float:
@@ -811,8 +815,9 @@ class PolicySearch:
         if normal.valid and not normal.errors and normal.p99_ms <= self.slo_ms and share <= MAX_NORMAL_REJECT:
             return []
         return [
-            f"at peak x headroom ({self.headroom_rps:.0f}/s): accepted p99 {normal.accepted_p99_ms:.1f} ms, "
-            f"{share:.1%} rejected, {normal.errors} errors" + ("" if normal.valid else f" ({normal.invalid_reason})")
+            f"at peak x headroom ({self.headroom_rps:.0f}/s): p99 {normal.p99_ms:.1f} ms with rejections as misses, "
+            f"accepted p99 {normal.accepted_p99_ms:.1f} ms, {share:.2%} rejected, {normal.errors} errors"
+            + ("" if normal.valid else f" ({normal.invalid_reason})")
         ]
 
     def _trace(self, rate: float, seed: int = 0) -> Trace:
