@@ -6,12 +6,14 @@ model_repository/.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -187,12 +189,11 @@ def _kernel_lines() -> list[str]:
         return []  # unreadable here: the servers' own logs still tell
 
 
-def _kernel_crashes_since(started: float) -> list[str]:
-    """Kernel lines of Triton processes that crashed since ``started`` (``time.monotonic()``, the clock of the
-    kernel's timestamps; a second's slack). On either worker: a stub of the other worker's server counts too,
-    which at worst runs a failed test once more."""
-    return [line for line in _kernel_lines() if (match := KERNEL_CRASH.match(line))
-            and float(match.group(1)) >= started - 1.0]
+def _kernel_crashes_since(kernel: list[str], started: float) -> list[str]:
+    """The lines of ``kernel`` (``_kernel_lines()``) of Triton processes that crashed since ``started``
+    (``time.monotonic()``, the clock of the kernel's timestamps; a second's slack). On either worker: a stub of the
+    other worker's server counts too, which at worst runs a failed test once more."""
+    return [line for line in kernel if (match := KERNEL_CRASH.match(line)) and float(match.group(1)) >= started - 1.0]
 
 
 def _log_size(server: TritonServer) -> int:
@@ -202,33 +203,36 @@ def _log_size(server: TritonServer) -> int:
         return 0
 
 
-def _fatal_lines(server: TritonServer, since: int = 0) -> list[str]:
-    """The lines of a server's log that say it crashed (``SERVER_SIGNAL``, anywhere: the server is unusable
-    since), or that one of its Python processes did (``FATAL_IN_LOG``) after byte ``since`` (a stub Triton
-    restarted is no reason to doubt the tests after it)."""
+def _fatal_lines(server: TritonServer, since: int = 0, *, signal_anywhere: bool = True) -> list[str]:
+    """The lines of a server's log after byte ``since`` that say it or one of its Python processes crashed
+    (``FATAL_IN_LOG``: a stub Triton restarted before is no reason to doubt the tests after it), and with
+    ``signal_anywhere`` the server's own crash (``SERVER_SIGNAL``) before it too: the server is unusable since."""
     try:
         if not server.log_path or not server.log_path.exists():
             return []
-        data = server.log_path.read_bytes()
+        with open(server.log_path, "rb") as handle:
+            before = handle.read(since) if signal_anywhere else b""
+            handle.seek(since)
+            after = handle.read()
     except OSError:
         return []
-    server = [line.strip() for line in data.decode(errors="replace").splitlines() if SERVER_SIGNAL.search(line)]
-    python = [line.strip() for line in data[since:].decode(errors="replace").splitlines() if FATAL_IN_LOG.search(line)]
-    return list(dict.fromkeys(server + python))[:5]
+    crashed = [line.strip() for line in before.decode(errors="replace").splitlines() if SERVER_SIGNAL.search(line)]
+    since_then = [line.strip() for line in after.decode(errors="replace").splitlines() if FATAL_IN_LOG.search(line)]
+    return list(dict.fromkeys(crashed + since_then))[:5]
 
 
-def _death_report(server: TritonServer) -> str | None:
+def _death_report(server: TritonServer, kernel_lines: Callable[[], list[str]]) -> str | None:
     death = server.death()
     if death is None:
         return None
-    kernel = "\n".join(line for line in _kernel_lines()[-400:] if "triton" in line)[-3000:]
+    kernel = "\n".join(line for line in kernel_lines()[-400:] if "triton" in line)[-3000:]
     return (f"tritonserver at {server.url} {death.split(';')[0]}\n--- its log's last lines ---\n"
             f"{server.log_tail(60)}\n--- the kernel's lines naming triton ---\n{kernel or '(none, or unreadable)'}")
 
 
-def _note_death(server: TritonServer) -> None:
+def _note_death(server: TritonServer, kernel_lines: Callable[[], list[str]] = _kernel_lines) -> None:
     """A server's death, noted once (``server._death``) and reported with the phase that saw it."""
-    if getattr(server, "_death", None) is None and (report := _death_report(server)):
+    if getattr(server, "_death", None) is None and (report := _death_report(server, kernel_lines)):
         server._death = report
         _DEATHS.append(report)
 
@@ -247,7 +251,8 @@ def _server_deaths_are_reported():
     def stop_and_note(self, *args, **kwargs):
         _note_death(self)
         _LIVE.discard(self)
-        if lines := _fatal_lines(self):  # before the stop removes the log
+        # before the stop removes the log; what it wrote before this test was judged by the tests before
+        if lines := _fatal_lines(self, _SETUP_LOG_SIZES.get(id(self), 0), signal_anywhere=False):
             _STOPPED_FATAL.append(f"tritonserver at {self.url}, stopped, had logged a crash:\n" + "\n".join(lines))
         try:
             _STOPPED_LOGS.append(f"tritonserver at {self.url}, stopped:\n{self.log_tail(LOG_LINES)}")
@@ -266,13 +271,20 @@ FAILURES_FILE = os.environ.get("TEST_FAILURES_FILE")
 and says so."""
 
 
+_SETUP_LOG_SIZES: dict[int, int] = {}
+"""The size of each live server's log when the running test was set up (``id(server)``: the lines after it are
+this test's; a server started during the test has all its lines from it)."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item._started = time.monotonic()  # the kernel lines after it are this test's
     item._log_sizes = {id(server): _log_size(server) for server in list(_LIVE)}  # and the log lines after these
+    _SETUP_LOG_SIZES.clear()
+    _SETUP_LOG_SIZES.update(item._log_sizes)
 
 
-def _crashes(item) -> list[str]:
+def _crashes(item, kernel_lines: Callable[[], list[str]]) -> list[str]:
     """Why a failed test's servers cannot be trusted, one text per crash: a server that died during this test;
     one that died earlier, not by a SIGKILL (a test's own kill), and is still held by a fixture (a module's
     server that crashed under one test fails the next ones); a running server whose log says it or one of its
@@ -285,7 +297,7 @@ def _crashes(item) -> list[str]:
              for server in list(_LIVE)
              if server.death() is None and (lines := _fatal_lines(server, sizes.get(id(server), 0)))]
     fatal += _STOPPED_FATAL  # a hung one the test then stopped, say
-    kernel = _kernel_crashes_since(getattr(item, "_started", time.monotonic()))
+    kernel = _kernel_crashes_since(kernel_lines(), getattr(item, "_started", time.monotonic()))
     if kernel:
         fatal.append("the kernel killed a Triton process during this test:\n" + "\n".join(kernel[-5:]))
     return list(dict.fromkeys(_DEATHS + held + fatal))
@@ -295,12 +307,13 @@ def _crashes(item) -> list[str]:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    kernel_lines = functools.cache(_kernel_lines)  # dmesg read at most once per report
     for server in list(_LIVE):  # stopped already (noted then), or still held by a fixture
-        _note_death(server)
+        _note_death(server, kernel_lines)
     if report.failed:
-        deaths = _crashes(item)
+        deaths = _crashes(item, kernel_lines)
         for text in deaths:
-            report.sections.append(("tritonserver died", text))
+            report.sections.append(("Triton crashed", text))
         # the servers this failure may involve: those still running, and those stopped during it
         for server in list(_LIVE):
             try:

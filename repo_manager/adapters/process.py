@@ -86,7 +86,7 @@ _launcher = _Launcher()
 # tritonserver left vLLM's engine processes running).
 _GROUP_REAPER = """
 import os, signal, sys
-death, parent, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+death, parent, niceness, command = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 def reap(*_):
     os.killpg(0, death)
     os._exit(128 + death)
@@ -96,6 +96,12 @@ try:  # the parent-death signal, armed here rather than between fork and exec (s
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2), 0, 0, 0)  # PR_SET_PDEATHSIG
 except (ImportError, OSError, AttributeError):
     pass  # not Linux, no ctypes: the cleanup paths only
+if niceness > 0:  # this session as a whole runs at trm's niceness (see spawn)
+    try:
+        with open("/proc/self/autogroup", "w") as handle:
+            handle.write(str(niceness))
+    except OSError:
+        pass  # a kernel without autogroups: the inherited niceness is all there is
 STOPS, pending, child = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP), [], []
 def forward(signum, _frame):
     if child:
@@ -149,8 +155,14 @@ def spawn(command: Sequence[str], *, log_path: Path | None = None, output: tuple
         raise FileNotFoundError(2, "No such file or directory", command[0])
     # no preexec_fn: Python then forks without running fork handlers in the child (with one, gRPC's handlers,
     # in a trm that had opened a channel, wrote "epoll_wait error: Bad file descriptor" into the command's
-    # stderr); the reaper arms its parent-death signal itself and checks that trm is still its parent after
-    reaper = [sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(int(death_signal)), str(os.getpid()), *command]
+    # stderr); the reaper arms its parent-death signal itself and checks that trm is still its parent after.
+    # Linux schedules each session as a group (autogroups) and shares the CPU between groups first, so the
+    # niceness a child inherits counts only against its own session's processes: the reaper, which leads the
+    # new session, gives the session as a whole the calling thread's niceness, so that ``nice trm ...`` lowers
+    # the tritonserver and engines it starts too (raising a niceness needs no privilege)
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's
+    reaper = [sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(int(death_signal)), str(os.getpid()),
+              str(niceness), *command]
 
     def start(stdout: IO | int, stderr: IO | int) -> subprocess.Popen:
         return subprocess.Popen(reaper, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
@@ -163,23 +175,7 @@ def spawn(command: Sequence[str], *, log_path: Path | None = None, output: tuple
         with open(log_path, "ab") as log:
             return start(log, subprocess.STDOUT)
 
-    niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's
-    child = popen() if threading.current_thread() is threading.main_thread() else _launcher.run(popen)
-    _keep_niceness(child.pid, niceness)
-    return child
-
-
-def _keep_niceness(pid: int, niceness: int) -> None:
-    """Give a child that leads a session of its own trm's niceness as a whole. Linux schedules each session as a
-    group (autogroups) and shares the CPU between groups first, so the niceness the child inherited counts only
-    against its own processes: without this, ``nice trm ...`` would lower trm and not the tritonserver and engines
-    it starts. Raising a niceness needs no privilege; a kernel without autogroups has nothing to set."""
-    if niceness <= 0:
-        return
-    try:  # the child called setsid before the exec Popen waited for
-        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
-    except OSError:
-        pass
+    return popen() if threading.current_thread() is threading.main_thread() else _launcher.run(popen)
 
 
 class ManagedProcess:
