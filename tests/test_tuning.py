@@ -163,8 +163,9 @@ def test_written_version_carries_a_queue_policy_measured_under_an_overload_of_it
 def test_check_remeasures_the_recorded_levels_reports_its_verdict_and_fails_when_the_slo_is_tightened(tuned, capsys):
     """`--check` measures the tuned version again at the recorded rates and says whether it still meets its SLO.
     Whether it does under a generous 2 s bound is this machine's business (the tuned config rejects what waits past
-    its queue timeout, and one rejection makes p99 infinite: beside a CPU hog it did not), so that verdict is
-    checked against the check's own points, not asserted; an SLO no machine meets fails, exit 9."""
+    its queue timeout, and in a point of 150 requests one rejection is more than the 0.2 % a policy may shed: beside
+    a CPU hog it did not), so that verdict is checked against the check's own points, not asserted; an SLO no
+    machine meets fails, exit 9."""
     settings, _ = tuned
     repo = ("--repo", str(settings.repository))
     ok = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "2000", "--requests",
@@ -177,7 +178,7 @@ def test_check_remeasures_the_recorded_levels_reports_its_verdict_and_fails_when
     if ok.code == 9:  # the level that missed is named, with the figures
         missed = next(p for p in data["points"] if not p["meets_slo"])
         assert f"{missed['level']} {missed['rate']:g}/s" in ok.err, ok.err
-        assert "> 2000 ms" in ok.err or "not measurable" in ok.err, ok.err
+        assert any(reason in ok.err for reason in ("> 2000 ms", "the queue policy rejected", "not measurable")), ok.err
     tight = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "0.2", "--requests", "150")
     assert tight.code == 9 and "no longer meets its tuning" in tight.err and "> 0.2 ms" in tight.err
 

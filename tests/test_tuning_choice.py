@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from repo_manager.ops.tuning.candidates import Candidate, Profile
@@ -28,7 +29,8 @@ NONE = Candidate(32, 2, True, 0)
 
 class RecordedProber:
     """The prober's interface, answered from traces: ``traces[(key, rate)]`` is the p99 of each measurement
-    in turn (the last one repeats); a point meets the SLO when its p99 is within it."""
+    in turn (the last one repeats), or its p99 and the share of its requests past the SLO; a point meets the SLO
+    when its p99 is within it."""
 
     def __init__(self, traces: dict[tuple[str, float], list[float]], budget_s: float = float("inf"),
                  point_s: float = 1.0, fallback=None) -> None:
@@ -55,10 +57,22 @@ class RecordedProber:
         done = [p for p in self.points if p.candidate == candidate.key and p.rate == rate]
         trace = self.traces.get((candidate.key, rate)) or self.fallback(candidate, rate)
         p99 = trace[min(len(done), len(trace) - 1)]
+        p99, late = p99 if isinstance(p99, tuple) else (p99, None)  # (p99, share past the SLO) where recorded
         self.used_s += self.point_s
-        point = Point(candidate.key, level, rate, p99 <= SLO_MS, True, SimpleNamespace(p99_ms=p99, valid=True))
+        point = Point(candidate.key, level, rate, p99 <= SLO_MS, True,
+                      SimpleNamespace(p99_ms=p99, valid=True, latencies_ms=latencies(p99, late)))
         self.points.append(point)
         return point
+
+
+def latencies(p99: float, late: float | None = None, requests: int = 1000) -> np.ndarray:
+    """A thousand latencies with this p99 (its tenth slowest answer) and ``late`` of them past the SLO: by default
+    half a percent for a p99 within the SLO, two percent for one past it."""
+    late = (0.005 if p99 <= SLO_MS else 0.02) if late is None else late
+    values = np.full(requests, min(p99, SLO_MS) / 2)
+    values[-10:] = p99  # the p99 (``method="higher"``) and the slower answers
+    values[-int(round(late * requests)):] = max(p99, SLO_MS + 1.0) if late else p99
+    return values
 
 
 def _search(prober: RecordedProber, measured: dict[Candidate, float]) -> Search:
@@ -382,7 +396,8 @@ def test_a_margin_is_not_bought_with_a_ladder_step_of_capacity():
     rounds = [p for p in prober.points if p.candidate == "b8-i2-d0" and p.rate in RATES.values()]
     assert len(rounds) == 3 * CONFIRM_ROUNDS
     assert not [p for p in prober.points if p.level == "confirm" and p.candidate != "b8-i2-d0"]
-    assert outcome.evidence["rounds"].startswith("held the SLO in every round measured, past 80%")
+    assert outcome.evidence["rounds"].startswith("held the SLO in every round measured at low traffic and peak")
+    assert "past 80% of it there in every round" in outcome.evidence["rounds"]
     assert any("chosen for capacity" in note for note in outcome.notes)
 
 
@@ -400,7 +415,8 @@ def test_a_point_right_after_a_much_slower_one_on_the_same_config_gets_the_whole
 
         def _measure(self, spec, workload=None):
             self.warmups.append(spec.warmup_s)
-            return SimpleNamespace(valid=True, saturated=False, errors=0, rejected=0, window_p99_ms=[10.0] * 3,
+            return SimpleNamespace(valid=True, saturated=False, errors=0, rejected=0, requests=1000,
+                                   window_p99_ms=[10.0] * 3,
                                    p99_ms=10.0, invalid_reason="")
 
     prober = Recording(None, None, cost_config("m", fixed_ms=1.0, per_item_ms=1.0), SLO_MS, 1e9, warmup_s=1.0)
@@ -759,7 +775,8 @@ def test_a_miss_is_measured_again_only_where_a_disturbance_can_explain_it(window
 
         def _measure(self, spec, workload=None):
             self.measured += 1
-            return SimpleNamespace(valid=True, saturated=False, errors=0, rejected=0, window_p99_ms=windows,
+            return SimpleNamespace(valid=True, saturated=False, errors=0, rejected=0, requests=1000,
+                                   window_p99_ms=windows,
                                    p99_ms=p99, invalid_reason="")
 
     prober = Recording(None, None, cost_config("m", fixed_ms=1.0, per_item_ms=1.0), SLO_MS, 1e9)
@@ -883,3 +900,67 @@ def test_a_policy_keeps_normal_traffic_only_if_it_sheds_at_most_a_fifth_of_the_p
     search.prober = SimpleNamespace(measure=lambda spec: measured, point_count=lambda rate: 1000, warmup_s=1.0)
     search.headroom_rps, search.slo_ms, search.points = 480.0, 25.0, []
     assert bool(search._normal_traffic(Candidate(8, 2, True, 0, queue_timeout_us=7644))) is sheds
+
+
+@pytest.mark.parametrize("rejected, p99_ms, passes", [(0, 21.0, True), (17, float("inf"), False), (2, 21.0, True),
+                                                      (3, 21.0, False), (2, 25.3, False)])
+def test_check_judges_a_served_queue_policy_as_tuning_did(rejected, p99_ms, passes):
+    """`--check` on a config with a queue policy: a point passes where tuning passed the policy at peak x headroom
+    (at most 0.2 % rejected, the p99 of every request, a rejection a miss, in the SLO), and a failure names the
+    share rejected (it once failed on any rejection, so a policy tuning accepted for shedding 2 of 1000 failed it)."""
+    from repo_manager.adapters.loadgen import Measurement
+    from repo_manager.ops.tuning.core import CheckResult
+    from repo_manager.ops.tuning.prober import Prober
+
+    fields = {name: None for name in Measurement.__dataclass_fields__}
+    measured = Measurement(**{**fields, "requests": 1000, "rejected": rejected, "errors": 0, "valid": True,
+                              "saturated": False, "p99_ms": p99_ms, "window_p99_ms": (p99_ms,)})
+    prober = Prober.__new__(Prober)
+    prober.slo_ms = 25.0
+    assert prober._passes(measured, stable=True) is passes
+    point = Point("b8-i2-d0-q7644", "peak", 400.0, passes, True, measured)
+    checked = CheckResult("ranker", 2, {"p99_ms": 25.0, "low_rps": 50.0, "peak_rps": 400.0}, (point,), {})
+    assert checked.passed is passes
+    if passes:
+        assert checked.failures() == []
+    elif p99_ms > 25.0:
+        assert checked.failures() == [f"peak 400/s p99 {p99_ms:.1f} ms > 25 ms"]
+    else:
+        assert checked.failures() == ["peak 400/s the queue policy rejected 0.30% of requests (at most 0.2%)"]
+
+
+B8, B4 = Candidate(8, 2, True, 0), Candidate(4, 2, True, 0)
+
+
+def test_at_peak_x_headroom_the_rounds_are_pooled_so_one_near_miss_does_not_give_a_fifth_of_the_capacity_away():
+    """Recorded on the tuning check's model (6 ms + 0.75 ms per item under 25 ms): max batch 8 measured 20.3, 23.7
+    and 25.1 ms at 480/s, 0.2, 0.6 and 1.1 % of the requests past the SLO, and lost the choice to max batch 4 (a
+    fifth less capacity) on its last round. Pooled, 0.63 % of its requests there were late: it holds, and max batch
+    4 is never confirmed."""
+    prober = RecordedProber({(B8.key, 480.0): [(20.3, 0.002), (23.7, 0.006), (25.1, 0.011)],
+                             (B8.key, 400.0): [20.1, 19.5, 21.0], (B8.key, 50.0): [12.1],
+                             (B4.key, 480.0): [22.6], (B4.key, 400.0): [18.6], (B4.key, 50.0): [12.7]})
+    search = _search(prober, {B8: 600.0, B4: 480.0})
+    chosen, _noise, evidence = search._finalists()
+    assert chosen == B8 and search._holds(B8, margin=False) and not search._holds(B8)
+    assert [p.p99_ms for p in search._rounds(B8)["headroom"]] == [20.3, 23.7, 25.1]
+    assert [len(points) for points in search._rounds(B4).values()] == [1, 1, 1]  # its search points only
+    assert "at peak x headroom over its rounds pooled (19 of 3000 requests past it, at most 1%), past 80%" in \
+        evidence["rounds"]
+
+
+def test_a_disturbed_round_at_peak_x_headroom_still_breaks_the_pool_and_a_near_miss_at_peak_breaks_the_round():
+    """A round with several percent late (a disturbance: 37 ms) puts the pool past 1 % and ends the candidate's
+    rounds; at peak, the asked rate, every round must meet the SLO on its own."""
+    disturbed = RecordedProber({(B8.key, 480.0): [(20.0, 0.004), (37.0, 0.04), (20.0, 0.004)],
+                                (B8.key, 400.0): [19.0], (B8.key, 50.0): [12.0],
+                                (B4.key, 480.0): [21.0], (B4.key, 400.0): [18.0], (B4.key, 50.0): [12.0]})
+    search = _search(disturbed, {B8: 600.0, B4: 480.0})
+    chosen, _noise, _evidence = search._finalists()
+    assert chosen == B4 and [p.p99_ms for p in search._rounds(B8)["headroom"]] == [20.0, 37.0]
+    at_peak = RecordedProber({(B8.key, 480.0): [20.0], (B8.key, 400.0): [(19.0, 0.004), (25.3, 0.011)],
+                              (B8.key, 50.0): [12.0],
+                              (B4.key, 480.0): [21.0], (B4.key, 400.0): [18.0], (B4.key, 50.0): [12.0]})
+    search = _search(at_peak, {B8: 600.0, B4: 480.0})
+    chosen, _noise, _evidence = search._finalists()
+    assert chosen == B4 and not search._holds(B8, margin=False)

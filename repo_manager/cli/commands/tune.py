@@ -131,7 +131,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
                                      requests=requests, progress=progress)
         report = Report(checked.to_dict(), _check_text(checked))
         if not checked.passed:
-            raise GateError(f"{name} no longer meets its tuning: " + _check_failure(checked),
+            raise GateError(f"{name} no longer meets its tuning: " + "; ".join(checked.failures()),
                             hint="re-run `trm tune-batching --write` on this environment", report=report, model=name)
         ctx.emit(report.data, report.text)
         return
@@ -290,15 +290,6 @@ def _overload_text(result: TuneResult) -> str:
                      f"{'ok' if p.meets else 'MISS: ' + p.note}")
     lines += [f"  note: {n}" for n in o.notes]
     return "\n".join(lines)
-
-
-def _check_failure(result: CheckResult) -> str:
-    reasons = [f"{p.level} {p.rate:g}/s " + (f"p99 {p.p99_ms:.1f} ms > {result.slo['p99_ms']:g} ms"
-                                             if p.p99_ms > result.slo["p99_ms"] else
-                                             f"not measurable ({p.note or 'errors'})")
-               for p in result.points if not p.meets_slo]
-    reasons += [f"{k} changed ({v['tuned']} -> {v['now']})" for k, v in result.changes.items()]
-    return "; ".join(reasons)
 
 
 def _check_text(result: CheckResult) -> str:

@@ -41,6 +41,7 @@ from repo_manager.ops.serving import load_version, version_config
 from repo_manager.ops.tuning.candidates import Candidate
 from repo_manager.ops.tuning.overload import OverloadOutcome, PolicySearch, try_cost_s
 from repo_manager.ops.tuning.prober import (
+    MAX_NORMAL_REJECT,
     MAX_POINT_S,
     Point,
     Prober,
@@ -48,6 +49,7 @@ from repo_manager.ops.tuning.prober import (
     config_cost_s,
     point_cost_s,
     profile_cost_s,
+    rejected_share,
 )
 from repo_manager.ops.tuning.report import write_report
 from repo_manager.ops.tuning.search import ALWAYS_MEASURED, Outcome, Search
@@ -427,10 +429,22 @@ class CheckResult:
     def passed(self) -> bool:
         return all(p.meets_slo for p in self.points) and not self.changes
 
+    def failures(self) -> list[str]:
+        """Why the check failed, one line per point that missed and per environment change."""
+        def reason(point: Point) -> str:
+            if point.p99_ms > self.slo["p99_ms"]:
+                return f"p99 {point.p99_ms:.1f} ms > {self.slo['p99_ms']:g} ms"
+            if point.measurement is not None and (share := rejected_share(point.measurement)) > MAX_NORMAL_REJECT:
+                return f"the queue policy rejected {share:.2%} of requests (at most {MAX_NORMAL_REJECT:.1%})"
+            return f"not measurable ({point.note or 'errors'})"
+
+        return ([f"{p.level} {p.rate:g}/s {reason(p)}" for p in self.points if not p.meets_slo]
+                + [f"{k} changed ({v['tuned']} -> {v['now']})" for k, v in self.changes.items()])
+
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "version": self.version, "passed": self.passed, "slo": self.slo,
                 "points": [p.to_dict() for p in self.points], "environment": self.environment,
-                "environment_changes": self.changes}
+                "environment_changes": self.changes, "failures": self.failures()}
 
 
 def check_batching(settings: Settings, model: str, *, p99_ms: float | None = None, low_rps: float | None = None,

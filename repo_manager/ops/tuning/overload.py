@@ -74,7 +74,7 @@ import numpy as np
 
 from repo_manager.adapters.loadgen import LoadSpec, Phase, PhaseStats, Trace, run_schedule
 from repo_manager.ops.tuning.candidates import Candidate, Profile
-from repo_manager.ops.tuning.prober import Prober
+from repo_manager.ops.tuning.prober import MAX_NORMAL_REJECT, Prober, rejected_share
 
 FIRST_TIMEOUT_SHARE = 0.7
 """The first queue timeout tried is this share of the SLO, less a full batch's execution and the overhead
@@ -116,12 +116,6 @@ SIMPLER_CAPACITY = 0.95
 less than this share of the chosen batching's capacity within the SLO: a policy there would give that capacity
 away at normal traffic to protect an overload (the tuning check's model, 6 ms + 0.75 ms per item under 25 ms:
 max batch 4 carried 480/s where the chosen max batch 8 carried 750/s, and a policy on it held at 2 x)."""
-MAX_NORMAL_REJECT = 0.002
-"""Share of requests a policy may shed at peak x headroom (a burst of Poisson arrivals), where the p99 of every
-request, a rejection counted as a miss, must also meet the SLO: a fifth of the p99's 1 % room. At 1 %, a 7.6 ms
-timeout on the tuning check's model (a full batch of 8 takes 12 ms) passed trm's measurement and shed 1.7-1.8 % at
-400/s in each of three independent rounds, which put that config's p99 at peak out of the SLO."""
-
 SPIKE_ONSET_S = 0.5
 """Seconds of the spike left out of its figures (``PolicySearch._trace``)."""
 OVERLOAD_PHASE, RECOVERY_PHASE = 2, 3
@@ -811,7 +805,7 @@ class PolicySearch:
                 seed=len(self.points),
             )
         )
-        share = normal.rejected / normal.requests if normal.requests else 1.0
+        share = rejected_share(normal)
         if normal.valid and not normal.errors and normal.p99_ms <= self.slo_ms and share <= MAX_NORMAL_REJECT:
             return []
         return [

@@ -26,11 +26,14 @@
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
 5. **Finalists** (within one ladder step of the best) are measured again, interleaved, at the best capacity; a
-   finalist that fails a repeat (no second chance for a near miss) loses that step. Then each must *hold*:
-   meet the SLO at every level in ``CONFIRM_ROUNDS`` rounds (its search point, then rounds interleaved with
-   the finalists confirmed with it, fresh arrivals each, judged strictly: the worst round decides; its
+   finalist that fails a repeat (no second chance for a near miss) loses that step. Then each must *hold*
+   over ``CONFIRM_ROUNDS`` rounds at every level (its search point, then rounds interleaved with the
+   finalists confirmed with it, fresh arrivals each): at low traffic and at peak every round meets the SLO
+   on its own, judged strictly (the worst round decides); at peak x headroom, trm's margin above the asked
+   peak, the rounds are pooled: at most ``HEADROOM_LATE_SHARE`` of all their requests past the SLO (one
+   round's p99 there is within its sampling error of the SLO for every candidate worth choosing). Its
    low-traffic point, if the search did not measure one, is measured in its first round, after the busy
-   levels). The finalists that kept the best capacity are confirmed first: one a
+   levels. The finalists that kept the best capacity are confirmed first: one a
    step below cannot win while one of them holds. While none holds, the other finalists, then the next
    candidates by capacity are tried.
    Among those that hold, the highest capacity; at equal capacity those that kept p99 within ``PEAK_MARGIN``
@@ -55,6 +58,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from repo_manager.ops.tuning.candidates import Candidate, Profile, Pruned, preferred_sizes, structures
 from repo_manager.ops.tuning.prober import LOAD_S, Point, Prober, config_cost_s
 
@@ -66,6 +71,14 @@ CONFIRM_ROUNDS = 3
 """Rounds at every level a finalist must hold before it can be chosen: its search measurement, then rounds
 measured interleaved with the other finalists (fresh arrivals: a new seed and a new load run each), each
 judged on its own, without the search's second chance for a near miss; the worst round decides."""
+HEADROOM_LATE_SHARE = 0.01
+"""At peak x headroom (the busiest level, trm's margin above the asked peak) a finalist holds when at most this
+share of all the requests of its rounds there were past the SLO: the rounds are pooled there, where at low traffic
+and at peak every round must meet the SLO on its own. One round's p99 over about a thousand requests is its tenth
+slowest answer, give or take three (sampling alone), and at peak x headroom the candidates worth choosing sit a
+few milliseconds under the SLO: on the tuning check's model (6 ms + 0.75 ms per item under 25 ms) max batch 8
+measured 20.3, 23.7 and 25.1 ms in three rounds at 480/s, lost the choice on the last one, and max batch 4 was
+chosen, a fifth less capacity. A disturbed round (37-42 ms, several percent late) still breaks the pool."""
 PEAK_MARGIN = 0.8
 """At peak x headroom a finalist's worst round must be within this share of the SLO: the busiest level
 keeps room for a busier minute, or a measurement on another machine, than its rounds saw."""
@@ -487,16 +500,32 @@ class Search:
         return {level: [p for p in self.prober.points if p.candidate == candidate.key and p.rate == self.rates[level]
                         and p.level != "remeasure"] for level in LEVELS}
 
-    def _holds(self, candidate: Candidate, levels: tuple[str, ...] = LEVELS, *, margin: bool = True) -> bool:
-        """Met the SLO at every level in every round measured (with ``margin``: within ``PEAK_MARGIN`` of it at
-        peak x headroom)."""
-        for level, points in self._rounds(candidate).items():
-            if level not in levels:
-                continue
-            limit = self.slo_ms * (PEAK_MARGIN if margin and level == "headroom" else 1.0)
-            if not points or not all(p.meets_slo and p.p99_ms <= limit for p in points):
-                return False
-        return True
+    def _holds(self, candidate: Candidate, *, margin: bool = True) -> bool:
+        """Met the SLO at low traffic and at peak in every round measured, and at peak x headroom over its rounds
+        pooled (``_holds_headroom``); with ``margin``, p99 within ``PEAK_MARGIN`` of the SLO at peak x headroom in
+        every round."""
+        rounds = self._rounds(candidate)
+        if not all(rounds[level] and all(p.meets_slo for p in rounds[level]) for level in ("low", "peak")):
+            return False
+        if margin:
+            limit = self.slo_ms * PEAK_MARGIN
+            return bool(rounds["headroom"]) and all(p.meets_slo and p.p99_ms <= limit for p in rounds["headroom"])
+        return bool(rounds["headroom"]) and self._holds_headroom(candidate)
+
+    def _holds_headroom(self, candidate: Candidate) -> bool:
+        """At peak x headroom, the rounds measured so far pooled: every one measured as offered, and at most
+        ``HEADROOM_LATE_SHARE`` of all their requests past the SLO (a failure or rejection counts as late)."""
+        late, total = self._headroom_late(candidate)
+        return total > 0 and late <= HEADROOM_LATE_SHARE * total
+
+    def _headroom_late(self, candidate: Candidate) -> tuple[int, int]:
+        """Requests past the SLO and requests in all, over the rounds at peak x headroom; (0, 0) when a round was not
+        measured as offered (it cannot count for the candidate)."""
+        points = self._rounds(candidate)["headroom"]
+        if any(p.measurement is None or not p.measurement.valid for p in points):
+            return 0, 0
+        late = sum(int(np.count_nonzero(p.measurement.latencies_ms > self.slo_ms)) for p in points)
+        return late, sum(len(p.measurement.latencies_ms) for p in points)
 
     def _worst_headroom_p99(self, candidate: Candidate) -> float:
         return max((p.p99_ms for p in self._rounds(candidate)["headroom"]), default=float("inf"))
@@ -530,8 +559,11 @@ class Search:
         return completed
 
     def _missed(self, candidate: Candidate) -> bool:
-        """Missed the SLO in a round measured at any level."""
-        return any(not p.meets_slo for points in self._rounds(candidate).values() for p in points)
+        """Missed the SLO in a round measured at low traffic or at peak, or over the rounds at peak x headroom
+        measured so far (``_holds_headroom``)."""
+        rounds = self._rounds(candidate)
+        return (any(not p.meets_slo for level in ("low", "peak") for p in rounds[level])
+                or (bool(rounds["headroom"]) and not self._holds_headroom(candidate)))
 
     def _evidence(self, chosen: Candidate, capacity: float, why: str) -> dict[str, str]:
         p = self.profile
@@ -553,9 +585,11 @@ class Search:
         evidence["preferred_batch_size"] = (f"{list(chosen.preferred)}: cost per request still drops there"
                                             if chosen.preferred else "none: the batcher takes what is queued")
         rounds = self._rounds(chosen)
-        held = ("held the SLO in every round measured, " + ("within" if self._holds(chosen) else "past")
-                + f" {PEAK_MARGIN:.0%} of it at peak x headroom") if self._holds(chosen, margin=False) else \
-            "did not hold the SLO in every round measured"
+        late, total = self._headroom_late(chosen)
+        held = ("held the SLO in every round measured at low traffic and peak, and at peak x headroom over its rounds "
+                f"pooled ({late} of {total} requests past it, at most {HEADROOM_LATE_SHARE:.0%}), "
+                + ("within" if self._holds(chosen) else "past") + f" {PEAK_MARGIN:.0%} of it there in every round"
+                ) if self._holds(chosen, margin=False) else "did not hold the SLO in every round measured"
         evidence["rounds"] = (
             f"{held}; worst p99 "
             + ", ".join(f"{level} {max(p.p99_ms for p in points):.1f} ms over {len(points)} round(s)"
