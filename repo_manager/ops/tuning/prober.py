@@ -44,12 +44,15 @@ MAX_POINT_S = 6.0
 at a low rate a longer point is the search's largest cost (at 50/s, 15 s a point made the low-traffic
 points half of a 300 s search; at 8 s, five low-traffic points of 8.3-9.7 s each were 45 s of a 163 s search),
 and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds, the worst deciding."""
-WARM_CONFIG_WARMUP = 0.5
+WARM_CONFIG_WARMUP = 0.15
 """Share of the warm-up a point gets when its config was measured just before (no load in between) at a rate
 at least half of this one's: the model's batches of that size are warm, only the new rate's queue has to settle
-(tens of milliseconds at the rates a search measures). After a slower point the whole warm-up: on the tuning
-check's model a confirmation round at 480/s measured right after one at 50/s on the same config missed the
-SLO in three runs of three (25.7, 33.8, 42.4 ms, where its other rounds there measured 20-22 ms)."""
+(tens of milliseconds at the rates a search measures). Measured on the tuning check's model (max batch 8, two
+instances, 600/s right after 480/s, eight points each): with 0.5, 0.15 and 0.05 s of warm-up the median p99 was
+22.4, 21.4 and 21.6 ms and the median p99 of the first third 22.1, 21.0 and 21.6 ms; the disturbances (30-44 ms)
+fell in every variant alike. After a slower point the whole warm-up: there a confirmation round at 480/s
+measured right after one at 50/s on the same config missed the SLO in three runs of three (25.7, 33.8, 42.4 ms,
+where its other rounds there measured 20-22 ms)."""
 MAX_NORMAL_REJECT = 0.002
 """Share of a point's requests a queue policy may reject (Triton's queue timeout shedding a Poisson burst), where the
 p99 of every request, a rejection counted as a miss, must also meet the SLO: a fifth of the p99's 1 % room. The same
