@@ -706,9 +706,10 @@ class PolicySearch:
     def miss_expected(self, candidate: Candidate) -> bool:
         """Whether an accepted request's expected latency under overload is past the SLO: with the queue never empty,
         the batcher takes the oldest requests that have not timed out, which waited about the whole timeout, and runs
-        them in a full batch (the queue delay waits for nothing: the batch is full at once). Measured on the tuning check's model (a full batch of 8 in
-        12.7 ms and 0.9 ms of overhead under 25 ms): a 15.2 ms timeout, 28.8 ms expected, measured 30.6 and 31.1 ms at
-        2 x capacity; an 11.4 ms one, 25.0 ms expected, 28.8 and 26.2 ms. Such a miss is not measured again."""
+        them in a full batch (the queue delay waits for nothing: the batch is full at once). Measured on the tuning
+        check's model (a full batch of 8 in 12.7 ms and 0.9 ms of overhead under 25 ms): a 15.2 ms timeout, 28.8 ms
+        expected, measured 30.6 and 31.1 ms at 2 x capacity; an 11.4 ms one, 25.0 ms expected, 28.8 and 26.2 ms. Such
+        a miss is not measured again."""
         full = self.profile.exec_at(candidate.max_batch_size)
         expected = candidate.queue_timeout_us / 1000 + full + self.profile.overhead_ms
         return expected > self.slo_ms
