@@ -246,6 +246,7 @@ def _server_deaths_are_reported():
     def start_and_track(self, *args, **kwargs):
         self._death = None
         _LIVE.add(self)
+        _SETUP_LOG_SIZES.pop(id(self), None)  # a start makes a new log: all its lines are the running test's
         return started(self, *args, **kwargs)
 
     def stop_and_note(self, *args, **kwargs):
@@ -279,9 +280,8 @@ this test's; a server started during the test has all its lines from it)."""
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item._started = time.monotonic()  # the kernel lines after it are this test's
-    item._log_sizes = {id(server): _log_size(server) for server in list(_LIVE)}  # and the log lines after these
-    _SETUP_LOG_SIZES.clear()
-    _SETUP_LOG_SIZES.update(item._log_sizes)
+    _SETUP_LOG_SIZES.clear()  # and the log lines after these
+    _SETUP_LOG_SIZES.update({id(server): _log_size(server) for server in list(_LIVE)})
 
 
 def _crashes(item, kernel_lines: Callable[[], list[str]]) -> list[str]:
@@ -292,10 +292,9 @@ def _crashes(item, kernel_lines: Callable[[], list[str]]) -> list[str]:
     Triton process the kernel killed during this test (a Python stub's fault leaves its server running)."""
     held = [server._death for server in list(_LIVE) if server._death is not None
             and not (server.death() or "").startswith("died of SIGKILL")]
-    sizes = getattr(item, "_log_sizes", {})
     fatal = [f"tritonserver at {server.url}, still running, logged a crash:\n" + "\n".join(lines)
              for server in list(_LIVE)
-             if server.death() is None and (lines := _fatal_lines(server, sizes.get(id(server), 0)))]
+             if server.death() is None and (lines := _fatal_lines(server, _SETUP_LOG_SIZES.get(id(server), 0)))]
     fatal += _STOPPED_FATAL  # a hung one the test then stopped, say
     kernel = _kernel_crashes_since(kernel_lines(), getattr(item, "_started", time.monotonic()))
     if kernel:

@@ -180,7 +180,7 @@ def test_check_remeasures_the_recorded_levels_reports_its_verdict_and_fails_when
         assert f"{missed['level']} {missed['rate']:g}/s" in ok.err, ok.err
         assert any(reason in ok.err for reason in ("> 2000 ms", "the queue policy rejected", "not measurable")), ok.err
     tight = run_cli(capsys, "-q", "tune-batching", "ranker", *repo, "--check", "--p99-ms", "0.2", "--requests", "150")
-    assert tight.code == 9 and "no longer meets its tuning" in tight.err and "> 0.2 ms" in tight.err
+    assert tight.code == 9 and "no longer meets its tuning" in tight.err and "> 0.2 ms" in tight.err, tight.err
 
 
 def test_check_fails_when_the_environment_changed_since_tuning(tuned, tmp_path, capsys):

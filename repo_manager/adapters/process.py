@@ -85,7 +85,7 @@ _launcher = _Launcher()
 # reaper itself, so that a command that dies alone, even by SIGKILL, takes its helpers with it: a SIGKILLed
 # tritonserver left vLLM's engine processes running).
 _GROUP_REAPER = """
-import os, signal, sys
+import errno, os, signal, sys, time
 death, parent, niceness, command = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 def reap(*_):
     os.killpg(0, death)
@@ -96,12 +96,15 @@ try:  # the parent-death signal, armed here rather than between fork and exec (s
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2), 0, 0, 0)  # PR_SET_PDEATHSIG
 except (ImportError, OSError, AttributeError):
     pass  # not Linux, no ctypes: the cleanup paths only
-if niceness > 0:  # this session as a whole runs at trm's niceness (see spawn)
+for _ in range(5 if niceness > 0 else 0):  # this session as a whole runs at trm's niceness (see spawn)
     try:
         with open("/proc/self/autogroup", "w") as handle:
             handle.write(str(niceness))
-    except OSError:
-        pass  # a kernel without autogroups: the inherited niceness is all there is
+        break
+    except OSError as exc:  # unprivileged, Linux takes one such write per 100 ms machine-wide (EAGAIN)
+        if exc.errno != errno.EAGAIN:
+            break  # a kernel without autogroups: the inherited niceness is all there is
+        time.sleep(0.1)
 STOPS, pending, child = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP), [], []
 def forward(signum, _frame):
     if child:

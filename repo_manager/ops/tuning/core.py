@@ -432,10 +432,14 @@ class CheckResult:
     def failures(self) -> list[str]:
         """Why the check failed, one line per point that missed and per environment change."""
         def reason(point: Point) -> str:
+            m = point.measurement
+            if m is not None and m.valid and m.requests and (share := rejected_share(m)) > MAX_NORMAL_REJECT:
+                slo = self.slo["p99_ms"]
+                return (f"the queue policy rejected {share:.2%} of requests (at most {MAX_NORMAL_REJECT:.1%}; "
+                        f"answered p99 {m.accepted_p99_ms:.1f} ms" + (f" > {slo:g} ms)" if m.accepted_p99_ms > slo
+                                                                       else ")"))
             if point.p99_ms > self.slo["p99_ms"]:
                 return f"p99 {point.p99_ms:.1f} ms > {self.slo['p99_ms']:g} ms"
-            if point.measurement is not None and (share := rejected_share(point.measurement)) > MAX_NORMAL_REJECT:
-                return f"the queue policy rejected {share:.2%} of requests (at most {MAX_NORMAL_REJECT:.1%})"
             return f"not measurable ({point.note or 'errors'})"
 
         return ([f"{p.level} {p.rate:g}/s {reason(p)}" for p in self.points if not p.meets_slo]

@@ -75,7 +75,7 @@ import numpy as np
 
 from repo_manager.adapters.loadgen import LoadSpec, Phase, PhaseStats, Trace, run_schedule
 from repo_manager.ops.tuning.candidates import Candidate, Profile
-from repo_manager.ops.tuning.prober import MAX_NORMAL_REJECT, Prober, rejected_share
+from repo_manager.ops.tuning.prober import Prober, rejected_share, within_slo
 
 FIRST_TIMEOUT_SHARE = 0.7
 """The first queue timeout tried is this share of the SLO, less a full batch's execution and the overhead
@@ -821,12 +821,13 @@ class PolicySearch:
             )
         )
         share = rejected_share(normal)
-        if normal.valid and not normal.errors and normal.p99_ms <= self.slo_ms and share <= MAX_NORMAL_REJECT:
+        if within_slo(normal, self.slo_ms):
             return []
         return [
             f"at peak x headroom ({self.headroom_rps:.0f}/s): p99 {normal.p99_ms:.1f} ms with rejections as misses, "
             f"accepted p99 {normal.accepted_p99_ms:.1f} ms, {share:.2%} rejected, {normal.errors} errors"
             + ("" if normal.valid else f" ({normal.invalid_reason})")
+            + (" (the server fell behind: more requests waiting than the point allows)" if normal.saturated else "")
         ]
 
     def _trace(self, rate: float, seed: int = 0) -> Trace:

@@ -43,7 +43,7 @@ MAX_POINT_S = 6.0
 """A point is ``requests`` requests but at most this many seconds of traffic (and at least 300 requests):
 at a low rate a longer point is the search's largest cost (at 50/s, 15 s a point made the low-traffic
 points half of a 300 s search; at 8 s, five low-traffic points of 8.3-9.7 s each were 45 s of a 163 s search),
-and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds, the worst deciding."""
+and a level a choice rests on is measured in ``CONFIRM_ROUNDS`` rounds (``search.CONFIRM_ROUNDS``)."""
 WARM_CONFIG_WARMUP = 0.15
 """Share of the warm-up a point gets when its config was measured just before (no load in between) at a rate
 at least half of this one's: the model's batches of that size are warm, only the new rate's queue has to settle
@@ -64,6 +64,18 @@ each of three independent rounds, which put that config's p99 at peak out of the
 def rejected_share(result: Measurement) -> float:
     """The share of a measurement's requests the server's queue policy rejected (1 when nothing was measured)."""
     return result.rejected / result.requests if result.requests else 1.0
+
+
+def within_slo(result: Measurement, slo_ms: float, *, stable: bool = True) -> bool:
+    """Whether a measured point keeps the SLO: measured as offered, the server not saturated, no errors, at most
+    ``MAX_NORMAL_REJECT`` rejected by a queue policy, and the p99 of every request (a rejection counted as a miss)
+    within the SLO; for an unstable point (a growing queue), the p99 of every window. The one rule for the search's
+    points, ``--check`` and a queue policy's normal traffic (``overload.PolicySearch._normal_traffic``)."""
+    if not result.valid or result.saturated or result.errors or rejected_share(result) > MAX_NORMAL_REJECT:
+        return False
+    if not stable:
+        return max(result.window_p99_ms) <= slo_ms
+    return result.p99_ms <= slo_ms
 
 
 NEAR_MISS = 1.2
@@ -104,8 +116,8 @@ class Point:
     """The candidate's key."""
     level: str
     """``low``, ``peak``, ``headroom``, ``capacity``, ``delay-search``, ``remeasure`` (a finalist at the best
-    capacity) or ``confirm`` (a finalist's round at one of the levels, judged on its own: ``Prober.point``'s
-    ``strict``)."""
+    capacity) or ``confirm`` (a finalist's round at one of the levels, without a second chance for a near miss:
+    ``Prober.point``'s ``strict``)."""
     rate: float
     meets_slo: bool
     stable: bool
@@ -204,7 +216,7 @@ class Prober:
     def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
         """Measure ``candidate`` at ``rate`` (cached per candidate and rate unless ``remeasure`` or
         ``confirm``). ``strict``: a near miss is not measured again (a round of the finalists' confirmation,
-        where every round counts and the worst decides)."""
+        where every round counts)."""
         if level not in REPEATED:
             for done in self.points:
                 if done.candidate == candidate.key and done.rate == rate and done.level not in REPEATED:
@@ -282,11 +294,7 @@ class Prober:
         return not windows[-1] > 1.5 * floor
 
     def _passes(self, result: Measurement, stable: bool) -> bool:
-        if not result.valid or result.saturated or result.errors or rejected_share(result) > MAX_NORMAL_REJECT:
-            return False
-        if not stable:
-            return max(result.window_p99_ms) <= self.slo_ms
-        return result.p99_ms <= self.slo_ms
+        return within_slo(result, self.slo_ms, stable=stable)
 
     # ------------------------------------------------------------------------------------ profile
     def profile(self, current: Candidate, limit: int, per_size: int = PROFILE_REQUESTS) -> Profile:

@@ -69,8 +69,9 @@ ALWAYS_MEASURED = 3
 STEP = 1.25
 CONFIRM_ROUNDS = 3
 """Rounds at every level a finalist must hold before it can be chosen: its search measurement, then rounds
-measured interleaved with the other finalists (fresh arrivals: a new seed and a new load run each), each
-judged on its own, without the search's second chance for a near miss; the worst round decides."""
+measured interleaved with the other finalists (fresh arrivals: a new seed and a new load run each), without the
+search's second chance for a near miss; at low traffic and peak each is judged on its own and the worst round
+decides, at peak x headroom the rounds are pooled (``HEADROOM_LATE_SHARE``)."""
 HEADROOM_LATE_SHARE = 0.01
 """At peak x headroom (the busiest level, trm's margin above the asked peak) a finalist holds when at most this
 share of all the requests of its rounds there were past the SLO: the rounds are pooled there, where at low traffic
@@ -78,7 +79,8 @@ and at peak every round must meet the SLO on its own. One round's p99 over about
 slowest answer, give or take three (sampling alone), and at peak x headroom the candidates worth choosing sit a
 few milliseconds under the SLO: on the tuning check's model (6 ms + 0.75 ms per item under 25 ms) max batch 8
 measured 20.3, 23.7 and 25.1 ms in three rounds at 480/s, lost the choice on the last one, and max batch 4 was
-chosen, a fifth less capacity. A disturbed round (37-42 ms, several percent late) still breaks the pool."""
+chosen, a fifth less capacity. A round with several percent late (a disturbance of the machine) still breaks
+the pool; one measured as not offered, saturated or unstable breaks it whatever its share."""
 PEAK_MARGIN = 0.8
 """At peak x headroom a finalist's worst round must be within this share of the SLO: the busiest level
 keeps room for a busier minute, or a measurement on another machine, than its rounds saw."""
@@ -520,9 +522,11 @@ class Search:
 
     def _headroom_late(self, candidate: Candidate) -> tuple[int, int]:
         """Requests past the SLO and requests in all, over the rounds at peak x headroom; (0, 0) when a round was not
-        measured as offered (it cannot count for the candidate)."""
+        measured as offered, saturated the server, measured nothing or was unstable (a growing queue): such a round
+        is a miss that no pool can make up for."""
         points = self._rounds(candidate)["headroom"]
-        if any(p.measurement is None or not p.measurement.valid for p in points):
+        if any(p.measurement is None or not p.measurement.valid or p.measurement.saturated or not p.stable
+               or not len(p.measurement.latencies_ms) for p in points):
             return 0, 0
         late = sum(int(np.count_nonzero(p.measurement.latencies_ms > self.slo_ms)) for p in points)
         return late, sum(len(p.measurement.latencies_ms) for p in points)
@@ -532,11 +536,12 @@ class Search:
 
     def _confirm(self, candidates: list[Candidate]) -> bool:
         """Up to ``CONFIRM_ROUNDS`` rounds of each candidate at every level (busiest first), interleaved by
-        round (every other round in reverse order), each measured with fresh arrivals and judged on its own; one
-        that misses is not measured further. A level not measured yet (low traffic) is measured in its turn,
-        with the search's second chance for a near miss and whatever the budget (no candidate is chosen
-        unmeasured at a level): after the busy levels, so that one that breaks there costs no low-traffic point
-        (the longest to measure). False when the time budget ended the rounds."""
+        round (every other round in reverse order), each measured with fresh arrivals; one that misses
+        (``_missed``: a round at low traffic or peak on its own, peak x headroom pooled) is not measured further.
+        A level not measured yet (low traffic) is measured in its turn, with the search's second chance for a near
+        miss and whatever the budget (no candidate is chosen unmeasured at a level): after the busy levels, so that
+        one that breaks there costs no low-traffic point (the longest to measure). False when the time budget ended
+        the rounds."""
         completed = True
         for round_ in range(CONFIRM_ROUNDS):
             # every other round in reverse: the candidate measured last goes again without a reload
@@ -560,7 +565,9 @@ class Search:
 
     def _missed(self, candidate: Candidate) -> bool:
         """Missed the SLO in a round measured at low traffic or at peak, or over the rounds at peak x headroom
-        measured so far (``_holds_headroom``)."""
+        measured so far (``_holds_headroom``). A candidate whose rounds so far are past the share is not measured
+        further, though later rounds might have diluted them: the cautious side, which also spares the rounds (and
+        the low-traffic point, about 6 s) of a candidate that would need every later round clean to hold."""
         rounds = self._rounds(candidate)
         return (any(not p.meets_slo for level in ("low", "peak") for p in rounds[level])
                 or (bool(rounds["headroom"]) and not self._holds_headroom(candidate)))
