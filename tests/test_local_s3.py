@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from repo_manager.adapters.triton.server import ephemeral_port_range, free_ports
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,17 +28,6 @@ def walkthrough_commands(doc: Path) -> str:
     """Every ```bash block under '## Walk-through', in order: the script the test runs."""
     section = doc.read_text().split("## Walk-through", 1)[1].split("\n## ", 1)[0]
     return "\n".join(re.findall(r"```bash\n(.*?)```", section, flags=re.S))
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _project_copy(tmp_path: Path) -> Path:
@@ -56,10 +47,11 @@ def test_the_local_s3_walkthrough_runs_as_written(tmp_path):
     script = walkthrough_commands(ROOT / "docs" / "local-s3.md")
     assert "scripts/local-s3.sh start" in script and "trm agent" in script and "trm promote" in script
     project = _project_copy(tmp_path)
-    s3, agent = _free_ports(2)
-    triton = _free_ports(1)[0]
-    while _busy(triton):  # Triton's HTTP port and the two after it (gRPC, metrics), as the document uses them
-        triton = _free_ports(1)[0]
+    # ports the walk-through binds minutes after they are picked: outside the kernel's ephemeral range, where
+    # the walk-through's own S3 and HTTP connections would take one as their local end now and then
+    s3, agent, triton = free_ports(3)
+    while _busy(triton) or triton + 2 >= ephemeral_port_range()[0]:
+        triton = free_ports(1)[0]  # Triton's HTTP port and the two after it (gRPC, metrics), as the document uses them
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRM_", "AWS_"))}
     env.update(S3_PORT=str(s3), TRITON_PORT=str(triton), AGENT_PORT=str(agent), PYTHONPATH=str(ROOT),
                HOME=str(tmp_path / "home"), NO_COLOR="1")

@@ -21,6 +21,7 @@ logging) only to requests carrying the key; trm's own calls to it (readiness, dr
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -118,11 +119,41 @@ def port_is_free(port: int, address: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free ports (all sockets are held open together so none is picked twice)."""
-    sockets = []
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS_BELOW = 12000
+"""How far below the kernel's ephemeral range ``free_ports`` looks (20768-32767 with Linux's default range)."""
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out as the local end of outgoing connections (and to ``bind`` on port 0)."""
     try:
-        for _ in range(count):
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free now, for servers that bind them a while later (Triton binds its endpoints
+    after its models load). They come from just below the kernel's ephemeral range, never from it: there, any
+    outgoing connection made meanwhile (an S3 client, a health probe) can take the port as its own local end,
+    and the server then fails to start on a port that was free when it was picked. All sockets are held open
+    together so that no port is picked twice; a port with a connection lingering in TIME_WAIT is not picked."""
+    low, _ = ephemeral_port_range()
+    pool = range(max(1024, low - LISTEN_PORTS_BELOW), low)
+    sockets: list[socket.socket] = []
+    try:
+        for port in random.sample(pool, min(len(pool), 64 * count)) if len(pool) >= count else []:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((address, port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+            if len(sockets) == count:
+                break
+        while len(sockets) < count:  # a range with no room below it (or taken): whatever the kernel gives
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((address, 0))
             sockets.append(sock)
