@@ -10,9 +10,11 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   requests at normal traffic) and what the SLO leaves once a full batch has run (an accepted request
   waited at most T, then ran in one batch). It starts at ``0.7 * SLO - exec(max_batch) - overhead``
   (within that range) and is bisected: longer when normal traffic is shed, shorter when the accepted p99
-  under overload misses (a near miss is measured once more first, unless the timeout and a full batch alone
-  are past the SLO: ``PolicySearch.miss_expected``); a timeout below the range (tried when its
-  floor missed) is measured at normal traffic first and not driven into overload when it sheds there;
+  under overload misses (a near miss is measured once more first); a timeout that the mechanism already puts
+  past the SLO (an accepted request waits about the timeout, then runs in a full batch:
+  ``PolicySearch.miss_expected``) is not driven into the overload, and counts as a miss; a timeout below the
+  range (tried when its floor missed) is measured at normal traffic first and not driven into overload when it
+  sheds there;
 * **max_queue_size as the second bound**: when accepted requests miss the SLO under a timeout, the same
   timeout with a queue of one full batch per instance is tried before a shorter timeout or a simpler
   structure (an accepted request then waits for at most the batch in flight and its own), so the batching
@@ -60,10 +62,10 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
 * ``priority_levels`` (asked with ``--priority-levels``) gives every level the same policy; requests
   without a priority get the lowest level, so callers can mark the ones to keep.
 
-The outcome (``OverloadOutcome.outcome``) is ``policy-held``, ``no-policy-held`` (the runs were driven
-and none kept the SLO: every policy tried is listed) or ``not-measurable`` (no overload run could be
-driven as offered from this client: nothing is known of any policy). Without a held policy the batching
-choice is still the result, recorded with that outcome; ``--require-overload-policy`` makes it a failure.
+The outcome (``OverloadOutcome.outcome``) is ``policy-held``, ``no-policy-held`` (the runs were driven, or ruled out
+by the mechanism, and none kept the SLO: every policy tried is listed) or ``not-measurable`` (no overload run could
+be driven as offered from this client: nothing is known of any policy). Without a held policy the batching choice is
+still the result, recorded with that outcome; ``--require-overload-policy`` makes it a failure.
 """
 
 from __future__ import annotations
@@ -123,9 +125,10 @@ OVERLOAD_PHASE, RECOVERY_PHASE = 2, 3
 """The phases of an overload try's trace that are judged: warm-up (0), spike onset (1), overload, recovery."""
 
 HELD, NO_POLICY_HELD, NOT_MEASURABLE = "policy-held", "no-policy-held", "not-measurable"
-"""The overload step's outcomes (``OverloadOutcome.outcome``): a policy was shown to keep the SLO; policies
-were measured under the overload and none kept it; no overload run could be driven as offered here (the
-client could not send ``factor`` x capacity), which says nothing of any policy."""
+"""The overload step's outcomes (``OverloadOutcome.outcome``): a policy was shown to keep the SLO; policies were
+measured under the overload, or ruled out by the mechanism (``PolicySearch.miss_expected``), and none kept it; no
+overload run could be driven as offered here (the client could not send ``factor`` x capacity), which says nothing
+of any policy."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class OverloadPoint:
     """Driven as offered, and the accepted p99 under overload missed the SLO: a shorter timeout may help."""
     drive_problem: str = ""
     """Why the overload was not driven as offered ("" when it was)."""
+    predicted_miss: bool = False
+    """Not driven: the mechanism puts an accepted request past the SLO (``PolicySearch.miss_expected``)."""
 
     @property
     def client_limited(self) -> bool:
@@ -164,6 +169,7 @@ class OverloadPoint:
             "capacity_rps": self.capacity_rps,
             "meets": self.meets,
             "note": self.note,
+            "predicted_miss": self.predicted_miss,
             "recover_s": self.recover_s,
             "overload": self.overload.to_dict(),
             "recovery": self.recovery.to_dict(),
@@ -225,7 +231,13 @@ class OverloadOutcome:
             why = "; ".join(dict.fromkeys(p.drive_problem for p in self.points if p.drive_problem))
             return (f"the overload of {asked} could not be driven from this client ({why}): not measurable on "
                     "this machine (the batching choice does not depend on it)")
-        return f"no queue policy kept the SLO for accepted requests at {asked}" + \
+        why = ""
+        if any(p.predicted_miss for p in self.points) and not any(p.overload.requests or p.overload.unsent
+                                                                  for p in self.points):
+            why = ("; none was driven into it: the mechanism put every timeout tried past the SLO (an accepted request "
+                   "waits about its timeout, then runs in a full batch)" + (", or it shed normal traffic" if any(
+                       p.sheds_normal_traffic for p in self.points) else ""))
+        return f"no queue policy kept the SLO for accepted requests at {asked}" + why + \
             ("; the time budget ended the search" if self.cut_short else "")
 
     def fallback_summary(self) -> str:
@@ -238,6 +250,8 @@ class OverloadOutcome:
             o = point.overload
             how = (f"; at {self.rate:.0f}/s it kept accepted p99 {o.accepted_p99_ms:.1f} ms and goodput "
                    f"{o.goodput_rps:.0f}/s ({o.goodput_rps / self.capacity_rps:.0%} of capacity)")
+        elif point is not None and point.predicted_miss:
+            how = f"; it was {point.note.replace('not driven: ', 'not driven into the overload, since ', 1)}"
         return (f"the closest queue policy tried is written: {self.fallback.label} (it keeps normal traffic at peak "
                 f"x headroom{how})")
 
@@ -603,7 +617,7 @@ class PolicySearch:
         tried = {p.candidate.key: p for p in self.points
                  if p.rate == self.rate and p.candidate.has_queue_policy and not p.sheds_normal_traffic
                  and p.candidate.without_queue_policy().key == self.batching.key
-                 and (p.overload.requests or p.overload.unsent)}
+                 and (p.overload.requests or p.overload.unsent or p.predicted_miss)}
         for key, point in list(tried.items()):
             floor_ms = self.timeout_range_ms(point.candidate)[0]
             if point.candidate.queue_timeout_us < floor_ms * 1000 - 1:
@@ -628,31 +642,35 @@ class PolicySearch:
     def _search_timeout(self, structure: Candidate) -> Candidate | None:
         """Bisect the timeout on one structure: up when normal traffic is shed, down when the accepted p99
         under overload misses; a near miss is measured once more first (one disturbed run of a shared
-        machine should not move the timeout)."""
+        machine should not move the timeout); a timeout the mechanism puts past the SLO is not driven and counts
+        as a miss (``miss_expected``, ``_not_driven``: it costs nothing, so the budget does not stop it)."""
         low, high = self.timeout_range_ms(structure)
         high = max(high, low)
         shed_below, miss_above = low, high  # the bracket: [too short, too long]
         timeout = self.first_timeout_ms(structure)
         bounded_tried = False
         for _ in range(TRIES_PER_STRUCTURE):
-            if not self._affords_another():
-                return None
             candidate = structure.with_queue_policy(round(timeout * 1000), 0, self.priority_levels)
-            # below the range's floor the risk is shedding normal traffic near capacity (the batch in flight
-            # is a full one): that is measured first, and a timeout that sheds is not driven into overload
-            point = self.try_policy(candidate, normal_first=timeout < low - 0.05)
+            if self.miss_expected(candidate):
+                point = self._not_driven(candidate)
+            elif not self._affords_another():
+                return None
+            else:
+                # below the range's floor the risk is shedding normal traffic near capacity (the batch in flight
+                # is a full one): that is measured first, and a timeout that sheds is not driven into overload
+                point = self.try_policy(candidate, normal_first=timeout < low - 0.05)
             if self._near_miss(point) and self._affords_another():
                 self.notes.append(f"{candidate.key}: near miss (accepted p99 {point.overload.accepted_p99_ms:.1f} ms)"
                                   ", measured again")
                 point = self.try_policy(candidate)
             if point.meets:
                 return candidate
-            if not point.overload.valid and not point.sheds_normal_traffic:
+            if not point.overload.valid and not point.sheds_normal_traffic and not point.predicted_miss:
                 return None  # a longer or shorter timeout cannot fix a client that did not offer the rate
             if point.sheds_normal_traffic:
                 shed_below = timeout
                 following = (timeout + miss_above) / 2 if miss_above > timeout else timeout
-            elif point.misses_under_overload:
+            elif point.misses_under_overload or point.predicted_miss:
                 if not bounded_tried and self._affords_another():
                     # the second bound before a shorter timeout: a queue of one batch per instance keeps an
                     # accepted request's wait to the batch in flight and its own, whatever the timeout
@@ -662,8 +680,9 @@ class PolicySearch:
                                                               self.priority_levels)
                         held = self.try_policy(bounded)
                         # a full queue's refusal can stall Triton's batcher (module docstring): kept only when
-                        # it also keeps the goodput the timeout alone had
-                        if held.meets and held.overload.goodput_rps >= MAX_QUEUE_GOODPUT * point.overload.goodput_rps:
+                        # it also keeps the goodput the timeout alone had (where that was driven)
+                        if held.meets and (point.predicted_miss or held.overload.goodput_rps
+                                           >= MAX_QUEUE_GOODPUT * point.overload.goodput_rps):
                             return bounded
                 miss_above = timeout
                 following = (timeout + shed_below) / 2 if shed_below < timeout else timeout / 2
@@ -703,16 +722,39 @@ class PolicySearch:
                 and o.accepted_p99_ms <= 1.25 * self.slo_ms and o.goodput_rps >= NEAR_MISS_GOODPUT * self.capacity
                 and not self.miss_expected(point.candidate))
 
+    def expected_ms(self, candidate: Candidate) -> tuple[float, float]:
+        """An accepted request's latency under overload as the mechanism puts it, for a timeout without a queue bound
+        (a bound is judged by ``_bound_can_hold``): (its wait in the queue, that wait, a full batch's execution and
+        the overhead). With the queue never empty, the batcher takes the oldest requests that have not timed out,
+        which waited about the whole timeout, and runs them in a full batch (the queue delay waits for nothing: the
+        batch is full at once)."""
+        wait = candidate.queue_timeout_us / 1000
+        return wait, wait + self.profile.exec_at(candidate.max_batch_size) + self.profile.overhead_ms
+
     def miss_expected(self, candidate: Candidate) -> bool:
-        """Whether an accepted request's expected latency under overload is past the SLO: with the queue never empty,
-        the batcher takes the oldest requests that have not timed out, which waited about the whole timeout, and runs
-        them in a full batch (the queue delay waits for nothing: the batch is full at once). Measured on the tuning
-        check's model (a full batch of 8 in 12.7 ms and 0.9 ms of overhead under 25 ms): a 15.2 ms timeout, 28.8 ms
-        expected, measured 30.6 and 31.1 ms at 2 x capacity; an 11.4 ms one, 25.0 ms expected, 28.8 and 26.2 ms. Such
-        a miss is not measured again."""
+        """Whether an accepted request's expected latency under overload (``expected_ms``) is past the SLO. Measured on
+        the tuning check's model (a full batch of 8 in 12.7 ms and 0.9 ms of overhead under 25 ms): a 15.2 ms
+        timeout, 28.8 ms expected, measured 30.6 and 31.1 ms at 2 x capacity; an 11.4 ms one, 25.0 ms expected, 28.8
+        and 26.2 ms; on max batch 16 (18.9 ms a batch) 22.6 and 11.3 ms timeouts, 42.4 and 31.1 ms expected,
+        measured 43.6 and 35.7 ms. Every measured latency was at or above the expected one. Such a policy is not
+        driven into the overload (``_not_driven``), and its near miss would not be driven again."""
+        return self.expected_ms(candidate)[1] > self.slo_ms
+
+    def _not_driven(self, candidate: Candidate) -> OverloadPoint:
+        """The record of a policy the mechanism already puts past the SLO (``miss_expected``): not driven into the
+        overload (a try is 7-8 s), and the timeout search goes on below it as after a measured miss."""
+        wait, expected = self.expected_ms(candidate)
         full = self.profile.exec_at(candidate.max_batch_size)
-        expected = candidate.queue_timeout_us / 1000 + full + self.profile.overhead_ms
-        return expected > self.slo_ms
+        rate = round(self.capacity * self.factor, 1)
+        empty = PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
+        note = (f"not driven: an accepted request would wait about {wait:.1f} ms in the queue under the overload, then "
+                f"run in a full batch ({full:.1f} ms, and {self.profile.overhead_ms:.1f} ms of overhead): "
+                f"{expected:.1f} ms, past the SLO of {self.slo_ms:g} ms")
+        point = OverloadPoint(candidate, rate, empty, empty, None, False, note, capacity_rps=self.capacity,
+                              predicted_miss=True)
+        self.points.append(point)
+        self.prober.say(f"overload not driven, {expected:.1f} ms expected: {candidate.label}")
+        return point
 
     def _try_max_queue(self, chosen: Candidate) -> Candidate:
         base = next(p for p in reversed(self.points) if p.candidate.key == chosen.key and p.meets)

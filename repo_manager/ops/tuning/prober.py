@@ -37,7 +37,9 @@ Progress = Callable[[str, float, float], None]
 
 LOAD_S = 1.5
 """Allowance for loading one candidate (Triton's load API with a config override)."""
-REPEATED = ("remeasure", "confirm")
+SUPERSEDED = "superseded"
+"""The level a strict point is recorded under once a repeat replaced it (``Prober.supersede``)."""
+REPEATED = ("remeasure", "confirm", SUPERSEDED)
 """Levels measured again on purpose (never answered from an earlier point)."""
 MAX_POINT_S = 6.0
 """A point is ``requests`` requests but at most this many seconds of traffic (and at least 300 requests):
@@ -116,8 +118,9 @@ class Point:
     """The candidate's key."""
     level: str
     """``low``, ``peak``, ``headroom``, ``capacity``, ``delay-search``, ``remeasure`` (a finalist at the best
-    capacity) or ``confirm`` (a finalist's round at one of the levels, without a second chance for a near miss:
-    ``Prober.point``'s ``strict``)."""
+    capacity), ``confirm`` (a finalist's round at one of the levels, without the prober's second chance for a near
+    miss: ``Prober.point``'s ``strict``) or ``superseded`` (a strict point that a repeat replaced:
+    ``search.DISTURBANCE_REPEATS``)."""
     rate: float
     meets_slo: bool
     stable: bool
@@ -215,8 +218,8 @@ class Prober:
     # ------------------------------------------------------------------------------------ measuring
     def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
         """Measure ``candidate`` at ``rate`` (cached per candidate and rate unless ``remeasure`` or
-        ``confirm``). ``strict``: a near miss is not measured again (a round of the finalists' confirmation,
-        where every round counts)."""
+        ``confirm``). ``strict``: a near miss is not measured again here (a finalist's re-measure or round: the
+        search decides on a repeat, ``search.Search._strict``)."""
         if level not in REPEATED:
             for done in self.points:
                 if done.candidate == candidate.key and done.rate == rate and done.level not in REPEATED:
@@ -268,6 +271,15 @@ class Prober:
         verdict = "meets" if point.meets_slo else "misses"
         self.say(f"{level} {rate:.0f}/s: p99 {point.p99_ms:.1f} ms {verdict} the SLO: {candidate.label}")
         return point
+
+    def supersede(self, point: Point, why: str) -> None:
+        """Keep ``point`` in the record under the level ``SUPERSEDED``, with ``why``: a strict point that a repeat
+        replaces (``search.Search._strict``), so that no rule counts it any more and the record still shows it."""
+        index = next((i for i in range(len(self.points) - 1, -1, -1) if self.points[i] is point), None)
+        if index is None:
+            raise ValueError(f"{point.level} {point.rate:.0f}/s of {point.candidate} is not in the record")
+        note = f"{point.level}: {why}" + (f"; {point.note}" if point.note else "")
+        self.points[index] = replace(point, level=SUPERSEDED, note=note)
 
     def measure(self, spec: LoadSpec) -> Measurement:
         """One load point on what is loaded, as measured (no SLO judgement, nothing recorded)."""
