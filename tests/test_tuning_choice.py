@@ -1031,6 +1031,21 @@ def test_a_re_measure_at_the_best_capacity_that_missed_as_a_disturbance_does_is_
     assert [p.note.split(":")[0] for p in prober.points if p.level == SUPERSEDED] == ["remeasure"]
 
 
+def test_a_finalist_that_already_missed_a_re_measure_gets_no_repeat_for_the_next():
+    """Bench run 6: max batch 16 missed its first re-measure at 750/s (33.4 ms, every window past the SLO), and its
+    second at 27.4 ms was measured once more (25.0 ms): it had lost the step already, so that repeat was 1.6 s for
+    nothing."""
+    b16 = Candidate(16, 2, True, 0)
+    prober = RecordedProber({(B8.key, 600.0): [21.5, 22.0, 22.5], (b16.key, 600.0): [33.4, 27.4, 25.0],
+                             (B8.key, 480.0): [20.0], (B8.key, 400.0): [19.0], (B8.key, 50.0): [12.0],
+                             (b16.key, 480.0): [20.5], (b16.key, 400.0): [19.0], (b16.key, 50.0): [12.5]})
+    search = _search(prober, {B8: 600.0, b16: 600.0})
+    chosen, _noise, _evidence = search._finalists()
+    assert chosen == B8 and search.capacity[b16.key] == 480.0
+    assert [p.p99_ms for p in prober.points if p.candidate == b16.key and p.level == "remeasure"] == [33.4, 27.4]
+    assert not any(p.level == SUPERSEDED for p in prober.points)
+
+
 def test_a_near_miss_under_overload_is_measured_again_only_where_the_mechanism_does_not_predict_it():
     """Under overload an accepted request waited about the whole timeout and ran in a full batch: where those alone
     are past the SLO (18 ms + a 15 ms batch + 1 ms under 25 ms), the policy is not driven at all (a try is 7 s on

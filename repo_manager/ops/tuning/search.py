@@ -444,7 +444,9 @@ class Search:
             for order in (finalists, finalists[::-1]):
                 for candidate in order:
                     if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
-                        runs[candidate.key].append(self._strict(candidate, "remeasure", best))
+                        # a repeat cannot save a finalist that already missed a re-measure: it loses the step
+                        missed = any(not p.meets_slo for p in runs[candidate.key])
+                        runs[candidate.key].append(self._strict(candidate, "remeasure", best, repeat=not missed))
                     elif "re-measure cut short: time budget" not in self.notes:
                         self.notes.append("re-measure cut short: time budget")
         noise = 0.0
@@ -584,12 +586,13 @@ class Search:
                         self._strict(candidate, "confirm", rate)
         return completed
 
-    def _strict(self, candidate: Candidate, level: str, rate: float) -> Point:
+    def _strict(self, candidate: Candidate, level: str, rate: float, *, repeat: bool = True) -> Point:
         """A strict point (no second chance in the prober), measured once more where it missed the way a disturbance
         does and ``candidate`` has a repeat left (``DISTURBANCE_REPEATS``) and the budget allows: the repeat counts,
-        the miss stays in the record as superseded."""
+        the miss stays in the record as superseded. ``repeat=False``: the caller knows a repeat could not change the
+        verdict."""
         point = self.prober.point(candidate, level, rate, strict=True)
-        if (point.meets_slo or point.measurement is None
+        if (not repeat or point.meets_slo or point.measurement is None
                 or self.repeated.get(candidate.key, 0) >= DISTURBANCE_REPEATS
                 or not near_miss(point.measurement, self.slo_ms, stable=point.stable)
                 or not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S)):
