@@ -1046,21 +1046,25 @@ def test_a_finalist_that_already_missed_a_re_measure_gets_no_repeat_for_the_next
     assert not any(p.level == SUPERSEDED for p in prober.points)
 
 
-def test_a_near_miss_under_overload_is_measured_again_only_where_the_mechanism_does_not_predict_it():
+@pytest.mark.parametrize("slo_ms, again", [(28.0, True), (26.0, False)])
+def test_a_near_miss_under_overload_is_measured_again_only_where_the_mechanism_does_not_predict_it(slo_ms, again):
     """Under overload an accepted request waited about the whole timeout and ran in a full batch: where those alone
-    are past the SLO (18 ms + a 15 ms batch + 1 ms under 25 ms), the policy is not driven at all (a try is 7 s on
-    the tuning check's model, and would only show the mechanism); a 9 ms timeout (25 ms expected) missing by a few
-    milliseconds may be one disturbed run, and is measured again."""
-    search = RecordedPolicySearch({("b4-i2-d0-q18000", 2.0): (30.0, 400.0), ("b4-i2-d0-q9000", 2.0): (27.0, 400.0)},
-                                  sheds_normal=frozenset({"b4-i2-d0-q4500"}), slo_ms=25.0)
+    are past the SLO (18 ms + a 15 ms batch + 1 ms), the policy is not driven at all (a try is 7 s on the tuning
+    check's model, and would only show the mechanism); a 9 ms timeout (25 ms expected) missing by a few
+    milliseconds is measured again where that leaves the range's 10 % of the SLO (under 28 ms: it may be one
+    disturbed run), not where it is at the edge (under 26 ms the mechanism explains the miss)."""
+    search = RecordedPolicySearch({("b4-i2-d0-q18000", 2.0): (30.0, 400.0), ("b4-i2-d0-q9000", 2.0): (29.0, 400.0)},
+                                  sheds_normal=frozenset({"b4-i2-d0-q4500"}), slo_ms=slo_ms)
     structure = Candidate(4, 2, True, 0)
     assert search.miss_expected(structure.with_queue_policy(18000, 0, 0))
     assert not search.miss_expected(structure.with_queue_policy(9000, 0, 0))
+    search.first_timeout_ms = lambda structure=None: 18.0  # the floor, as 0.7 x the SLO falls below it
     assert search._search_timeout(structure) is None
-    assert [p.candidate.key for p in search.points] == ["b4-i2-d0-q18000", "b4-i2-d0-q9000", "b4-i2-d0-q9000",
-                                                        "b4-i2-d0-q4500"]
+    assert [p.candidate.key for p in search.points] == ["b4-i2-d0-q18000"] + ["b4-i2-d0-q9000"] * (1 + again) + [
+        "b4-i2-d0-q4500"]
     first = search.points[0]
-    assert first.predicted_miss and first.overload.requests == 0 and "34.0 ms, past the SLO of 25 ms" in first.note
+    assert first.predicted_miss and first.overload.requests == 0
+    assert f"34.0 ms, past the SLO of {slo_ms:g} ms" in first.note
     assert not any(p.predicted_miss for p in search.points[1:])
 
 

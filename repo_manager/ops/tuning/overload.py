@@ -716,11 +716,14 @@ class PolicySearch:
 
     def _near_miss(self, point: OverloadPoint) -> bool:
         """A miss under overload that one disturbed run of a shared machine may explain: close to the SLO, with most
-        of the goodput, and not what the mechanism itself predicts (``miss_expected``)."""
+        of the goodput, and not what the mechanism itself puts at the SLO's edge: its expected latency
+        (``expected_ms``) within the range's top share of the SLO (``MAX_TIMEOUT_SHARE``). Every measured latency
+        so far was 1.2-4.6 ms above the expected one (``miss_expected``): on the tuning check's model an 11.3 ms
+        timeout on max batch 8, 24.9 ms expected under 25 ms, missed at 27.2 ms and again at 28.1 ms (6.4 s)."""
         o = point.overload
         return (not point.meets and o.valid and not o.errors and not point.sheds_normal_traffic
                 and o.accepted_p99_ms <= 1.25 * self.slo_ms and o.goodput_rps >= NEAR_MISS_GOODPUT * self.capacity
-                and not self.miss_expected(point.candidate))
+                and self.expected_ms(point.candidate)[1] <= MAX_TIMEOUT_SHARE * self.slo_ms)
 
     def expected_ms(self, candidate: Candidate) -> tuple[float, float]:
         """An accepted request's latency under overload as the mechanism puts it, for a timeout without a queue bound
