@@ -23,7 +23,9 @@ run_pass() {
     local code=0
     .venv/bin/python -m pytest "$@" || code=$?
     if [ "$code" -eq 1 ] && [ -s "$failures" ] && ! grep -qv '^crash ' "$failures"; then
-        mapfile -t crashed < <(sed 's/^crash //' "$failures" | sort -u)
+        # in the order they ran, each once: a module's tests can depend on its order (test_vllm.py's SIGKILL
+        # test kills the module's served server, so a test that uses that server must run before it)
+        mapfile -t crashed < <(sed 's/^crash //' "$failures" | awk '!seen[$0]++')
         echo "scripts/test.sh: ${#crashed[@]} test(s) failed where a Triton process had crashed (reports above); running them once more:"
         printf '  %s\n' "${crashed[@]}"
         code=0
