@@ -464,7 +464,7 @@ class RecordedPolicySearch:
         """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
         ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
         from repo_manager.adapters.loadgen import PhaseStats
-        from repo_manager.ops.tuning.overload import MIN_GOODPUT, OverloadPoint, PolicySearch
+        from repo_manager.ops.tuning.overload import MIN_GOODPUT, OverloadPoint, PolicySearch, nothing_sent
 
         class Search(PolicySearch):
             def try_policy(self, candidate, factor=None, *, normal_first=False):
@@ -473,7 +473,7 @@ class RecordedPolicySearch:
                     self.normal_first.append(candidate.key)
                 if normal_first and candidate.key in sheds_normal:  # as PolicySearch.try_policy: no overload run
                     rate = round(self.capacity * factor, 1)
-                    empty = PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
+                    empty = nothing_sent(rate)
                     point = OverloadPoint(candidate, rate, empty, empty, None, False, "sheds",
                                           sheds_normal_traffic=True, capacity_rps=self.capacity)
                     self.points.append(point)

@@ -293,6 +293,12 @@ class OverloadOutcome:
         }
 
 
+def nothing_sent(rate: float) -> PhaseStats:
+    """The figures of an overload phase that was not run (a config that did not load, a policy that shed normal
+    traffic or that the mechanism rules out)."""
+    return PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
+
+
 def not_drivable(points: tuple[OverloadPoint, ...] | list[OverloadPoint]) -> bool:
     """No overload run was driven as offered, and at least one was sent (not merely a config that did not load)."""
     return not any(p.overload.valid for p in points) and any(p.overload.requests or p.overload.unsent
@@ -748,12 +754,11 @@ class PolicySearch:
         overload (a try is 7-8 s), and the timeout search goes on below it as after a measured miss."""
         wait, expected = self.expected_ms(candidate)
         full = self.profile.exec_at(candidate.max_batch_size)
-        rate = round(self.capacity * self.factor, 1)
-        empty = PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
+        empty = nothing_sent(self.rate)
         note = (f"not driven: an accepted request would wait about {wait:.1f} ms in the queue under the overload, then "
                 f"run in a full batch ({full:.1f} ms, and {self.profile.overhead_ms:.1f} ms of overhead): "
                 f"{expected:.1f} ms, past the SLO of {self.slo_ms:g} ms")
-        point = OverloadPoint(candidate, rate, empty, empty, None, False, note, capacity_rps=self.capacity,
+        point = OverloadPoint(candidate, self.rate, empty, empty, None, False, note, capacity_rps=self.capacity,
                               predicted_miss=True)
         self.points.append(point)
         self.prober.say(f"overload not driven, {expected:.1f} ms expected: {candidate.label}")
@@ -794,7 +799,7 @@ class PolicySearch:
         it is not driven into overload (its overload figures stay empty)."""
         factor = factor or self.factor
         rate = round(self.capacity * factor, 1)
-        empty = PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
+        empty = nothing_sent(rate)
         if not self.prober.load(candidate):
             point = OverloadPoint(
                 candidate,

@@ -66,6 +66,8 @@ from repo_manager.ops.tuning.candidates import Candidate, Profile, Pruned, prefe
 from repo_manager.ops.tuning.prober import LOAD_S, SUPERSEDED, Point, Prober, config_cost_s, near_miss
 
 LEVELS = ("low", "peak", "headroom")
+NOT_ROUNDS = ("remeasure", SUPERSEDED)
+"""Point levels that are not a round at a level: a finalist's re-measure at the best capacity, a superseded miss."""
 ALWAYS_MEASURED = 3
 """Configs every search measures at every level they meet: the current one, plain batching, the top structure."""
 STEP = 1.25
@@ -170,8 +172,6 @@ class Search:
         self.climbed: dict[str, float] = {}
         """Each ladder's own figure, kept when the finalists' re-measure takes a step off ``capacity``."""
         self.deferred: list[Candidate] = []
-        self.repeated: dict[str, int] = {}
-        """Strict measurements measured once more for a disturbance, by candidate key (``DISTURBANCE_REPEATS``)."""
 
     # ------------------------------------------------------------------------------------ helpers
     def _add(self, candidate: Candidate) -> Candidate:
@@ -183,7 +183,7 @@ class Search:
     def _level_point(self, candidate: Candidate, level: str) -> Point | None:
         rate = self.rates[level]
         return next((p for p in self.prober.points
-                     if p.candidate == candidate.key and p.rate == rate and p.level not in ("remeasure", SUPERSEDED)),
+                     if p.candidate == candidate.key and p.rate == rate and p.level not in NOT_ROUNDS),
                     None)
 
     def evaluate(self, candidate: Candidate) -> bool:
@@ -520,7 +520,7 @@ class Search:
     def _rounds(self, candidate: Candidate) -> dict[str, list[Point]]:
         """Every measurement of ``candidate`` at each level: its search point, then its confirmation rounds."""
         return {level: [p for p in self.prober.points if p.candidate == candidate.key and p.rate == self.rates[level]
-                        and p.level not in ("remeasure", SUPERSEDED)] for level in LEVELS}
+                        and p.level not in NOT_ROUNDS] for level in LEVELS}
 
     def _holds(self, candidate: Candidate, *, margin: bool = True) -> bool:
         """Met the SLO at low traffic and at peak in every round measured, and at peak x headroom over its rounds
@@ -593,15 +593,18 @@ class Search:
         verdict."""
         point = self.prober.point(candidate, level, rate, strict=True)
         if (not repeat or point.meets_slo or point.measurement is None
-                or self.repeated.get(candidate.key, 0) >= DISTURBANCE_REPEATS
+                or len(self._superseded(candidate)) >= DISTURBANCE_REPEATS
                 or not near_miss(point.measurement, self.slo_ms, stable=point.stable)
                 or not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S)):
             return point
-        self.repeated[candidate.key] = self.repeated.get(candidate.key, 0) + 1
         windows = "/".join(f"{w:.1f}" for w in point.measurement.window_p99_ms)
         self.prober.supersede(point, f"missed at p99 {point.p99_ms:.1f} ms (windows {windows} ms) as a disturbance "
                                      "does: measured once more, the repeat counts")
         return self.prober.point(candidate, level, rate, strict=True)
+
+    def _superseded(self, candidate: Candidate) -> list[Point]:
+        """``candidate``'s strict points that a repeat replaced (``_strict``): the record is the one count of them."""
+        return [p for p in self.prober.points if p.candidate == candidate.key and p.level == SUPERSEDED]
 
     def _missed(self, candidate: Candidate) -> bool:
         """Missed the SLO in a round measured at low traffic or at peak, or over the rounds at peak x headroom
@@ -637,13 +640,12 @@ class Search:
                 f"pooled ({late} of {total} requests past it, at most {HEADROOM_LATE_SHARE:.0%}), "
                 + ("within" if self._holds(chosen) else "past") + f" {PEAK_MARGIN:.0%} of it there in every round"
                 ) if self._holds(chosen, margin=False) else "did not hold the SLO in every round measured"
-        superseded = [p for p in self.prober.points if p.candidate == chosen.key and p.level == SUPERSEDED]
         evidence["rounds"] = (
             f"{held}; worst p99 "
             + ", ".join(f"{level} {max(p.p99_ms for p in points):.1f} ms over {len(points)} round(s)"
                         for level, points in rounds.items() if points)
             + "".join(f"; a miss measured once more for a disturbance: {p.note.split(':')[0]} {p.rate:.0f}/s at p99 "
-                      f"{p.p99_ms:.1f} ms" for p in superseded))
+                      f"{p.p99_ms:.1f} ms" for p in self._superseded(chosen)))
         return evidence
 
     def _evaluation(self, candidate: Candidate) -> Evaluation:
