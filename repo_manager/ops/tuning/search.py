@@ -72,7 +72,8 @@ ALWAYS_MEASURED = 3
 """Configs every search measures at every level they meet: the current one, plain batching, the top structure."""
 STEP = 1.25
 CONFIRM_ROUNDS = 3
-"""Rounds at every level a finalist must hold before it can be chosen: its search measurement, then rounds measured
+"""Rounds at every level a finalist must hold before it can be chosen (at low traffic, while a round there was past
+``LOW_MARGIN`` of the SLO; within it one round holds): its search measurement, then rounds measured
 interleaved with the other finalists (fresh arrivals: a new seed and a new load run each), without the search's
 second chance for a near miss (one repeat per finalist instead: ``DISTURBANCE_REPEATS``); at low traffic and peak
 each is judged on its own and the worst round decides, at peak x headroom the rounds are pooled
@@ -98,6 +99,14 @@ put it a ladder step (10-17 %) under the grid's best in two rounds of three."""
 PEAK_MARGIN = 0.8
 """At peak x headroom a finalist's worst round must be within this share of the SLO: the busiest level
 keeps room for a busier minute, or a measurement on another machine, than its rounds saw."""
+LOW_MARGIN = 0.8
+"""At low traffic a finalist is measured in further rounds only while a round there was past this share of the
+SLO: where requests rarely queue, the p99 is the mechanism's own (the queue delay, then a small batch's execution)
+and varies little between rounds; a round more there is the longest point to measure (300 requests: 6 s at 50/s,
+7.5 s at 40/s). On the tuning check's model (SLO 25 ms at 50/s) the finalists' low-traffic rounds measured
+12.6 / 12.6 / 12.7 ms without a delay and 16.7 / 16.8 / 16.6 ms with a 6.2 ms delay (bench run 7), and no
+low-traffic point of a config measured at 17 ms or less in its first round was past 20.5 ms in seven bench runs
+(four such rounds and a reload for one were 26 s of that run's 192 s)."""
 DELAY_SHARE = 0.5
 """A queue delay may bring the low-traffic p99 up to this share of the SLO, no further: at low traffic
 nearly every request waits the whole delay, and a delay that spends the whole SLO there leaves nothing
@@ -560,8 +569,9 @@ class Search:
         (``_missed``: a round at low traffic or peak on its own, peak x headroom pooled) is not measured further.
         A level not measured yet (low traffic) is measured in its turn, with the search's second chance for a near
         miss and whatever the budget (no candidate is chosen unmeasured at a level): after the busy levels, so that
-        one that breaks there costs no low-traffic point (the longest to measure). False when the time budget ended
-        the rounds."""
+        one that breaks there costs no low-traffic point (the longest to measure); a candidate whose rounds there so
+        far kept within ``LOW_MARGIN`` of the SLO gets no further round at low traffic. False when the time budget
+        ended the rounds."""
         completed = True
         for round_ in range(CONFIRM_ROUNDS):
             # every other round in reverse: the candidate measured last goes again without a reload
@@ -569,6 +579,8 @@ class Search:
                 for level in ("headroom", "peak", "low"):
                     done = len(self._rounds(candidate)[level])
                     if self._missed(candidate) or done >= CONFIRM_ROUNDS:
+                        continue
+                    if level == "low" and done and self._low_settled(candidate):
                         continue
                     rate = self.rates[level]
                     if not done:
@@ -585,6 +597,12 @@ class Search:
                     else:
                         self._strict(candidate, "confirm", rate)
         return completed
+
+    def _low_settled(self, candidate: Candidate) -> bool:
+        """Every round of ``candidate`` at low traffic met the SLO within ``LOW_MARGIN`` of it: no further round there
+        is measured."""
+        rounds = self._rounds(candidate)["low"]
+        return bool(rounds) and all(p.meets_slo and p.p99_ms <= LOW_MARGIN * self.slo_ms for p in rounds)
 
     def _strict(self, candidate: Candidate, level: str, rate: float, *, repeat: bool = True) -> Point:
         """A strict point (no second chance in the prober), measured once more where it missed the way a disturbance
@@ -644,6 +662,8 @@ class Search:
             f"{held}; worst p99 "
             + ", ".join(f"{level} {max(p.p99_ms for p in points):.1f} ms over {len(points)} round(s)"
                         for level, points in rounds.items() if points)
+            + (f" (low traffic: no further round within {LOW_MARGIN:.0%} of the SLO there)"
+               if len(rounds["low"]) < CONFIRM_ROUNDS and self._low_settled(chosen) else "")
             + "".join(f"; a miss measured once more for a disturbance: {p.note.split(':')[0]} {p.rate:.0f}/s at p99 "
                       f"{p.p99_ms:.1f} ms" for p in self._superseded(chosen)))
         return evidence
