@@ -40,6 +40,7 @@ class RecordedProber:
         self.held_back_s = 0.0
 
     supersede = Prober.supersede  # the record's bookkeeping as it is
+    kept_point = Prober.kept_point
 
     def point_cost_s(self, rate: float) -> float:
         return self.point_s
@@ -56,10 +57,9 @@ class RecordedProber:
             self.held_back_s = before
 
     def point(self, candidate: Candidate, level: str, rate: float, *, strict: bool = False) -> Point:
-        if level not in REPEATED:  # as the prober: a point measured for the search is answered again, not measured
-            for kept in self.points:
-                if kept.candidate == candidate.key and kept.rate == rate and kept.level not in REPEATED:
-                    return kept
+        kept = self.kept_point(candidate, level, rate)  # a point measured for the search answers again
+        if kept is not None:
+            return kept
         done = [p for p in self.points if p.candidate == candidate.key and p.rate == rate]
         trace = self.traces.get((candidate.key, rate)) or self.fallback(candidate, rate)
         p99 = trace[min(len(done), len(trace) - 1)]

@@ -561,10 +561,10 @@ class PolicySearch:
         replaces the best so far when it holds at the asked overload (normal traffic at peak x headroom included)
         and comes closer to holding at the larger one (``_closeness``)."""
         best, best_higher = chosen, higher
-        for step in ("without the queue bound", "shorter"):
+        for next_option in (self._without_queue_bound, self._shorter_timeout):
             if self._holds_with_margin(best_higher) or not self._affords_another():
                 break
-            option = self._larger_spike_option(best, step)
+            option = next_option(best)
             if option is None:
                 continue
             candidate, needs_asked, below_range = option
@@ -589,16 +589,19 @@ class PolicySearch:
                 best, best_higher = candidate, again
         return best, best_higher
 
-    def _larger_spike_option(self, best: Candidate, step: str) -> tuple[Candidate, bool, bool] | None:
-        """The policy ``_hold_the_larger_spike`` tries at ``step`` after ``best``: (candidate, whether it must first
-        hold at the asked overload, whether its timeout is below the range's floor), or None when there is none (no
-        queue bound to drop, or one that did not hold at the asked overload; a timeout too close to ``best``'s)."""
-        if step == "without the queue bound":
-            if not best.max_queue_size:
-                return None
-            plain = best.without_queue_policy().with_queue_policy(best.queue_timeout_us, 0, self.priority_levels)
-            held = any(p.candidate.key == plain.key and p.meets and p.rate == self.rate for p in self.points)
-            return (plain, False, False) if held else None
+    def _without_queue_bound(self, best: Candidate) -> tuple[Candidate, bool, bool] | None:
+        """``best``'s timeout without its ``max_queue_size``, where it held at the asked overload already (for
+        ``_hold_the_larger_spike``: the candidate, whether it must first hold at the asked overload, whether its
+        timeout is below the range's floor); None without a bound, or where the timeout alone did not hold."""
+        if not best.max_queue_size:
+            return None
+        plain = best.without_queue_policy().with_queue_policy(best.queue_timeout_us, 0, self.priority_levels)
+        held = any(p.candidate.key == plain.key and p.meets and p.rate == self.rate for p in self.points)
+        return (plain, False, False) if held else None
+
+    def _shorter_timeout(self, best: Candidate) -> tuple[Candidate, bool, bool] | None:
+        """0.6 x ``best``'s timeout with its queue bound (as ``_without_queue_bound``); None when that is too close to
+        ``best``'s to differ."""
         timeout = best.queue_timeout_us / 1000
         shorter = max(1.0, 0.6 * timeout)
         if timeout - shorter < max(0.5, 0.1 * timeout):

@@ -220,10 +220,9 @@ class Prober:
         """Measure ``candidate`` at ``rate`` (cached per candidate and rate unless ``remeasure`` or
         ``confirm``). ``strict``: a near miss is not measured again here (a finalist's re-measure or round: the
         search decides on a repeat, ``search.Search._strict``)."""
-        if level not in REPEATED:
-            for done in self.points:
-                if done.candidate == candidate.key and done.rate == rate and done.level not in REPEATED:
-                    return done
+        kept = self.kept_point(candidate, level, rate)
+        if kept is not None:
+            return kept
         loaded_before = self.loaded
         if not self.load(candidate):
             point = Point(candidate.key, level, rate, False, True, None,
@@ -271,6 +270,14 @@ class Prober:
         verdict = "meets" if point.meets_slo else "misses"
         self.say(f"{level} {rate:.0f}/s: p99 {point.p99_ms:.1f} ms {verdict} the SLO: {candidate.label}")
         return point
+
+    def kept_point(self, candidate: Candidate, level: str, rate: float) -> Point | None:
+        """The point already measured for ``candidate`` at ``rate`` that answers a request at ``level`` again (None
+        for a level measured again on purpose, ``REPEATED``, or where there is none)."""
+        if level in REPEATED:
+            return None
+        return next((p for p in self.points if p.candidate == candidate.key and p.rate == rate
+                     and p.level not in REPEATED), None)
 
     def supersede(self, point: Point, why: str) -> None:
         """Keep ``point`` in the record under the level ``SUPERSEDED``, with ``why``: a strict point that a repeat
