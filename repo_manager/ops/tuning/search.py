@@ -25,8 +25,8 @@
 4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
-5. **Finalists** (within one ladder step of the best) are measured again, interleaved, at the best capacity; a
-   finalist that fails a repeat loses that step. Then each must *hold*
+5. **Finalists** (within one ladder step of the best) are measured once more, interleaved from the config measured
+   last, at the best capacity; a finalist that misses it loses that step. Then each must *hold*
    over ``CONFIRM_ROUNDS`` rounds at every level (its search point, then rounds interleaved with the
    finalists confirmed with it, fresh arrivals each): at low traffic and at peak every round meets the SLO
    on its own, judged strictly (the worst round decides); a re-measure or such a round that missed the way a
@@ -448,16 +448,17 @@ class Search:
                                                 if p.candidate == c.key and abs(p.rate - best) < 0.05]
                                         for c in finalists}
         if len(finalists) > 1:
-            # interleaved, so a slow minute of the machine hits everyone; the second round in reverse, so that no
-            # finalist is always measured first and the last one goes again without a reload
-            for order in (finalists, finalists[::-1]):
-                for candidate in order:
-                    if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
-                        # a repeat cannot save a finalist that already missed a re-measure: it loses the step
-                        missed = any(not p.meets_slo for p in runs[candidate.key])
-                        runs[candidate.key].append(self._strict(candidate, "remeasure", best, repeat=not missed))
-                    elif "re-measure cut short: time budget" not in self.notes:
-                        self.notes.append("re-measure cut short: time budget")
+            # one round, interleaved (a slow minute of the machine hits everyone), from the config measured last (no
+            # reload), and the confirmation rounds start where it ends: with its climb point, each finalist's
+            # capacity rests on two measurements at the best rate, and its rounds at every level follow
+            last = self.prober.points[-1].candidate if self.prober.points else None
+            finalists.sort(key=lambda c: c.key != last)
+            for candidate in finalists:
+                if self.prober.can_afford(self.prober.point_cost_s(best) + LOAD_S):
+                    runs[candidate.key].append(self._strict(candidate, "remeasure", best))
+                elif "re-measure cut short: time budget" not in self.notes:
+                    self.notes.append("re-measure cut short: time budget")
+            finalists.reverse()
         noise = 0.0
         for points in runs.values():
             values = [p.p99_ms for p in points if p.measurement is not None and p.measurement.valid]
