@@ -1,18 +1,18 @@
-"""Benchmark: what does the fallback queue policy cost at capacity? One structure with and without it.
+"""Benchmark: batching configs of one model side by side, measured by the independent load in interleaved rounds.
 
-Where no queue policy holds under overload, ``trm tune-batching`` writes the closest one that keeps normal traffic
-(a queue timeout of a full batch or more). Without a policy, p99 under a 2 x spike is seconds; with it, a request
-queued past the timeout is rejected, and near capacity a rejection counts as a miss for any client. This bench
-measures that price on the tuning check's model (``tests/cost_model.py``: 6 ms + 0.75 ms per item): the same
-batching (default max batch 8, two instances, no queue delay, which trm wrote in bench_tuning runs 7-9) with and
-without a queue timeout (default 15.25 ms, run 9's), each through ``bench/independent_load.py`` (a separate
-process, fresh Poisson arrivals each round), in ``--rounds`` interleaved rounds after ``--warmup-rounds``
-discarded ones. Per round: p99 at low, peak and peak x headroom, the capacity ladder (10 % steps) and the
-requests rejected on it.
+For the questions a single search run cannot answer because one measurement of a config differs from the next by
+a ladder step on this machine: what the fallback queue policy costs at capacity (the same batching with and
+without a queue timeout), or which queue delay carries the most at busy rates. The model is the tuning check's
+(``tests/cost_model.py``: ``--fixed-ms`` + ``--per-item-ms`` per item, a sleep). Each ``--config`` is
+``MAX_BATCH:INSTANCES:DELAY_US[:QUEUE_TIMEOUT_US]``; every one is loaded in turn on one embedded tritonserver and
+measured by ``bench/independent_load.py`` (a separate process, fresh Poisson arrivals each round), in ``--rounds``
+rounds (the order alternates) after ``--warmup-rounds`` discarded ones: p99 at low, peak and peak x headroom, then
+a capacity ladder in 10 % steps, with the requests rejected on it.
 
-Prints one table (markdown) and writes ``bench/results/bench_fallback.json``. From the repository root:
+Prints one table (markdown) and writes ``bench/results/bench_configs.json``. From the repository root, the
+fallback policy's cost (about 7 minutes on 2 cores):
 
-    PYTHONPATH=$PWD python bench/bench_fallback.py            # about 7 minutes on 2 cores
+    PYTHONPATH=$PWD python bench/bench_configs.py --config 8:2:0:15250 --config 8:2:0
 """
 
 from __future__ import annotations
@@ -40,18 +40,28 @@ from repo_manager.ops.publish import publish_model  # noqa: E402
 from repo_manager.ops.serving import load_version, version_config  # noqa: E402
 from repo_manager.ops.tuning import Candidate  # noqa: E402
 
-WITH, WITHOUT = "with the policy", "without"
+
+def parse_config(text: str) -> Candidate:
+    """``MAX_BATCH:INSTANCES:DELAY_US[:QUEUE_TIMEOUT_US]`` as a dynamic-batching candidate."""
+    try:
+        fields = [int(part) for part in text.split(":")]
+    except ValueError:
+        fields = []
+    if len(fields) not in (3, 4) or min(fields) < 0 or not fields[0] or not fields[1]:
+        raise argparse.ArgumentTypeError(f"{text!s} is not MAX_BATCH:INSTANCES:DELAY_US[:QUEUE_TIMEOUT_US] "
+                                         "(whole numbers, max batch and instances at least 1)")
+    candidate = Candidate(fields[0], fields[1], True, fields[2], (), "grid")
+    return candidate.with_queue_policy(fields[3], origin="grid") if len(fields) == 4 and fields[3] else candidate
 
 
 def run(args: argparse.Namespace) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="trm-bench-fallback-"))
+    tmp = Path(tempfile.mkdtemp(prefix="trm-bench-configs-"))
     settings = Settings(repository=tmp / "repo")
     source = write_cost_model(tmp / "src", name="ranker", fixed_ms=args.fixed_ms, per_item_ms=args.per_item_ms,
                               max_batch_size=32, dynamic_batching=True)
     publish_model(settings, source, "ranker", verify_model=False)
     repo = LocalRepository(settings.repository)
-    plain = Candidate(args.max_batch, args.instances, True, args.delay_us)
-    configs = {WITH: plain.with_queue_policy(args.timeout_us), WITHOUT: plain}
+    configs = {c.key: c for c in args.config}
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
         load_version(client, repo, "ranker")
         base = version_config(repo, "ranker", 1)
@@ -62,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
     return {"model": {"fixed_ms": args.fixed_ms, "per_item_ms": args.per_item_ms},
             "slo": {"p99_ms": args.p99_ms, "low_rps": args.low, "peak_rps": args.peak,
                     "headroom_rps": args.peak * args.headroom},
-            "configs": {name: c.label for name, c in configs.items()}, **measured}
+            "labels": {c.key: c.label for c in args.config}, **measured}
 
 
 def render(results: dict) -> str:
@@ -70,41 +80,42 @@ def render(results: dict) -> str:
     lines = [f"SLO p99 <= {slo['p99_ms']:g} ms at low {slo['low_rps']:g}/s, peak {slo['peak_rps']:g}/s, peak x "
              f"headroom {slo['headroom_rps']:g}/s; model: {results['model']['fixed_ms']} ms + "
              f"{results['model']['per_item_ms']} ms per item",
-             *(f"{name}: {label}" for name, label in results["configs"].items()), "",
+             *(f"- `{key}`: {label}" for key, label in results["labels"].items()), "",
              "| round | config | low / peak / headroom p99 ms | capacity/s | ladder: rate p99 ms (rejected) |",
              "|---|---|---|---|---|"]
     for r in results["rounds"]:
-        for name, m in r["measured"].items():
+        for key, m in r["measured"].items():
+            levels = " / ".join(f"{p['p99_ms']:g}" for p in m["levels"])
             ladder = ", ".join(f"{p['rate']:g} {p['p99_ms']:g}" + (f" ({p['rejected']})" if p["rejected"] else "")
                                for p in m["ladder"])
-            levels = " / ".join(f"{p['p99_ms']:g}" for p in m["levels"])
-            lines.append(f"| {r['round']} | {name} | {levels} | "
-                         f"{m['capacity_rps'] if m['capacity_rps'] is not None else '-'} | {ladder} |")
-    higher = sum(r["measured"][WITH]["levels"][-1]["p99_ms"] > r["measured"][WITHOUT]["levels"][-1]["p99_ms"]
-                 for r in results["rounds"])
-    ratios = ", ".join(str(r["capacity_ratio"]) for r in results["rounds"])
-    lines += ["", f"capacity with / without the policy per round: {ratios}; p99 at peak x headroom higher with the "
-                  f"policy in {higher} of {len(results['rounds'])} rounds; every level met in every round: "
-                  + ", ".join(f"{name} {ok}" for name, ok in results["meets_slo_every_round"].items())]
+            capacity = "-" if m["capacity_rps"] is None else f"{m['capacity_rps']:g}"
+            lines.append(f"| {r['round']} | `{key}` | {levels} | {capacity} | {ladder} |")
+    lines.append("")
+    for key in results["labels"]:
+        capacities = " / ".join("-" if r["measured"][key]["capacity_rps"] is None
+                                else f"{r['measured'][key]['capacity_rps']:g}" for r in results["rounds"])
+        headroom = " / ".join(f"{r['measured'][key]['levels'][-1]['p99_ms']:g}" for r in results["rounds"])
+        lines.append(f"`{key}`: capacity {capacities}/s; p99 at peak x headroom {headroom} ms; every level met in "
+                     f"every round: {results['meets_slo_every_round'][key]}")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=parse_config, action="append", required=True,
+                        help="MAX_BATCH:INSTANCES:DELAY_US[:QUEUE_TIMEOUT_US], two or more")
     parser.add_argument("--p99-ms", type=float, default=25.0)
     parser.add_argument("--low", type=float, default=50.0)
     parser.add_argument("--peak", type=float, default=400.0)
     parser.add_argument("--headroom", type=float, default=1.2)
     parser.add_argument("--fixed-ms", type=float, default=6.0)
     parser.add_argument("--per-item-ms", type=float, default=0.75)
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--delay-us", type=int, default=0)
-    parser.add_argument("--timeout-us", type=int, default=15_250, help="the fallback's queue timeout")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup-rounds", type=int, default=1, help="rounds measured first and discarded")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bench_fallback.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bench_configs.json")
     args = parser.parse_args()
+    if len({c.key for c in args.config}) < 2:
+        parser.error("--config: at least two different configs")
     started, load_before = time.monotonic(), os.getloadavg()
     results = run(args)
     results["total_seconds"] = round(time.monotonic() - started, 1)
