@@ -605,13 +605,12 @@ class Search:
         rounds = self._rounds(candidate)["low"]
         return bool(rounds) and all(p.meets_slo and p.p99_ms <= LOW_MARGIN * self.slo_ms for p in rounds)
 
-    def _strict(self, candidate: Candidate, level: str, rate: float, *, repeat: bool = True) -> Point:
+    def _strict(self, candidate: Candidate, level: str, rate: float) -> Point:
         """A strict point (no second chance in the prober), measured once more where it missed the way a disturbance
         does and ``candidate`` has a repeat left (``DISTURBANCE_REPEATS``) and the budget allows: the repeat counts,
-        the miss stays in the record as superseded. ``repeat=False``: the caller knows a repeat could not change the
-        verdict."""
+        the miss stays in the record as superseded."""
         point = self.prober.point(candidate, level, rate, strict=True)
-        if (not repeat or point.meets_slo or point.measurement is None
+        if (point.meets_slo or point.measurement is None
                 or len(self._superseded(candidate)) >= DISTURBANCE_REPEATS
                 or not near_miss(point.measurement, self.slo_ms, stable=point.stable)
                 or not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S)):
