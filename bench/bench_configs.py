@@ -18,11 +18,8 @@ fallback policy's cost (about 7 minutes on 2 cores):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,11 +27,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from bench_tuning import independent_rounds  # noqa: E402
 from cost_model import write_cost_model  # noqa: E402
+from run_and_record import run_and_record  # noqa: E402
 
 from repo_manager.adapters.repository import LocalRepository  # noqa: E402
 from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
 from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
-from repo_manager.core import config as cfg  # noqa: E402
 from repo_manager.core.settings import Settings  # noqa: E402
 from repo_manager.ops.publish import publish_model  # noqa: E402
 from repo_manager.ops.serving import load_version, version_config  # noqa: E402
@@ -116,16 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     if len({c.key for c in args.config}) < 2:
         parser.error("--config: at least two different configs")
-    started, load_before = time.monotonic(), os.getloadavg()
-    results = run(args)
-    results["total_seconds"] = round(time.monotonic() - started, 1)
-    results["load_average"] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    cfg.atomic_write_bytes(args.out, (json.dumps(results, indent=2, default=str) + "\n").encode())
-    print(render(results))
-    load = results["load_average"]
-    print(f"\ntotal {results['total_seconds']:g} s; load average before/after {load['before'][0]:.1f}"
-          f"/{load['after'][0]:.1f} on {os.cpu_count()} CPUs; full results in {args.out}")
+    run_and_record(run, render, args)
 
 
 if __name__ == "__main__":

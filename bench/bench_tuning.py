@@ -43,12 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cost_model import write_cost_model  # noqa: E402
+from run_and_record import run_and_record  # noqa: E402
 
 from repo_manager.adapters.loadgen import Target  # noqa: E402
 from repo_manager.adapters.repository import LocalRepository  # noqa: E402
 from repo_manager.adapters.triton.client import TritonClient  # noqa: E402
 from repo_manager.adapters.triton.server import TritonServer  # noqa: E402
-from repo_manager.core import config as cfg  # noqa: E402
 from repo_manager.core.settings import Settings  # noqa: E402
 from repo_manager.ops.publish import publish_model  # noqa: E402
 from repo_manager.ops.serving import load_version, version_config  # noqa: E402
@@ -221,18 +221,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the independent check (0: none)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bench_tuning.json")
     args = parser.parse_args()
-    started = time.monotonic()
-    load_before = os.getloadavg()
-    results = run(args)
-    results["total_seconds"] = round(time.monotonic() - started, 1)
-    # the machine is shared: say how busy it was, since every latency here depends on it
-    results["load_average"] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    cfg.atomic_write_bytes(args.out, (json.dumps(results, indent=2, default=str) + "\n").encode())
-    print(render(results))
-    load = results["load_average"]
-    print(f"\ntotal {results['total_seconds']:g} s; load average before/after {load['before'][0]:.1f}"
-          f"/{load['after'][0]:.1f} on {os.cpu_count()} CPUs; full results in {args.out}")
+    run_and_record(run, render, args)
 
 
 if __name__ == "__main__":
