@@ -279,9 +279,10 @@ def test_when_no_eligible_candidate_keeps_the_margin_short_queue_delays_are_trie
     search = _search(prober, {NONE: 750.0})
     search._peak_delays()
     tried = [c for c in search.candidates.values() if c.delay_us > 0]
-    room_ms = SLO_MS - 14.1  # the whole SLO's room at low traffic (a full batch of 32 takes 80 ms to arrive)
-    # the quarter of the room kept the margin: the half, which would only add low-traffic latency, is not tried
-    assert [c.delay_us for c in tried] == [int(room_ms * 250)]
+    # the profile's delay for a busy batcher at 750/s (6.75 / (2 - 0.75 * 0.75) = 4.70 ms) kept the margin: the
+    # half of the room (5.45 ms: the whole SLO's room at low traffic, a full batch of 32 takes 80 ms to arrive),
+    # which would only add low-traffic latency, is not tried
+    assert [c.delay_us for c in tried] == [int(search.profile.busy_delay_ms(32, 2, 750.0) * 1000)] == [4695]
     assert all(search._met_busy(c) for c in tried) and any("tried queue delays" in n for n in search.notes)
     chosen, _noise, evidence = search._finalists()
     assert chosen in tried and search._holds(chosen) and evidence["rounds"].startswith("held")
@@ -291,16 +292,63 @@ def test_a_short_delay_that_does_not_bring_peak_x_headroom_within_the_margin_is_
     """This machine's run on the check's model: a quarter of the room left p99 at peak x headroom at 20.2 ms
     (the margin is 20); it was measured at peak, climbed and measured at low traffic all the same (about 20 s)."""
     room_ms = SLO_MS - 14.1
-    quarter, half = NONE.with_delay(int(room_ms * 250)), NONE.with_delay(int(room_ms * 500))
+    busy, half = NONE.with_delay(4695), NONE.with_delay(int(room_ms * 500))
     prober = RecordedProber(_traces(none={"headroom": [23.3], "peak": [21.9], "low": [14.1]}), fallback=_with_delay)
-    prober.traces[(quarter.key, RATES["headroom"])] = [SLO_MS * PEAK_MARGIN + 0.2]
+    prober.traces[(busy.key, RATES["headroom"])] = [SLO_MS * PEAK_MARGIN + 0.2]
     search = _search(prober, {NONE: 750.0})
     search._peak_delays()
     measured = {(p.candidate, p.level) for p in prober.points}
-    assert {level for key, level in measured if key == quarter.key} == {"headroom"}
+    assert {level for key, level in measured if key == busy.key} == {"headroom"}
     assert {(half.key, "headroom"), (half.key, "peak")} <= measured and search.capacity[half.key] > 0
-    assert quarter.key not in search.capacity and not search._met_busy(quarter)
+    assert busy.key not in search.capacity and not search._met_busy(busy)
     assert any("measured no further" in n for n in search.notes)
+
+
+@pytest.mark.parametrize("profile", [Profile({1: 6.75, 32: 99.75}, 0.5, 32), Profile({1: 16.0, 32: 39.25}, 0.5, 32)],
+                         ids=["batching-cannot-keep-up", "past-the-room"])
+def test_where_the_profile_gives_no_busy_delay_within_the_room_a_quarter_of_the_room_is_tried_first(profile):
+    """3 ms per item: at 750/s two instances cannot keep up at any batch size, so the profile gives no delay; a
+    16 ms batch of one: its busy delay (11.1 ms) is past the 10.9 ms the low-traffic SLO leaves. A quarter of the
+    room is tried first."""
+    prober = RecordedProber(_traces(none={"headroom": [23.3], "peak": [21.9], "low": [14.1]}), fallback=_with_delay)
+    search = _search(prober, {NONE: 750.0})
+    search.profile = profile
+    busy_ms = profile.busy_delay_ms(32, 2, 750.0)
+    assert busy_ms is None or busy_ms > SLO_MS - 14.1
+    search._peak_delays()
+    assert [c.delay_us for c in search.candidates.values() if c.delay_us > 0] == [int((SLO_MS - 14.1) * 250)]
+
+
+def test_the_busy_delay_on_the_two_bench_models():
+    """The tuning check's model (6 ms + 0.75 ms per item, two instances): 4.1 ms at peak x headroom (480/s) and
+    4.7 ms at 750/s, the band that carried most side by side; the overload check's (3 ms + 3 ms per item): 3.9 ms at
+    150/s. None where the per-item cost alone fills every instance, or with nothing to batch."""
+    check = Profile({1: 6.75, 2: 7.5, 4: 9.0, 8: 12.0, 16: 18.0}, 0.5, 16)
+    per_item = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 0.5, 8)
+    assert round(check.busy_delay_ms(8, 2, 480.0), 2) == 4.12 and round(check.busy_delay_ms(8, 2, 750.0), 2) == 4.70
+    assert round(per_item.busy_delay_ms(4, 2, 150.0), 2) == 3.87
+    assert per_item.busy_delay_ms(4, 2, 700.0) is None and per_item.busy_delay_ms(1, 2, 150.0) is None
+    # a busier rate waits longer: more arrive while an instance executes
+    assert check.busy_delay_ms(8, 2, 300.0) < check.busy_delay_ms(8, 2, 480.0) < check.busy_delay_ms(8, 1, 480.0)
+
+
+def test_the_peak_step_starts_from_a_structure_already_measured_at_low_traffic():
+    """Direct run 1 on the check's model: max batch 16 became the base on its p99 at peak x headroom (21.1 against
+    22.2 ms for max batch 8, both past the margin and within noise) and cost a low-traffic point (6 s) that max
+    batch 8 already had."""
+    measured_low, unmeasured = Candidate(8, 2), Candidate(16, 2)
+    prober = RecordedProber(_traces(), fallback=_with_delay)
+    prober.traces.update({(measured_low.key, RATES["headroom"]): [22.2], (measured_low.key, RATES["peak"]): [20.0],
+                          (measured_low.key, LOW): [12.6], (unmeasured.key, RATES["headroom"]): [21.1],
+                          (unmeasured.key, RATES["peak"]): [19.5]})
+    search = _search(prober, {measured_low: 750.0})
+    search._add(unmeasured)
+    assert search.evaluate(unmeasured)
+    search.capacity[unmeasured.key] = 750.0
+    search._peak_delays()
+    assert [(p.candidate, p.level) for p in prober.points if p.level == "low"] == [(measured_low.key, "low")]
+    tried = [c for c in search.candidates.values() if c.delay_us > 0]
+    assert tried and {(c.max_batch_size, c.instances) for c in tried} == {(8, 2)}
 
 
 def test_no_delay_is_tried_when_an_eligible_candidate_already_keeps_the_margin():

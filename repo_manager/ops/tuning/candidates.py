@@ -163,6 +163,26 @@ class Profile:
         """Requests/s if every execution were a full batch on every instance: nothing does better."""
         return instances * batch * 1000.0 / self.exec_at(batch)
 
+    def busy_delay_ms(self, max_batch: int, instances: int, rate_rps: float) -> float | None:
+        """The queue delay after which, at ``rate_rps``, a batch is ready just as an instance frees (None where
+        batching cannot keep up or there is nothing to batch).
+
+        A busy batcher forms the next batch while the instances execute. A batch that waited ``D`` ms holds the
+        request that opened it and the ``r * D`` that arrived meanwhile (``r`` requests per ms), and executes in
+        ``exec(n) = a + b * n``; with ``instances`` busy, one frees every ``exec(n) / instances``. Setting the two
+        equal, ``D * instances = a + b + b * r * D``, so ``D = exec(1) / (instances - b * r)``, with ``b`` the cost
+        per item between a batch of one and ``max_batch``. A shorter delay sends batches that an instance is not
+        yet free for; a longer one keeps a free instance waiting. On the tuning check's model (6 ms + 0.75 ms per
+        item, two instances) it gives 4.1 ms at 480/s and 4.7 ms at 750/s: side by side (``bench/bench_configs.py``)
+        delays of 3.5-4.7 ms carried at least as much as no delay in every round, with 1-5 ms less p99 at peak x
+        headroom, where 3.1 and 6.3 ms did not."""
+        if max_batch <= 1:
+            return None
+        one = self.exec_at(1)
+        per_item = (self.exec_at(max_batch) - one) / (max_batch - 1)
+        busy = instances - per_item * rate_rps / 1000.0
+        return one / busy if busy > 0 else None
+
     def useful_batch(self, max_batch: int, slo_ms: float) -> int:
         """The largest batch a request can wait behind and still run in, within the SLO (>= 1)."""
         fits = [b for b in range(1, max_batch + 1) if 2 * self.exec_at(b) + self.overhead_ms <= slo_ms]

@@ -18,8 +18,9 @@
    mean gap between requests at peak is not measured: it gathers less than one more request into a batch
    (``_shortest_delay_ms``).
    When no candidate at the best capacity keeps its p99 at peak x headroom within ``PEAK_MARGIN`` of
-   the SLO, short delays (a quarter, then a half of the room the whole SLO leaves at low traffic) are tried
-   on that structure too: at a busy rate a delay fills batches and can lower the peak's p99; the
+   the SLO, short delays are tried on that structure too: at a busy rate a delay fills batches and can lower
+   the peak's p99. First the delay the profile gives for the best capacity (``Profile.busy_delay_ms``: a
+   batch ready just as an instance frees), then a half of the room the whole SLO leaves at low traffic; the
    first that brings it within the margin is measured further, one that does not ends at that point
    (``_peak_delays``).
 4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
@@ -326,27 +327,33 @@ class Search:
         of the SLO, a short queue delay may: at a busy rate it fills batches that would otherwise leave one by one, and
         fewer, fuller executions drain the queue sooner (the independent check's model: 2 ms took p99 at
         400/s from about 22 to about 10 ms). The low-traffic search above does not try it when a delay would
-        take the low-traffic p99 past ``DELAY_SHARE`` of the SLO, so here a quarter and a half of the room
-        the whole SLO leaves at low traffic (at most the time a full batch takes to arrive at peak) are
-        tried on the structure with that capacity (and no delay) with the lowest p99 there, the shorter first: the
-        margin is sought where it costs no capacity (on a structure a ladder step below, a delay that kept it
-        would not be chosen: ``_finalists``). Each is measured at peak
+        take the low-traffic p99 past ``DELAY_SHARE`` of the SLO, so here two delays within the room the whole
+        SLO leaves at low traffic (at most the time a full batch takes to arrive at peak) are tried on the
+        structure with that capacity (and no delay), one already measured at low traffic first, then the one with
+        the lowest p99 there: the profile's delay for a busy batcher at the best capacity
+        (``Profile.busy_delay_ms``; a quarter of the room where the profile gives none within it), then a half of
+        the room. The margin is sought where it costs no capacity (on a structure a ladder step below, a delay
+        that kept it would not be chosen: ``_finalists``). Each is measured at peak
         x headroom first, for what it is tried for: one that does not bring the p99 there within the margin is
         measured no further (its low-traffic point and ladder would cost about 20 s on the check's model and
         could not change the choice's margin); the first that does is measured at peak and climbed, and the
         longer one is then not tried (it would only add latency at low traffic)."""
-        _, best = self._at_best_capacity([c for c in self.candidates.values() if self._met_busy(c)])
+        top, best = self._at_best_capacity([c for c in self.candidates.values() if self._met_busy(c)])
         if not best or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best):
             return
-        base = min((c for c in best if c.delay_us == 0), key=self._worst_headroom_p99, default=None)
+        # every one of them is past the margin: one already measured at low traffic spares a point (6 s at 50/s)
+        base = min((c for c in best if c.delay_us == 0),
+                   key=lambda c: (self._level_point(c, "low") is None, self._worst_headroom_p99(c)), default=None)
         if base is None or not self.meets_low(base):
             return
         zero = self._level_point(base, "low")
         assert zero is not None
         room_ms = min(self.slo_ms - zero.p99_ms, 1000.0 * base.max_batch_size / self.rates["peak"])
+        busy_ms = self.profile.busy_delay_ms(base.max_batch_size, base.instances, top)
+        first_ms = busy_ms if busy_ms is not None and busy_ms < room_ms else room_ms / 4
         tried = []
-        for share in (0.25, 0.5):
-            delay_us = int(room_ms * share * 1000)
+        for delay_ms in [first_ms] + ([room_ms / 2] if room_ms / 2 > first_ms else []):
+            delay_us = int(delay_ms * 1000)
             if delay_us < int(self._shortest_delay_ms() * 1000) or not self.prober.can_afford(self._cost()):
                 continue
             candidate = self._add(base.with_delay(delay_us))
