@@ -351,13 +351,48 @@ def test_the_peak_step_starts_from_a_structure_already_measured_at_low_traffic()
     assert tried and {(c.max_batch_size, c.instances) for c in tried} == {(8, 2)}
 
 
-def test_no_delay_is_tried_when_an_eligible_candidate_already_keeps_the_margin():
-    prober = RecordedProber(_traces(none={"headroom": [12.0], "peak": [11.0], "low": [14.1]}),
-                            fallback=_with_delay)
+def _busy_delay_prober(headroom_ms: float, carries: float) -> RecordedProber:
+    """No delay keeps the margin (12 ms at peak x headroom) and carries 750/s; the busy delay (4.7 ms) answers
+    ``headroom_ms`` at peak x headroom, 18.8 ms at low traffic, 10 ms at every other rate up to ``carries`` and
+    60 ms above."""
+    def busy(candidate: Candidate, rate: float) -> list[float]:
+        assert candidate == NONE.with_delay(4695)
+        return [{RATES["headroom"]: headroom_ms, LOW: 18.8}.get(rate, 10.0 if rate <= carries else 60.0)]
+    return RecordedProber(_traces(none={"headroom": [12.0], "peak": [11.0], "low": [14.1]}), fallback=busy)
+
+
+def test_where_the_margin_is_kept_a_busy_delay_that_does_not_lower_peak_x_headroom_is_measured_no_further():
+    prober = _busy_delay_prober(headroom_ms=12.0, carries=1000.0)
     search = _search(prober, {NONE: 750.0})
     measured = len(prober.points)
     search._peak_delays()
-    assert len(prober.points) == measured and list(search.candidates) == [NONE.key]
+    assert [(p.candidate, p.level) for p in prober.points[measured:]] == [(NONE.with_delay(4695).key, "headroom")]
+    assert list(search.capacity) == [NONE.key] and any("measured no further" in n for n in search.notes)
+
+
+def test_where_the_margin_is_kept_a_busy_delay_that_carries_no_more_is_not_a_finalist():
+    """Its rounds as a finalist would cost about 20 s, and at equal capacity the config without a delay is chosen
+    unless the delay is lower in every round."""
+    prober = _busy_delay_prober(headroom_ms=10.0, carries=750.0)
+    search = _search(prober, {NONE: 750.0})
+    search._peak_delays()
+    busy = NONE.with_delay(4695)
+    assert {p.level for p in prober.points if p.candidate == busy.key} == {"headroom", "peak", "capacity"}
+    assert list(search.capacity) == [NONE.key] and any("not a finalist" in n for n in search.notes)
+    chosen, _noise, _evidence = search._finalists()
+    assert chosen == NONE and not any(p.candidate == busy.key and p.level == "low" for p in prober.points)
+
+
+def test_where_the_margin_is_kept_a_busy_delay_that_climbs_a_step_higher_is_chosen():
+    """The side-by-side runs on the check's model: a delay in the busy delay's band carried a 10 % step more than
+    no delay; in the search's ladder (x 1.25 a step) such a gain shows only where it crosses a step."""
+    prober = _busy_delay_prober(headroom_ms=10.0, carries=1000.0)
+    search = _search(prober, {NONE: 750.0})
+    search._peak_delays()
+    busy = NONE.with_delay(4695)
+    assert search.capacity[busy.key] == 937.5
+    chosen, _noise, evidence = search._finalists()
+    assert chosen == busy and search._holds(busy) and evidence["rounds"].startswith("held")
 
 
 # ------------------------------------------------------------------------------ the whole search, on traces

@@ -323,25 +323,32 @@ class Search:
                                            (useful[-1],), "search"))
 
     def _peak_delays(self) -> None:
-        """When no candidate at the best measured capacity keeps its p99 at peak x headroom within ``PEAK_MARGIN``
-        of the SLO, a short queue delay may: at a busy rate it fills batches that would otherwise leave one by one, and
-        fewer, fuller executions drain the queue sooner (the independent check's model: 2 ms took p99 at
-        400/s from about 22 to about 10 ms). The low-traffic search above does not try it when a delay would
-        take the low-traffic p99 past ``DELAY_SHARE`` of the SLO, so here two delays within the room the whole
-        SLO leaves at low traffic (at most the time a full batch takes to arrive at peak) are tried on the
-        structure with that capacity (and no delay), one already measured at low traffic first, then the one with
-        the lowest p99 there: the profile's delay for a busy batcher at the best capacity
-        (``Profile.busy_delay_ms``; a quarter of the room where the profile gives none within it), then a half of
-        the room. The margin is sought where it costs no capacity (on a structure a ladder step below, a delay
-        that kept it would not be chosen: ``_finalists``). Each is measured at peak
-        x headroom first, for what it is tried for: one that does not bring the p99 there within the margin is
-        measured no further (its low-traffic point and ladder would cost about 20 s on the check's model and
-        could not change the choice's margin); the first that does is measured at peak and climbed, and the
-        longer one is then not tried (it would only add latency at low traffic)."""
+        """Queue delays for the busy levels, on the structure with the best measured capacity (and no delay), one
+        already measured at low traffic first (it spares that point, 6 s at 50/s), then the one with the lowest p99
+        at peak x headroom. The low-traffic search above does not try them when a delay would take the low-traffic
+        p99 past ``DELAY_SHARE`` of the SLO; here they stay within the room the whole SLO leaves at low traffic (at
+        most the time a full batch takes to arrive at peak). At a busy rate a short delay fills batches that would
+        otherwise leave one by one, and fewer, fuller executions drain the queue sooner (the independent check's
+        model: 2 ms took p99 at 400/s from about 22 to about 10 ms).
+
+        * **For the margin**: when no candidate at the best capacity keeps its p99 at peak x headroom within
+          ``PEAK_MARGIN`` of the SLO, the profile's delay for a busy batcher at the best capacity
+          (``Profile.busy_delay_ms``; a quarter of the room where the profile gives none within it), then a half
+          of the room. The margin is sought where it costs no capacity (on a structure a ladder step below, a
+          delay that kept it would not be chosen: ``_finalists``). Each is measured at peak x headroom first, for
+          what it is tried for: one that does not bring the p99 there within the margin is measured no further
+          (its low-traffic point and ladder would cost about 20 s on the check's model and could not change the
+          choice's margin); the first that does is measured at peak and climbed, and the longer one is then not
+          tried (it would only add latency at low traffic).
+        * **For capacity**: when one keeps the margin, the busy delay alone, measured further only where it
+          lowers the p99 at peak x headroom below the base's, and kept only where its ladder climbs a step above
+          the best capacity: at equal capacity the simpler config would win (``_finalists``), and its rounds as a
+          finalist would cost about 20 s for nothing. On the check's model a delay in the busy delay's band
+          (3.5-4.7 ms) carried at least as much as no delay in every round side by side, and the grid's best
+          config has one."""
         top, best = self._at_best_capacity([c for c in self.candidates.values() if self._met_busy(c)])
-        if not best or any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best):
+        if not best:
             return
-        # every one of them is past the margin: one already measured at low traffic spares a point (6 s at 50/s)
         base = min((c for c in best if c.delay_us == 0),
                    key=lambda c: (self._level_point(c, "low") is None, self._worst_headroom_p99(c)), default=None)
         if base is None or not self.meets_low(base):
@@ -350,25 +357,39 @@ class Search:
         assert zero is not None
         room_ms = min(self.slo_ms - zero.p99_ms, 1000.0 * base.max_batch_size / self.rates["peak"])
         busy_ms = self.profile.busy_delay_ms(base.max_batch_size, base.instances, top)
-        first_ms = busy_ms if busy_ms is not None and busy_ms < room_ms else room_ms / 4
+        has_busy = busy_ms is not None and busy_ms < room_ms
+        for_margin = not any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best)
+        if for_margin:
+            first_ms = busy_ms if has_busy else room_ms / 4
+            delays = [first_ms] + ([room_ms / 2] if room_ms / 2 > first_ms else [])
+            bar_ms, bar = self.slo_ms * PEAK_MARGIN, f"within {PEAK_MARGIN:.0%} of the SLO"
+        elif has_busy:
+            delays = [busy_ms]
+            bar_ms, bar = self._worst_headroom_p99(base) - 1e-9, f"under {base.label}'s"
+        else:
+            return
         tried = []
-        for delay_ms in [first_ms] + ([room_ms / 2] if room_ms / 2 > first_ms else []):
+        for delay_ms in delays:
             delay_us = int(delay_ms * 1000)
             if delay_us < int(self._shortest_delay_ms() * 1000) or not self.prober.can_afford(self._cost()):
                 continue
             candidate = self._add(base.with_delay(delay_us))
             headroom = self.prober.point(candidate, "headroom", self.rates["headroom"])
-            if not headroom.meets_slo or headroom.p99_ms > self.slo_ms * PEAK_MARGIN:
-                tried.append(f"{candidate.label} (p99 {headroom.p99_ms:.1f} ms at peak x headroom: measured no "
-                             "further)")
+            if not headroom.meets_slo or headroom.p99_ms > bar_ms:
+                tried.append(f"{candidate.label} (p99 {headroom.p99_ms:.1f} ms at peak x headroom, not {bar}: "
+                             "measured no further)")
                 continue
             tried.append(candidate.label)
             self.evaluate(candidate)
+            self._capacities()
+            if not for_margin and candidate.key in self.capacity and self.capacity[candidate.key] <= top * 1.001:
+                del self.capacity[candidate.key]
+                tried[-1] += f" (carried {top:.0f}/s, no more than without it: not a finalist)"
             break
         if tried:
-            self._capacities()
-            self.notes.append(f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the "
-                              f"SLO: tried queue delays on {base.label}: {'; '.join(tried)}")
+            why = (f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the SLO"
+                   if for_margin else "a queue delay for a busy batcher")
+            self.notes.append(f"{why}: tried queue delays on {base.label}: {'; '.join(tried)}")
 
     def _shortest_delay_ms(self) -> float:
         """The shortest queue delay worth measuring: the mean gap between requests at peak (at least 0.5 ms). A
