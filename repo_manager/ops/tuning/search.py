@@ -21,8 +21,9 @@
    the SLO, short delays are tried on that structure too: at a busy rate a delay fills batches and can lower
    the peak's p99. First the delay the profile gives for the best capacity (``Profile.busy_delay_ms``: a
    batch ready just as an instance frees), then a half of the room the whole SLO leaves at low traffic; the
-   first that brings it within the margin is measured further, one that does not ends at that point
-   (``_peak_delays``).
+   first that brings it within the margin is measured further, one that does not ends at that point.
+   When one keeps the margin, the busy delay alone is tried, for capacity: measured further where it lowers
+   the p99 at peak x headroom, kept where its ladder climbs a step above the best capacity (``_peak_delays``).
 4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
