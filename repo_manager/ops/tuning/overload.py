@@ -50,11 +50,11 @@ allow_timeout_override: true }`` by measurement, once the batching settings are 
   accepted throughput collapsed to a fraction of capacity (measured: 66/s of 250/s; on a quiet one 254/s
   vs 270/s), so the measurement decides;
 * the chosen policy is measured once more at ``HIGHER_FACTOR`` x the asked overload (3 x capacity for 2 x);
-  when it misses there, the same timeout without ``max_queue_size`` (when that was added on top) and one
-  shorter timeout on the same structure are tried, and replace the choice if they hold at the asked overload
-  and do better at the larger one (held there within ``HIGHER_MARGIN`` of the SLO, or closer to it; a run
-  that held with less margin tries them too); the result reports both (a remaining miss there is reported,
-  the choice for the asked overload stands);
+  when it misses there, the same timeout without ``max_queue_size`` (when that was added on top), the same
+  timeout with the second bound (when it has none) and one shorter timeout on the same structure are tried,
+  and replace the choice if they hold at the asked overload and do better at the larger one (held there
+  within ``HIGHER_MARGIN`` of the SLO, or closer to it; a run that held with less margin tries them too); the
+  result reports both (a remaining miss there is reported, the choice for the asked overload stands);
 * when no policy held, the closest one tried that keeps normal traffic at peak x headroom, with a timeout
   at or above the range's floor (``MIN_TIMEOUT_BATCHES`` full batches and the queue delay: a shorter one sheds
   near capacity), is written all the same (``OverloadOutcome.fallback``): it sheds what waited past its
@@ -548,20 +548,24 @@ class PolicySearch:
                                closest, tuple(self.notes), self.cut_short, higher, fallback, self.slo_ms)
 
     def _hold_the_larger_spike(self, chosen: Candidate, higher: OverloadPoint) -> tuple[Candidate, OverloadPoint]:
-        """The chosen policy missed at the larger spike, or held there with no margin (``HIGHER_MARGIN``). Tried
-        in turn, while the budget allows and the best so far has no margin there: the
-        same timeout without ``max_queue_size`` when that was added on top (a full queue's refusal can stall
-        Triton 2.51's batcher, and a larger spike keeps it full: measured at 3 x capacity on 3 ms + 3 ms/item,
-        an 11 ms timeout kept 101 % of capacity as goodput alone and 83 % with a bound of 16), then a shorter
-        timeout than the best so far, on the same structure (0.6 x: an accepted request waited at most T; after
-        the timeout alone replaced the bounded queue, the timeout alone: bench_overload measured the 19 ms timeout
-        alone at 44.4 ms at 3 x in the tuner's run, past the margin, and at 69.7 ms in its own run right after).
-        Below the range's floor it is measured at normal traffic first, as in the search (on 3 ms + 3 ms/item under
-        50 ms the floor, 19 ms, held at 2 x and missed at 3 x with 52-68 ms; 9.5 ms held both, at 28-29 ms). One
-        replaces the best so far when it holds at the asked overload (normal traffic at peak x headroom included)
+        """The chosen policy missed at the larger spike, or held there with no margin (``HIGHER_MARGIN``). Tried in
+        turn, while the budget allows and the best so far has no margin there:
+
+        1. the same timeout without ``max_queue_size``, when that was added on top (a full queue's refusal can stall
+           Triton 2.51's batcher, and a larger spike keeps it full: measured at 3 x capacity on 3 ms + 3 ms/item, an
+           11 ms timeout kept 101 % of capacity as goodput alone and 83 % with a bound of 16);
+        2. the same timeout with the second bound, when it has none (``_with_queue_bound``: as at the asked overload,
+           the bound before a shorter timeout);
+        3. a shorter timeout than the best so far, on the same structure (0.6 x: an accepted request waited at most T;
+           bench_overload measured the 19 ms timeout alone at 44.4 ms at 3 x in the tuner's run, past the margin, and
+           at 69.7 ms in its own run right after). Below the range's floor it is measured at normal traffic first, as
+           in the search (on 3 ms + 3 ms/item under 50 ms the floor, 19 ms, held at 2 x and missed at 3 x with
+           52-68 ms; 9.5 ms held both, at 28-29 ms).
+
+        One replaces the best so far when it holds at the asked overload (normal traffic at peak x headroom included)
         and comes closer to holding at the larger one (``_closeness``)."""
         best, best_higher = chosen, higher
-        for next_option in (self._without_queue_bound, self._shorter_timeout):
+        for next_option in (self._without_queue_bound, self._with_queue_bound, self._shorter_timeout):
             if self._holds_with_margin(best_higher) or not self._affords_another():
                 break
             option = next_option(best)
@@ -598,6 +602,23 @@ class PolicySearch:
         plain = best.without_queue_policy().with_queue_policy(best.queue_timeout_us, 0, self.priority_levels)
         held = any(p.candidate.key == plain.key and p.meets and p.rate == self.rate for p in self.points)
         return (plain, False, False) if held else None
+
+    def _with_queue_bound(self, best: Candidate) -> tuple[Candidate, bool, bool] | None:
+        """``best``'s timeout with the second bound (``queue_bound``: one full batch waiting per instance), as at the
+        asked overload before a shorter timeout (``_search_timeout``): a larger spike keeps the queue full, and the
+        bound keeps an accepted request's wait to the batch in flight and its own where a timeout alone is checked
+        only when the batcher looks at the queue (bench_overload on 3 ms + 3 ms/item under 50 ms: the 19 ms timeout
+        alone measured 54-70 ms at 3 x, the same timeout with a queue of 8 held 37.2 ms there in the tuner and 36.4 ms
+        in the bench). For ``_hold_the_larger_spike`` (as ``_without_queue_bound``); None where ``best`` has a bound,
+        where the bound cannot hold (``_bound_can_hold``) or where it already missed at the asked overload."""
+        structure = best.without_queue_policy()
+        if best.max_queue_size or not self._bound_can_hold(structure):
+            return None
+        bounded = structure.with_queue_policy(best.queue_timeout_us, self.queue_bound(structure), self.priority_levels)
+        at_asked = [p for p in self.points if p.candidate.key == bounded.key and p.rate == self.rate]
+        if at_asked and not any(p.meets for p in at_asked):
+            return None
+        return bounded, not at_asked, False
 
     def _shorter_timeout(self, best: Candidate) -> tuple[Candidate, bool, bool] | None:
         """0.6 x ``best``'s timeout with its queue bound (as ``_without_queue_bound``); None when that is too close to
