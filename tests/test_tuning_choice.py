@@ -377,8 +377,10 @@ def test_where_the_margin_is_kept_a_busy_delay_that_carries_no_more_is_not_a_fin
     search = _search(prober, {NONE: 750.0})
     search._peak_delays()
     busy = NONE.with_delay(4695)
-    assert {p.level for p in prober.points if p.candidate == busy.key} == {"headroom", "peak", "capacity"}
-    assert list(search.capacity) == [NONE.key] and any("not a finalist" in n for n in search.notes)
+    # measured at peak x headroom, then at 937.5/s, the ladder's rate above 750/s; not at peak, 600 or 750/s
+    assert [(p.level, p.rate) for p in prober.points if p.candidate == busy.key] == [("headroom", RATES["headroom"]),
+                                                                                    ("capacity", 937.5)]
+    assert list(search.capacity) == [NONE.key] and any("missed 938/s, a step above" in n for n in search.notes)
     chosen, _noise, _evidence = search._finalists()
     assert chosen == NONE and not any(p.candidate == busy.key and p.level == "low" for p in prober.points)
 
@@ -391,6 +393,7 @@ def test_where_the_margin_is_kept_a_busy_delay_that_climbs_a_step_higher_is_chos
     search._peak_delays()
     busy = NONE.with_delay(4695)
     assert search.capacity[busy.key] == 937.5
+    assert [p.rate for p in prober.points if p.candidate == busy.key] == [RATES["headroom"], 937.5, PEAK, 1171.9]
     chosen, _noise, evidence = search._finalists()
     assert chosen == busy and search._holds(busy) and evidence["rounds"].startswith("held")
 

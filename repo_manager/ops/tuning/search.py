@@ -23,7 +23,8 @@
    batch ready just as an instance frees), then a half of the room the whole SLO leaves at low traffic; the
    first that brings it within the margin is measured further, one that does not ends at that point.
    When one keeps the margin, the busy delay alone is tried, for capacity: measured further where it lowers
-   the p99 at peak x headroom, kept where its ladder climbs a step above the best capacity (``_peak_delays``).
+   the p99 at peak x headroom, then at the ladder's rate above the best capacity, and climbed only where it
+   meets the SLO there (``_peak_delays``).
 4. **Capacity.** Candidates that met the busy levels climb a common ladder of rates above peak ×
    headroom (×1.25 a step) until the SLO breaks; one whose capacity bound cannot beat the best measured
    capacity is skipped.
@@ -342,9 +343,10 @@ class Search:
           choice's margin); the first that does is measured at peak and climbed, and the longer one is then not
           tried (it would only add latency at low traffic).
         * **For capacity**: when one keeps the margin, the busy delay alone, measured further only where it
-          lowers the p99 at peak x headroom below the base's, and kept only where its ladder climbs a step above
-          the best capacity: at equal capacity the simpler config would win (``_finalists``), and its rounds as a
-          finalist would cost about 20 s for nothing. On the check's model a delay in the busy delay's band
+          lowers the p99 at peak x headroom below the base's, then at the ladder's rate above the best capacity
+          (not the rates below it), and measured at peak and climbed only where it meets the SLO there: at equal
+          capacity the simpler config would win (``_finalists``), and its rounds as a finalist would cost about
+          20 s for nothing. On the check's model a delay in the busy delay's band
           (3.5-4.7 ms) carried at least as much as no delay in every round side by side, and the grid's best
           config has one."""
         top, best = self._at_best_capacity([c for c in self.candidates.values() if self._met_busy(c)])
@@ -381,11 +383,16 @@ class Search:
                              "measured no further)")
                 continue
             tried.append(candidate.label)
-            self.evaluate(candidate)
-            self._capacities()
-            if not for_margin and candidate.key in self.capacity and self.capacity[candidate.key] <= top * 1.001:
-                del self.capacity[candidate.key]
-                tried[-1] += f" (carried {top:.0f}/s, no more than without it: not a finalist)"
+            if for_margin:
+                self.evaluate(candidate)
+                self._capacities()
+                break
+            # for capacity it is measured first where it can decide: the ladder's rate above the best capacity
+            above = self._rate_above(top)
+            if not self.prober.point(candidate, "capacity", above).meets_slo:
+                tried[-1] += f" (missed {above:.0f}/s, a step above the best capacity: measured no further)"
+            elif self.evaluate(candidate):
+                self.capacity[candidate.key] = self.climbed[candidate.key] = self.climb(candidate, carries=above)
             break
         if tried:
             why = (f"no eligible candidate kept p99 at peak x headroom within {PEAK_MARGIN:.0%} of the SLO"
@@ -416,11 +423,20 @@ class Search:
                 continue
             best = max(best, self.climb(candidate))
 
-    def climb(self, candidate: Candidate, max_steps: int = 8) -> float:
+    def _rate_above(self, capacity: float) -> float:
+        """The ladder's first rate above ``capacity``."""
+        rate = self.rates["headroom"] * STEP
+        while round(rate, 1) <= capacity * 1.001:
+            rate *= STEP
+        return round(rate, 1)
+
+    def climb(self, candidate: Candidate, max_steps: int = 8, *, carries: float | None = None) -> float:
         """Capacity of a candidate that met the busy levels: the ladder above peak x headroom until the SLO
-        breaks."""
+        breaks; above ``carries`` where the candidate met the SLO at that ladder rate already."""
         capacity = self.rates["headroom"]
         rate = capacity * STEP
+        while carries is not None and round(rate, 1) <= carries * 1.001:
+            capacity, rate = round(rate, 1), rate * STEP
         for _ in range(max_steps):
             if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
                 self.capacity_notes[candidate.key] = "ladder stopped: time budget"
