@@ -767,8 +767,26 @@ def test_a_fallback_that_sheds_normal_traffic_gives_way_to_the_next_and_two_are_
                                   default=(70.0, 300.0), sheds_normal=frozenset({timeout}))
     outcome = search.run()
     assert outcome.fallback is not None and outcome.fallback.key == f"{timeout}-m8"
-    assert search.normal_checked == [timeout, f"{timeout}-m8"]
+    assert search.normal_checked == [timeout, timeout, f"{timeout}-m8"]  # a miss there is measured once more
     assert any("not written without a held policy: sheds 3 %" in n for n in outcome.notes)
+
+
+def test_a_fallback_that_missed_its_normal_traffic_check_once_is_measured_once_more_and_written_where_it_keeps_it():
+    """bench_tuning run 12: the one policy eligible as the fallback (a 20 ms timeout on max batch 8 with a 5.1 ms
+    delay) missed its one check at peak x headroom, and the batching was written with no policy at all; the
+    independent load measured it within the SLO there, rejections counted as misses."""
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0)}, default=(70.0, 300.0))
+    checks = []
+
+    def disturbed_once(candidate):
+        checks.append(candidate.key)
+        return ["p99 29.4 ms"] if len(checks) == 1 else []
+
+    search._normal_traffic = disturbed_once
+    outcome = search.run()
+    assert outcome.fallback is not None and outcome.fallback.key == timeout and checks == [timeout, timeout]
+    assert any(n.endswith("p99 29.4 ms: measured once more") for n in outcome.notes)
 
 
 def test_no_fallback_is_written_when_the_policies_tried_shed_normal_traffic():
@@ -779,7 +797,7 @@ def test_no_fallback_is_written_when_the_policies_tried_shed_normal_traffic():
     search = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything())  # type: ignore[arg-type]
     outcome = search.run()
     assert outcome.chosen is None and outcome.fallback is None and outcome.fallback_summary() == ""
-    assert len(search.normal_checked) == 2  # the two closest, no more
+    assert len(search.normal_checked) == 4  # the two closest, each measured once more, no more
     assert outcome.to_dict()["fallback"] is None
 
 
