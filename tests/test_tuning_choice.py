@@ -370,6 +370,17 @@ def test_where_the_margin_is_kept_a_busy_delay_that_does_not_lower_peak_x_headro
     assert list(search.capacity) == [NONE.key] and any("measured no further" in n for n in search.notes)
 
 
+def test_for_capacity_alone_no_low_traffic_point_is_measured_to_find_the_room_for_a_busy_delay():
+    prober = _busy_delay_prober(headroom_ms=10.0, carries=1000.0)
+    search = _search(prober, {})
+    search._add(NONE)
+    assert search.evaluate(NONE)  # peak x headroom 12 ms (within the margin) and peak, no low-traffic point
+    search.capacity[NONE.key] = 750.0
+    measured = len(prober.points)
+    search._peak_delays()
+    assert len(prober.points) == measured and list(search.candidates) == [NONE.key]
+
+
 def test_where_the_margin_is_kept_a_busy_delay_that_carries_no_more_is_not_a_finalist():
     """Its rounds as a finalist would cost about 20 s, and at equal capacity the config without a delay is chosen
     unless the delay is lower in every round."""

@@ -342,33 +342,35 @@ class Search:
           (its low-traffic point and ladder would cost about 20 s on the check's model and could not change the
           choice's margin); the first that does is measured at peak and climbed, and the longer one is then not
           tried (it would only add latency at low traffic).
-        * **For capacity**: when one keeps the margin, the busy delay alone, measured further only where it
-          lowers the p99 at peak x headroom below the base's, then at the ladder's rate above the best capacity
-          (not the rates below it), and measured at peak and climbed only where it meets the SLO there: at equal
-          capacity the simpler config would win (``_finalists``), and its rounds as a finalist would cost about
-          20 s for nothing. On the check's model a delay in the busy delay's band
-          (3.5-4.7 ms) carried at least as much as no delay in every round side by side, and the grid's best
+        * **For capacity**: when one keeps the margin and the base was measured at low traffic already, the busy
+          delay alone, measured further only where it lowers the p99 at peak x headroom below the base's, then at
+          the ladder's rate above the best capacity (not the rates below it), and measured at peak and climbed only
+          where it meets the SLO there: at equal capacity the simpler config would win (``_finalists``), and its
+          rounds as a finalist would cost about 20 s for nothing. On the check's model a delay in the busy delay's
+          band (3.5-4.7 ms) carried at least as much as no delay in every round side by side, and the grid's best
           config has one."""
         top, best = self._at_best_capacity([c for c in self.candidates.values() if self._met_busy(c)])
         if not best:
             return
         base = min((c for c in best if c.delay_us == 0),
                    key=lambda c: (self._level_point(c, "low") is None, self._worst_headroom_p99(c)), default=None)
-        if base is None or not self.meets_low(base):
+        for_margin = not any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best)
+        # for capacity alone a low-traffic point (the room a delay has there) is not worth measuring for it
+        if base is None or (not for_margin and self._level_point(base, "low") is None) or not self.meets_low(base):
             return
         zero = self._level_point(base, "low")
         assert zero is not None
         room_ms = min(self.slo_ms - zero.p99_ms, 1000.0 * base.max_batch_size / self.rates["peak"])
         busy_ms = self.profile.busy_delay_ms(base.max_batch_size, base.instances, top)
         has_busy = busy_ms is not None and busy_ms < room_ms
-        for_margin = not any(self._worst_headroom_p99(c) <= self.slo_ms * PEAK_MARGIN for c in best)
         if for_margin:
             first_ms = busy_ms if has_busy else room_ms / 4
             delays = [first_ms] + ([room_ms / 2] if room_ms / 2 > first_ms else [])
             bar_ms, bar = self.slo_ms * PEAK_MARGIN, f"within {PEAK_MARGIN:.0%} of the SLO"
         elif has_busy:
             delays = [busy_ms]
-            bar_ms, bar = self._worst_headroom_p99(base) - 1e-9, f"under {base.label}'s"
+            bar_ms = self._worst_headroom_p99(base) - 1e-9
+            bar = f"under the {bar_ms:.1f} ms of the same structure without it"
         else:
             return
         tried = []
