@@ -70,6 +70,7 @@ still the result, recorded with that outcome; ``--require-overload-policy`` make
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,8 +205,7 @@ class OverloadOutcome:
 
     @property
     def chosen_point(self) -> OverloadPoint | None:
-        return next((p for p in self.points if self.chosen and p.candidate.key == self.chosen.key and p.meets
-                     and p.rate == self.rate), None)
+        return next((p for p in tries_at(self.points, self.chosen, self.rate) if p.meets), None)
 
     def tried(self) -> str:
         """Every policy tried and how it did, for a person (``; `` between tries)."""
@@ -244,7 +244,7 @@ class OverloadOutcome:
         """What is written when no policy held, in one sentence ("" when a policy held or none is written)."""
         if self.chosen is not None or self.fallback is None:
             return ""
-        point = next((p for p in self.points if p.candidate.key == self.fallback.key and p.rate == self.rate), None)
+        point = next(iter(tries_at(self.points, self.fallback, self.rate)), None)
         how = ""
         if point is not None and point.overload.valid:
             o = point.overload
@@ -299,7 +299,15 @@ def nothing_sent(rate: float) -> PhaseStats:
     return PhaseStats(rate, 0.0, 0, 0, 0, 0, float("inf"), float("inf"), None, None, 0.0, 0.0, False)
 
 
-def not_drivable(points: tuple[OverloadPoint, ...] | list[OverloadPoint]) -> bool:
+def tries_at(points: Sequence[OverloadPoint], candidate: Candidate | None, rate: float) -> list[OverloadPoint]:
+    """The tries of ``candidate`` at ``rate`` (the asked overload), in the order they were measured (none for no
+    candidate)."""
+    if candidate is None:
+        return []
+    return [p for p in points if p.candidate.key == candidate.key and p.rate == rate]
+
+
+def not_drivable(points: Sequence[OverloadPoint]) -> bool:
     """No overload run was driven as offered, and at least one was sent (not merely a config that did not load)."""
     return not any(p.overload.valid for p in points) and any(p.overload.requests or p.overload.unsent
                                                              for p in points)
@@ -600,7 +608,7 @@ class PolicySearch:
         if not best.max_queue_size:
             return None
         plain = best.without_queue_policy().with_queue_policy(best.queue_timeout_us, 0, self.priority_levels)
-        held = any(p.candidate.key == plain.key and p.meets and p.rate == self.rate for p in self.points)
+        held = any(p.meets for p in tries_at(self.points, plain, self.rate))
         return (plain, False, False) if held else None
 
     def _with_queue_bound(self, best: Candidate) -> tuple[Candidate, bool, bool] | None:
@@ -615,7 +623,7 @@ class PolicySearch:
         if best.max_queue_size or not self._bound_can_hold(structure):
             return None
         bounded = structure.with_queue_policy(best.queue_timeout_us, self.queue_bound(structure), self.priority_levels)
-        at_asked = [p for p in self.points if p.candidate.key == bounded.key and p.rate == self.rate]
+        at_asked = tries_at(self.points, bounded, self.rate)
         if at_asked and not any(p.meets for p in at_asked):
             return None
         return bounded, not at_asked, False

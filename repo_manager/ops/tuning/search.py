@@ -60,6 +60,7 @@ said in ``notes``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -425,32 +426,36 @@ class Search:
                 continue
             best = max(best, self.climb(candidate))
 
+    def _ladder(self) -> Iterator[float]:
+        """The capacity ladder: the rates above peak x headroom, each ``STEP`` x the one below (to 0.1/s)."""
+        rate = self.rates["headroom"]
+        while True:
+            rate *= STEP
+            yield round(rate, 1)
+
     def _rate_above(self, capacity: float) -> float:
         """The ladder's first rate above ``capacity``."""
-        rate = self.rates["headroom"] * STEP
-        while round(rate, 1) <= capacity * 1.001:
-            rate *= STEP
-        return round(rate, 1)
+        return next(rate for rate in self._ladder() if rate > capacity * 1.001)
 
     def climb(self, candidate: Candidate, max_steps: int = 8, *, carries: float | None = None) -> float:
         """Capacity of a candidate that met the busy levels: the ladder above peak x headroom until the SLO
         breaks; above ``carries`` where the candidate met the SLO at that ladder rate already."""
         capacity = self.rates["headroom"]
-        rate = capacity * STEP
-        while carries is not None and round(rate, 1) <= carries * 1.001:
-            capacity, rate = round(rate, 1), rate * STEP
+        ladder = self._ladder()
+        rate = next(ladder)
+        while carries is not None and rate <= carries * 1.001:
+            capacity, rate = rate, next(ladder)
         for _ in range(max_steps):
             if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S):
                 self.capacity_notes[candidate.key] = "ladder stopped: time budget"
                 break
-            point = self.prober.point(candidate, "capacity", round(rate, 1))
+            point = self.prober.point(candidate, "capacity", rate)
             if not point.meets_slo:
                 if point.measurement is not None and not point.measurement.valid:
                     self.capacity_notes[candidate.key] = (f"client limit at {rate:.0f}/s: capacity is at "
                                                           f"least {capacity:.0f}/s")
                 break
-            capacity = round(rate, 1)
-            rate *= STEP
+            capacity, rate = rate, next(ladder)
         self.capacity[candidate.key] = self.climbed[candidate.key] = capacity
         return capacity
 
