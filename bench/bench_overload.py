@@ -15,7 +15,7 @@ fraction and rejection latency, errors, and the time to recover once the load dr
 (``RECOVER_S`` seconds of it follow each point). A point waits for every answer, so a backlog shows in full.
 Prints a markdown table and writes ``bench/results/bench_overload.json``. From the repository root:
 
-    PYTHONPATH=$PWD python bench/bench_overload.py          # about 6 minutes on 2 cores
+    PYTHONPATH=$PWD python bench/bench_overload.py          # about 10 minutes on 2 cores
 
 Capacity is small on purpose (about 150-250 requests/s) so that one Python client on a shared 2-core
 machine can still offer 3 x capacity; a point where it could not is marked (``sent`` below ``offered``).
@@ -46,6 +46,7 @@ from repo_manager.core.settings import Settings  # noqa: E402
 from repo_manager.ops.publish import publish_model  # noqa: E402
 from repo_manager.ops.serving import load_version, version_config  # noqa: E402
 from repo_manager.ops.tuning import Candidate, TuneRequest, tune_batching  # noqa: E402
+from repo_manager.ops.tuning.core import DEFAULT_BUDGET_S  # noqa: E402
 from repo_manager.ops.tuning.overload import PolicySearch  # noqa: E402
 from repo_manager.ops.tuning.prober import Prober  # noqa: E402
 
@@ -193,7 +194,8 @@ def main() -> None:
     parser.add_argument("--p99-ms", type=float, default=200.0)
     parser.add_argument("--low", type=float, default=30.0)
     parser.add_argument("--peak", type=float, default=60.0)
-    parser.add_argument("--budget", type=float, default=120.0, help="trm's search budget (s)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                        help="trm's search budget (s; default: trm tune-batching's own)")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--fixed-ms", type=float, default=40.0)
     parser.add_argument("--per-item-ms", type=float, default=2.0)
