@@ -15,7 +15,7 @@ fraction and rejection latency, errors, and the time to recover once the load dr
 (``RECOVER_S`` seconds of it follow each point). A point waits for every answer, so a backlog shows in full.
 Prints a markdown table and writes ``bench/results/bench_overload.json``. From the repository root:
 
-    PYTHONPATH=$PWD python bench/bench_overload.py          # about 10 minutes on 2 cores
+    PYTHONPATH=$PWD python bench/bench_overload.py          # about 6 minutes on 2 cores
 
 Capacity is small on purpose (about 150-250 requests/s) so that one Python client on a shared 2-core
 machine can still offer 3 x capacity; a point where it could not is marked (``sent`` below ``offered``).
