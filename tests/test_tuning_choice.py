@@ -626,7 +626,7 @@ class RecordedPolicySearch:
                 return ["sheds 3 %"] if candidate.key in sheds_normal else []
 
         prober = SimpleNamespace(can_afford=lambda seconds: True, point_cost_s=lambda rate: 1.0, load=lambda c: True,
-                                 say=lambda message: None)
+                                 say=lambda message: None, points=[])
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
         search = Search(prober, profile, batching, 437.37, slo_ms, 2.0, 150.0, 180.0, capacities=capacities,
                         missed=missed, climbed=climbed)
@@ -772,6 +772,75 @@ def test_without_a_policy_that_holds_the_closest_that_keeps_normal_traffic_is_wr
     assert data["fallback"]["key"] == timeout and data["chosen"] is None
 
 
+class Everything:
+    """``sheds_normal`` for a search whose every policy sheds normal traffic."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def _ladder_point(candidate: str, rate: float, late_ms: float, late_share: float, meets: bool = True) -> Point:
+    """The batching search's point of ``candidate`` at ``rate``: a thousand answers, ``late_share`` of them at
+    ``late_ms`` and the rest at 12 ms."""
+    values = np.full(1000, 12.0)
+    values[: int(round(late_share * 1000))] = late_ms
+    return Point(candidate, "capacity", rate, meets, True,
+                 SimpleNamespace(p99_ms=float(np.quantile(values, 0.99)), latencies_ms=values))
+
+
+def test_the_share_a_timeout_may_shed_is_the_share_answered_later_than_the_timeout_and_a_batch_of_one():
+    from repo_manager.ops.tuning.overload import shed_at_most
+
+    values = np.array([10.0] * 960 + [24.9] * 10 + [25.1] * 30)
+    assert shed_at_most(values, 19.0, 6.0) == pytest.approx(0.03)  # past 25 ms: 30 of 1000
+    assert shed_at_most(values, 30.0, 6.0) == 0.0
+    assert shed_at_most(np.array([10.0, np.inf]), 19.0, 6.0) == 0.5  # a failed request counts as one
+    assert shed_at_most(np.zeros(0), 19.0, 6.0) == 1.0
+
+
+@pytest.mark.parametrize("late_share, reported", [(0.03, True), (0.001, False)], ids=["sheds", "within-a-burst"])
+def test_what_the_written_policy_may_shed_near_capacity_is_reported_from_the_batchings_own_ladder(
+        late_share, reported):
+    """The held 19 ms timeout on max batch 4 (a batch of one: 6 ms) and the batching's ladder without it: at 437/s,
+    its highest point within the SLO, ``late_share`` of the answers took 40 ms, past 25 ms; the point above missed.
+    Past the share a point within the SLO allows, the summary says what the policy may shed there; the record has it
+    either way, and no point is measured for it."""
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (31.0, 420.0), (f"{timeout}-m16", 2.0): (31.0, 300.0),
+                                   (timeout, 3.0): (35.0, 430.0)})
+    search.prober.points += [_ladder_point("b4-i2-d0", 350.0, 40.0, 0.05),
+                             _ladder_point("b4-i2-d0", 437.4, 40.0, late_share),
+                             _ladder_point("b4-i2-d0", 546.7, 80.0, 0.2, meets=False),
+                             _ladder_point("b8-i2-d0", 546.7, 40.0, 0.5)]
+    outcome = search.run()
+    assert outcome.chosen is not None and outcome.chosen.key == timeout
+    assert outcome.capacity_shed == (437.4, pytest.approx(late_share))
+    assert outcome.to_dict()["capacity_shed"] == {"rate_rps": 437.4, "shed_at_most": late_share}
+    clause = "near capacity (437/s) its timeout may shed up to 3.0% of normal traffic"
+    assert (clause in outcome.summary()) is reported
+
+
+def test_what_a_fallback_policy_may_shed_near_capacity_is_in_what_is_written():
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0)}, default=(70.0, 300.0))
+    search.prober.points.append(_ladder_point("b4-i2-d0", 437.4, 40.0, 0.046))
+    outcome = search.run()
+    assert outcome.fallback is not None and outcome.fallback.key == timeout
+    assert "near capacity (437/s) its timeout may shed up to 4.6% of normal traffic" in outcome.fallback_summary()
+
+
+def test_nothing_is_said_of_normal_traffic_near_capacity_without_a_written_policy_or_a_ladder_point():
+    timeout = "b4-i2-d0-q19000"
+    unmeasured = RecordedPolicySearch({(timeout, 2.0): (31.0, 420.0), (f"{timeout}-m16", 2.0): (31.0, 300.0),
+                                       (timeout, 3.0): (35.0, 430.0)}).run()
+    assert unmeasured.chosen is not None and unmeasured.capacity_shed is None
+    assert "near capacity" not in unmeasured.summary()
+    nothing = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything())  # type: ignore[arg-type]
+    nothing.prober.points.append(_ladder_point("b4-i2-d0", 437.4, 40.0, 0.046))
+    outcome = nothing.run()
+    assert outcome.chosen is None and outcome.fallback is None and outcome.capacity_shed is None
+
+
 def test_a_fallback_that_sheds_normal_traffic_gives_way_to_the_next_and_two_are_checked_at_most():
     timeout = "b4-i2-d0-q19000"
     search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0), (f"{timeout}-m8", 2.0): (60.0, 380.0)},
@@ -801,10 +870,6 @@ def test_a_fallback_that_missed_its_normal_traffic_check_once_is_measured_once_m
 
 
 def test_no_fallback_is_written_when_the_policies_tried_shed_normal_traffic():
-    class Everything:
-        def __contains__(self, key: object) -> bool:
-            return True
-
     search = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything())  # type: ignore[arg-type]
     outcome = search.run()
     assert outcome.chosen is None and outcome.fallback is None and outcome.fallback_summary() == ""
