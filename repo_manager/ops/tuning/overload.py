@@ -198,7 +198,7 @@ class OverloadOutcome:
     """The SLO the tries were judged against (the larger spike's margin is a share of it)."""
     capacity_shed: tuple[float, float] | None = None
     """The written policy at normal traffic near capacity: (the rate of its structure's highest ladder point within
-    the SLO, at most the share of requests its timeout sheds there: ``shed_at_most``); None without a written policy
+    the SLO, about the share of requests its timeout sheds there: ``shed_estimate``); None without a written policy
     or such a point."""
 
     @property
@@ -261,13 +261,13 @@ class OverloadOutcome:
                 f"x headroom{how}){self.capacity_cost()}")
 
     def capacity_cost(self) -> str:
-        """What the written policy may shed at normal traffic near capacity, as a clause ("" when at most
+        """What the written policy would shed at normal traffic near capacity, as a clause ("" when at most
         ``MAX_NORMAL_REJECT``, the share a point within the SLO allows, or when not known)."""
         if self.capacity_shed is None or self.capacity_shed[1] <= MAX_NORMAL_REJECT:
             return ""
         rate, share = self.capacity_shed
-        return (f"; near capacity ({rate:.0f}/s) its timeout may shed up to {share:.1%} of normal traffic (requests "
-                "the batching answered there later than the timeout and a batch of one): replicas sized by that "
+        return (f"; near capacity ({rate:.0f}/s) its timeout would shed about {share:.1%} of normal traffic (requests "
+                "the batching answered there later than the timeout and a full batch): replicas sized by that "
                 "capacity will see rejections")
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,7 +302,7 @@ class OverloadOutcome:
             "overload_point": summary,
             "higher_overload_point": summary_of(self.higher),
             "capacity_shed": None if self.capacity_shed is None else {
-                "rate_rps": self.capacity_shed[0], "shed_at_most": round(self.capacity_shed[1], 4)},
+                "rate_rps": self.capacity_shed[0], "shed_about": round(self.capacity_shed[1], 4)},
             "tried": [p.candidate.label for p in self.points],
             "points": [p.to_dict() for p in self.points],
             "notes": list(self.notes),
@@ -324,13 +324,15 @@ def tries_at(points: Sequence[OverloadPoint], candidate: Candidate | None, rate:
     return [p for p in points if p.candidate.key == candidate.key and p.rate == rate]
 
 
-def shed_at_most(latencies_ms: np.ndarray, timeout_ms: float, exec_one_ms: float) -> float:
-    """At most the share of requests a queue timeout of ``timeout_ms`` sheds at the traffic these latencies were
-    measured at without it: a request answered within the timeout plus one execution of a batch of one never waited
-    past the timeout, and a policy that sheds only leaves the others less to wait for (1 for no latencies)."""
+def shed_estimate(latencies_ms: np.ndarray, timeout_ms: float, full_batch_ms: float) -> float:
+    """About the share of requests a queue timeout of ``timeout_ms`` sheds at the traffic these latencies were
+    measured at without it: near capacity the batch in flight is a full one, so a request answered later than the
+    timeout plus a full batch's execution had waited past the timeout. It leans high: rejections leave the others
+    less to wait for (a request that ran in a smaller batch and waited past the timeout is missed). 1 for no
+    latencies."""
     if not len(latencies_ms):
         return 1.0
-    return float(np.mean(latencies_ms > timeout_ms + exec_one_ms))
+    return float(np.mean(latencies_ms > timeout_ms + full_batch_ms))
 
 
 def not_drivable(points: Sequence[OverloadPoint]) -> bool:
@@ -583,7 +585,7 @@ class PolicySearch:
                                self._capacity_shed(chosen or fallback))
 
     def _capacity_shed(self, written: Candidate | None) -> tuple[float, float] | None:
-        """(rate, ``shed_at_most``) for ``written`` at its structure's highest ladder point within the SLO (the
+        """(rate, ``shed_estimate``) for ``written`` at its structure's highest ladder point within the SLO (the
         last measured there), from the latencies the batching search measured without the policy: no point is
         spent on it. The policy's own check is at peak x headroom; near capacity Poisson bursts make requests wait,
         and a timeout sheds what waited past it (bench_overload's default model: the batching carried 275/s on
@@ -597,8 +599,8 @@ class PolicySearch:
             return None
         top = max(p.rate for p in ladder)
         point = [p for p in ladder if p.rate == top][-1]
-        return top, shed_at_most(point.measurement.latencies_ms, written.queue_timeout_us / 1000,
-                                 self.profile.exec_at(1))
+        return top, shed_estimate(point.measurement.latencies_ms, written.queue_timeout_us / 1000,
+                                  self.profile.exec_at(written.max_batch_size))
 
     def _hold_the_larger_spike(self, chosen: Candidate, higher: OverloadPoint) -> tuple[Candidate, OverloadPoint]:
         """The chosen policy missed at the larger spike, or held there with no margin (``HIGHER_MARGIN``). Tried in
