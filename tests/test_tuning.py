@@ -26,7 +26,7 @@ from repo_manager.core.settings import Settings
 from repo_manager.ops.publish import publish_model
 from repo_manager.ops.serving import load_version
 from repo_manager.ops.tuning import Candidate, TuneRequest, tune_batching
-from repo_manager.ops.tuning.prober import REPEATED
+from repo_manager.ops.tuning.prober import MAX_NORMAL_REJECT, REPEATED
 
 # A 20 ms model under a 150 ms SLO: on Triton 2.51 a queue timeout of a few ms rejected requests at low
 # traffic too (they wait past it when the batcher is not woken), so a 2 ms model's timeout could not be tuned
@@ -274,6 +274,16 @@ def _assert_written_as_recorded(result, data, manifest) -> None:
         assert data["status"] == "chosen-without-queue-policy"
         assert written.key == data["batching"]["key"] and not written.has_queue_policy
         assert "warning: " in result.err and overload["summary"] in result.err
+    # what the written policy would shed near capacity, read from the batching's own ladder where it climbed
+    shed = overload["capacity_shed"]
+    said = "would shed about" in overload["summary"] + (overload["fallback_summary"] or "")
+    if shed is None:
+        assert not said
+    else:
+        assert written.has_queue_policy and 0.0 <= shed["shed_about"] <= 1.0
+        assert shed["rate_rps"] > data["slo"]["headroom_rps"]
+        assert shed["rate_rps"] in [c["capacity_rps"] for c in data["candidates"]]
+        assert said == (shed["shed_about"] > MAX_NORMAL_REJECT)
     report = (Path(data["report_files"][0]).parent / "tuning.md").read_text()
     assert "No candidate met the SLO" not in report  # the headline says what happened
     assert f"**Batching:** `{data['batching']['key']}` met the SLO at every level" in report

@@ -781,8 +781,10 @@ class Everything:
 
 def _ladder_point(candidate: str, rate: float, late_ms: float, late_share: float, meets: bool = True) -> Point:
     """The batching search's point of ``candidate`` at ``rate``: a thousand answers, ``late_share`` of them at
-    ``late_ms`` and the rest at 12 ms."""
+    ``late_ms``, five percent at 30 ms (past the timeout and a batch of one, within the timeout and a full batch:
+    not shed near capacity) and the rest at 12 ms."""
     values = np.full(1000, 12.0)
+    values[-50:] = 30.0
     values[: int(round(late_share * 1000))] = late_ms
     return Point(candidate, "capacity", rate, meets, True,
                  SimpleNamespace(p99_ms=float(np.quantile(values, 0.99)), latencies_ms=values))
@@ -798,47 +800,71 @@ def test_the_share_a_timeout_sheds_near_capacity_is_the_share_answered_later_tha
     assert shed_estimate(np.zeros(0), 19.0, 15.0) == 1.0
 
 
+HELD_19_MS = {("b4-i2-d0-q19000", 2.0): (31.0, 420.0), ("b4-i2-d0-q19000-m16", 2.0): (31.0, 300.0),
+              ("b4-i2-d0-q19000", 3.0): (35.0, 430.0)}
+"""A 19 ms timeout on max batch 4 that holds at 2 x and 3 x capacity (the queue of 16 on top loses goodput)."""
+
+
 @pytest.mark.parametrize("late_share, reported", [(0.03, True), (0.001, False)], ids=["sheds", "within-a-burst"])
-def test_what_the_written_policy_may_shed_near_capacity_is_reported_from_the_batchings_own_ladder(
+def test_what_the_written_policy_would_shed_near_capacity_is_reported_from_the_batchings_own_ladder(
         late_share, reported):
-    """The held 19 ms timeout on max batch 4 (a full batch: 15 ms) and the batching's ladder without it: at 437/s,
-    its highest point within the SLO, ``late_share`` of the answers took 40 ms, past 34 ms; the point above missed.
-    Past the share a point within the SLO allows, the summary says what the policy may shed there; the record has it
-    either way, and no point is measured for it."""
-    timeout = "b4-i2-d0-q19000"
-    search = RecordedPolicySearch({(timeout, 2.0): (31.0, 420.0), (f"{timeout}-m16", 2.0): (31.0, 300.0),
-                                   (timeout, 3.0): (35.0, 430.0)})
+    """The held 19 ms timeout on max batch 4 (a full batch and the overhead: 16 ms) and the batching's ladder without
+    it: at 437/s, its capacity, ``late_share`` of the answers took 40 ms, past 35 ms (the 30 ms ones are not shed);
+    the point above missed, and a point of another structure is not read. Past the share a point within the SLO
+    allows, the summary says what the policy would shed there; the record has it either way, and no point is
+    measured for it."""
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})
     search.prober.points += [_ladder_point("b4-i2-d0", 350.0, 40.0, 0.05),
                              _ladder_point("b4-i2-d0", 437.4, 40.0, late_share),
                              _ladder_point("b4-i2-d0", 546.7, 80.0, 0.2, meets=False),
-                             _ladder_point("b8-i2-d0", 546.7, 40.0, 0.5)]
+                             _ladder_point("b8-i2-d0", 437.4, 40.0, 0.5)]
     outcome = search.run()
-    assert outcome.chosen is not None and outcome.chosen.key == timeout
+    assert outcome.chosen is not None and outcome.chosen.key == "b4-i2-d0-q19000"
     assert outcome.capacity_shed == (437.4, pytest.approx(late_share))
     assert outcome.to_dict()["capacity_shed"] == {"rate_rps": 437.4, "shed_about": late_share}
-    clause = "near capacity (437/s) its timeout would shed about 3.0% of normal traffic"
-    assert (clause in outcome.summary()) is reported
+    clause = "; at 437/s, the batching's capacity, its timeout would shed about 3.0% of normal traffic"
+    assert outcome.summary().endswith("will see rejections") is reported and (clause in outcome.summary()) is reported
 
 
-def test_what_a_fallback_policy_may_shed_near_capacity_is_in_what_is_written():
-    timeout = "b4-i2-d0-q19000"
-    search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0)}, default=(70.0, 300.0))
+def test_where_a_re_measure_took_the_capacity_a_step_down_the_point_at_that_capacity_is_read():
+    """The ladder met 546.7/s and the finalists' re-measure there missed: the capacity is 437.4/s, and what the
+    policy would shed is read there, not at the point above it."""
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})
+    search.prober.points += [_ladder_point("b4-i2-d0", 437.4, 40.0, 0.01),
+                             _ladder_point("b4-i2-d0", 546.7, 40.0, 0.2)]
+    assert search.run().capacity_shed == (437.4, pytest.approx(0.01))
+
+
+def test_what_a_fallback_policy_would_shed_near_capacity_is_in_what_is_written():
+    search = RecordedPolicySearch({("b4-i2-d0-q19000", 2.0): (54.0, 410.0)}, default=(70.0, 300.0),
+                                  capacities={"b4-i2-d0": 437.4})
     search.prober.points.append(_ladder_point("b4-i2-d0", 437.4, 40.0, 0.046))
     outcome = search.run()
-    assert outcome.fallback is not None and outcome.fallback.key == timeout
-    assert "near capacity (437/s) its timeout would shed about 4.6% of normal traffic" in outcome.fallback_summary()
+    assert outcome.fallback is not None and outcome.fallback.key == "b4-i2-d0-q19000"
+    assert "at 437/s, the batching's capacity, its timeout would shed about 4.6% of normal traffic" in \
+        outcome.fallback_summary()
 
 
-def test_nothing_is_said_of_normal_traffic_near_capacity_without_a_written_policy_or_a_ladder_point():
-    timeout = "b4-i2-d0-q19000"
-    unmeasured = RecordedPolicySearch({(timeout, 2.0): (31.0, 420.0), (f"{timeout}-m16", 2.0): (31.0, 300.0),
-                                       (timeout, 3.0): (35.0, 430.0)}).run()
+def test_nothing_is_said_of_normal_traffic_near_capacity_without_a_written_policy_or_a_ladder_above_headroom():
+    unmeasured = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4}).run()
     assert unmeasured.chosen is not None and unmeasured.capacity_shed is None
-    assert "near capacity" not in unmeasured.summary()
-    nothing = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything())  # type: ignore[arg-type]
+    assert "the batching's capacity" not in unmeasured.summary()
+    not_climbed = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 180.0})  # its ladder stopped at headroom
+    not_climbed.prober.points.append(_ladder_point("b4-i2-d0", 180.0, 40.0, 0.046))
+    assert not_climbed.run().capacity_shed is None
+    nothing = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything(),  # type: ignore[arg-type]
+                                   capacities={"b4-i2-d0": 437.4})
     nothing.prober.points.append(_ladder_point("b4-i2-d0", 437.4, 40.0, 0.046))
     outcome = nothing.run()
     assert outcome.chosen is None and outcome.fallback is None and outcome.capacity_shed is None
+
+
+def test_a_served_config_with_a_queue_policy_of_its_own_is_read_under_its_own_key():
+    """Re-tuning a version trm wrote with a policy: the search measured the batching under its served key."""
+    served = Candidate(4, 2, True, 0).with_queue_policy(25000, 0, 0)
+    search = RecordedPolicySearch(HELD_19_MS, batching=served, capacities={served.key: 437.4})
+    search.prober.points.append(_ladder_point(served.key, 437.4, 40.0, 0.03))
+    assert search.run().capacity_shed == (437.4, pytest.approx(0.03))
 
 
 def test_a_fallback_that_sheds_normal_traffic_gives_way_to_the_next_and_two_are_checked_at_most():

@@ -197,9 +197,9 @@ class OverloadOutcome:
     slo_ms: float = float("inf")
     """The SLO the tries were judged against (the larger spike's margin is a share of it)."""
     capacity_shed: tuple[float, float] | None = None
-    """The written policy at normal traffic near capacity: (the rate of its structure's highest ladder point within
-    the SLO, about the share of requests its timeout sheds there: ``shed_estimate``); None without a written policy
-    or such a point."""
+    """The written policy at normal traffic near capacity: (its structure's capacity on the batching search's
+    ladder, about the share of requests its timeout sheds there: ``shed_estimate``); None without a written policy
+    or a ladder above peak x headroom."""
 
     @property
     def outcome(self) -> str:
@@ -220,18 +220,18 @@ class OverloadOutcome:
         """One sentence: what the overload step found."""
         asked = f"{self.factor:g} x capacity {self.capacity_rps:.0f}/s = {self.rate:.0f}/s"
         if self.outcome == HELD:
-            held = f"queue policy {self.chosen.label if self.chosen else ''} kept the SLO at {asked}" + \
-                self.capacity_cost()
+            held = f"queue policy {self.chosen.label if self.chosen else ''} kept the SLO at {asked}"
             if self.higher is None:
-                return held
+                return held + self.capacity_cost()
             o = self.higher.overload
             at = f"{self.higher.rate:.0f}/s ({self.higher.rate / self.capacity_rps:.2g} x capacity)"
             if self.higher.drive_problem:
-                return held + f"; at {at} not measurable from this client ({self.higher.drive_problem})"
+                return (held + f"; at {at} not measurable from this client ({self.higher.drive_problem})"
+                        + self.capacity_cost())
             kept = "kept too" if o.accepted_p99_ms <= HIGHER_MARGIN * self.slo_ms else \
                 f"kept, past {HIGHER_MARGIN:.0%} of the SLO"
             return held + (f"; at {at} accepted p99 {o.accepted_p99_ms:.1f} ms, goodput {o.goodput_rps:.0f}/s: "
-                           + (kept if self.higher.meets else f"not kept ({self.higher.note})"))
+                           + (kept if self.higher.meets else f"not kept ({self.higher.note})")) + self.capacity_cost()
         if self.outcome == NOT_MEASURABLE:
             why = "; ".join(dict.fromkeys(p.drive_problem for p in self.points if p.drive_problem))
             return (f"the overload of {asked} could not be driven from this client ({why}): not measurable on "
@@ -263,12 +263,13 @@ class OverloadOutcome:
     def capacity_cost(self) -> str:
         """What the written policy would shed at normal traffic near capacity, as a clause ("" when at most
         ``MAX_NORMAL_REJECT``, the share a point within the SLO allows, or when not known)."""
-        if self.capacity_shed is None or self.capacity_shed[1] <= MAX_NORMAL_REJECT:
+        if self.capacity_shed is None or round(self.capacity_shed[1], 4) <= MAX_NORMAL_REJECT:
             return ""
         rate, share = self.capacity_shed
-        return (f"; near capacity ({rate:.0f}/s) its timeout would shed about {share:.1%} of normal traffic (requests "
-                "the batching answered there later than the timeout and a full batch): replicas sized by that "
-                "capacity will see rejections")
+        shown = f"{share:.1%}" if share >= 0.01 else f"{share:.2%}"
+        return (f"; at {rate:.0f}/s, the batching's capacity, its timeout would shed about {shown} of normal traffic "
+                "(requests the batching answered there later than the timeout and a full batch): replicas sized "
+                "by that capacity will see rejections")
 
     def to_dict(self) -> dict[str, Any]:
         def summary_of(point: OverloadPoint | None) -> dict[str, Any] | None:
@@ -327,9 +328,9 @@ def tries_at(points: Sequence[OverloadPoint], candidate: Candidate | None, rate:
 def shed_estimate(latencies_ms: np.ndarray, timeout_ms: float, full_batch_ms: float) -> float:
     """About the share of requests a queue timeout of ``timeout_ms`` sheds at the traffic these latencies were
     measured at without it: near capacity the batch in flight is a full one, so a request answered later than the
-    timeout plus a full batch's execution had waited past the timeout. It leans high: rejections leave the others
-    less to wait for (a request that ran in a smaller batch and waited past the timeout is missed). 1 for no
-    latencies."""
+    timeout plus a full batch's execution and the overhead (``full_batch_ms``) had waited past the timeout. It
+    leans high: rejections leave the others less to wait for (a request that ran in a smaller batch and waited
+    past the timeout is missed). 1 for no latencies."""
     if not len(latencies_ms):
         return 1.0
     return float(np.mean(latencies_ms > timeout_ms + full_batch_ms))
@@ -395,6 +396,8 @@ class PolicySearch:
         climbed: dict[str, float] | None = None,
     ) -> None:
         self.prober, self.profile, self.batching = prober, profile, batching.without_queue_policy()
+        self.measured_key = batching.key
+        """The batching's key as the search measured it (with the served config's own queue policy, if any)."""
         self.capacity, self.slo_ms, self.factor = capacity_rps, slo_ms, factor
         self.recover_rps, self.headroom_rps = recover_rps, headroom_rps
         self.priority_levels, self.overload_s, self.recover_s = priority_levels, overload_s, recover_s
@@ -585,22 +588,25 @@ class PolicySearch:
                                self._capacity_shed(chosen or fallback))
 
     def _capacity_shed(self, written: Candidate | None) -> tuple[float, float] | None:
-        """(rate, ``shed_estimate``) for ``written`` at its structure's highest ladder point within the SLO (the
-        last measured there), from the latencies the batching search measured without the policy: no point is
-        spent on it. The policy's own check is at peak x headroom; near capacity Poisson bursts make requests wait,
-        and a timeout sheds what waited past it (bench_overload's default model: the batching carried 275/s on
-        the tuner's ladder, the written 80 ms timeout 199/s by the independent load, 4.6 % rejected at 275/s)."""
+        """(rate, ``shed_estimate``) for ``written`` at its structure's capacity on the batching search's ladder
+        (the last point measured there within the SLO), from the latencies measured without the policy: no point
+        is spent on it. None where the structure was not climbed above peak x headroom (no capacity figure to
+        warn about). The policy's own check is at peak x headroom; near capacity Poisson bursts make requests
+        wait, and a timeout sheds what waited past it (bench_overload's default model: the batching carried 275/s
+        on the tuner's ladder, the written 80 ms timeout 199/s by the independent load, 4.6 % rejected at 275/s)."""
         if written is None or not written.has_queue_policy:
             return None
         structure = written.without_queue_policy().key
-        ladder = [p for p in self.prober.points if p.candidate == structure and p.meets_slo
-                  and p.measurement is not None and len(p.measurement.latencies_ms)]
-        if not ladder:
+        # the batching as the search measured it: a served config's own queue policy is in its key
+        keys = {structure} | ({self.measured_key} if self.batching.key == structure else set())
+        capacity = max((self.capacities.get(key, 0.0) for key in keys), default=0.0)
+        at_capacity = [p for p in self.prober.points if p.candidate in keys and p.meets_slo
+                       and abs(p.rate - capacity) <= 0.001 * capacity and p.measurement is not None
+                       and len(p.measurement.latencies_ms)]
+        if capacity <= self.headroom_rps * 1.001 or not at_capacity:
             return None
-        top = max(p.rate for p in ladder)
-        point = [p for p in ladder if p.rate == top][-1]
-        return top, shed_estimate(point.measurement.latencies_ms, written.queue_timeout_us / 1000,
-                                  self.profile.exec_at(written.max_batch_size))
+        full = self.profile.exec_at(written.max_batch_size) + self.profile.overhead_ms
+        return capacity, shed_estimate(at_capacity[-1].measurement.latencies_ms, written.queue_timeout_us / 1000, full)
 
     def _hold_the_larger_spike(self, chosen: Candidate, higher: OverloadPoint) -> tuple[Candidate, OverloadPoint]:
         """The chosen policy missed at the larger spike, or held there with no margin (``HIGHER_MARGIN``). Tried in
