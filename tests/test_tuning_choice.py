@@ -593,9 +593,10 @@ class RecordedPolicySearch:
                 default: tuple[float, float] | None = None, sheds_normal: frozenset[str] = frozenset(),
                 slo_ms: float = 50.0, batching: Candidate = Candidate(4, 2, True, 0),
                 capacities: dict[str, float] | None = None, missed: dict[str, float] | None = None,
-                climbed: dict[str, float] | None = None):
+                climbed: dict[str, float] | None = None, keeps_up_to: dict[str, float] | None = None):
         """``default``: the outcome of a try not in ``outcomes`` (None: such a try is a test error);
-        ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it)."""
+        ``sheds_normal``: the policies that shed normal traffic at peak x headroom (the rest keep it);
+        ``keeps_up_to``: the rate up to which a policy keeps normal traffic above peak x headroom (default: all)."""
         from repo_manager.adapters.loadgen import PhaseStats
         from repo_manager.ops.tuning.overload import MIN_GOODPUT, OverloadPoint, PolicySearch, nothing_sent
 
@@ -621,7 +622,11 @@ class RecordedPolicySearch:
                 self.points.append(point)
                 return point
 
-            def _normal_traffic(self, candidate):
+            def _normal_traffic(self, candidate, rate=None):
+                if rate is not None:  # above peak x headroom: what the written config carries with its policy
+                    self.normal_at.append((candidate.key, rate))
+                    return [f"at {rate:.0f}/s: sheds 1 %"] if rate > (keeps_up_to or {}).get(
+                        candidate.key, float("inf")) else []
                 self.normal_checked.append(candidate.key)
                 return ["sheds 3 %"] if candidate.key in sheds_normal else []
 
@@ -630,7 +635,7 @@ class RecordedPolicySearch:
         profile = Profile({1: 6.0, 2: 9.0, 4: 15.0, 8: 27.0}, 1.0, 8)
         search = Search(prober, profile, batching, 437.37, slo_ms, 2.0, 150.0, 180.0, capacities=capacities,
                         missed=missed, climbed=climbed)
-        search.normal_checked, search.normal_first = [], []
+        search.normal_checked, search.normal_first, search.normal_at = [], [], []
         return search
 
 
@@ -805,66 +810,128 @@ HELD_19_MS = {("b4-i2-d0-q19000", 2.0): (31.0, 420.0), ("b4-i2-d0-q19000-m16", 2
 """A 19 ms timeout on max batch 4 that holds at 2 x and 3 x capacity (the queue of 16 on top loses goodput)."""
 
 
-@pytest.mark.parametrize("late_share, reported", [(0.03, True), (0.001, False)], ids=["sheds", "within-a-burst"])
-def test_what_the_written_policy_would_shed_near_capacity_is_reported_from_the_batchings_own_ladder(
-        late_share, reported):
-    """The held 19 ms timeout on max batch 4 (a full batch and the overhead: 16 ms) and the batching's ladder without
-    it: at 437/s, its capacity, ``late_share`` of the answers took 40 ms, past 35 ms (the 30 ms ones are not shed);
-    the point above missed, and a point of another structure is not read. Past the share a point within the SLO
-    allows, the summary says what the policy would shed there; the record has it either way, and no point is
-    measured for it."""
-    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})
+def _shedding_ladder(search, late_share: float = 0.03) -> None:
+    """The batching's ladder without a policy: met 350/s and 437.4/s (its capacity; ``late_share`` of the answers
+    there took 40 ms, past the 19 ms timeout, a full batch and the overhead, 35 ms), missed 546.7/s; a point of
+    another structure beside it."""
     search.prober.points += [_ladder_point("b4-i2-d0", 350.0, 40.0, 0.05),
                              _ladder_point("b4-i2-d0", 437.4, 40.0, late_share),
                              _ladder_point("b4-i2-d0", 546.7, 80.0, 0.2, meets=False),
                              _ladder_point("b8-i2-d0", 437.4, 40.0, 0.5)]
+
+
+def test_where_the_timeout_would_shed_near_capacity_the_written_config_is_measured_down_the_ladder_and_reported():
+    """The held 19 ms timeout: at 437/s, the batching's capacity, 3 % of its answers came later than the timeout and
+    a full batch. The written config is measured with its policy there (it sheds) and at the ladder's next rate
+    down, 350/s (it keeps the SLO): the summary says to size replicas by 350/s, and the record has both."""
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4}, keeps_up_to={timeout: 400.0})
+    _shedding_ladder(search)
     outcome = search.run()
-    assert outcome.chosen is not None and outcome.chosen.key == "b4-i2-d0-q19000"
-    assert outcome.capacity_shed == (437.4, pytest.approx(late_share))
-    assert outcome.to_dict()["capacity_shed"] == {"rate_rps": 437.4, "shed_about": late_share}
-    clause = "; at 437/s, the batching's capacity, its timeout would shed about 3.0% of normal traffic"
-    assert outcome.summary().endswith("will see rejections") is reported and (clause in outcome.summary()) is reported
+    assert outcome.chosen is not None and outcome.chosen.key == timeout
+    assert search.normal_at == [(timeout, 437.4), (timeout, 350.0)]
+    assert outcome.capacity_shed == (437.4, pytest.approx(0.03)) and outcome.carried_rps == 350.0
+    data = outcome.to_dict()
+    assert data["capacity_shed"] == {"rate_rps": 437.4, "shed_about": 0.03} and data["carried_with_policy_rps"] == 350.0
+    assert outcome.summary().endswith("; with its timeout the written config kept the SLO up to 350/s (a rejection "
+                                      "counted as a miss), the batching alone up to 437/s: size replicas by 350/s")
+    assert any("at 437/s: sheds 1 %" in n for n in outcome.notes)
+
+
+def test_below_a_capacity_the_policy_does_not_keep_the_ladders_rates_are_bisected():
+    """A ladder of five rates above peak x headroom (225 to 549/s), capacity 549/s, and a policy that keeps normal
+    traffic up to 300/s: measured at 549/s (sheds), then 281/s (keeps), then 352/s (sheds): three points, not five."""
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 549.3}, keeps_up_to={timeout: 300.0})
+    search.prober.points += [_ladder_point("b4-i2-d0", rate, 40.0, 0.03) for rate in (225.0, 281.3, 351.6, 439.5)]
+    search.prober.points += [_ladder_point("b4-i2-d0", 549.3, 40.0, 0.05)]
+    outcome = search.run()
+    assert search.normal_at == [(timeout, 549.3), (timeout, 281.3), (timeout, 351.6)]
+    assert outcome.carried_rps == 281.3 and outcome.summary().endswith("size replicas by 281/s")
+
+
+def test_a_written_config_that_keeps_the_batchings_capacity_with_its_policy_is_said_to_cost_nothing():
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})
+    _shedding_ladder(search)
+    outcome = search.run()
+    assert search.normal_at == [(timeout, 437.4)] and outcome.carried_rps == 437.4
+    assert "size replicas" not in outcome.summary() and "may shed" not in outcome.summary()
+
+
+def test_where_every_ladder_rate_sheds_the_written_config_is_said_to_keep_peak_x_headroom_its_own_check():
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4}, keeps_up_to={timeout: 200.0})
+    _shedding_ladder(search)
+    outcome = search.run()
+    assert search.normal_at == [(timeout, 437.4), (timeout, 350.0)] and outcome.carried_rps == 180.0
+    assert outcome.summary().endswith("size replicas by 180/s")
+
+
+def test_where_the_timeout_sheds_at_most_a_burst_near_capacity_nothing_is_measured_or_said():
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4}, keeps_up_to={"b4-i2-d0-q19000": 0.0})
+    _shedding_ladder(search, late_share=0.001)
+    outcome = search.run()
+    assert search.normal_at == [] and outcome.carried_rps is None
+    assert outcome.capacity_shed == (437.4, pytest.approx(0.001))
+    assert "size replicas" not in outcome.summary() and "may shed" not in outcome.summary()
+
+
+def test_without_the_budget_for_it_the_estimate_is_said_as_a_bound_and_nothing_measured():
+    search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})
+    _shedding_ladder(search)
+    point_and_load = 1.0 + 1.5  # the harness's point cost and the prober's LOAD_S: only that is refused
+    search.prober.can_afford = lambda seconds: seconds != point_and_load
+    outcome = search.run()
+    assert search.normal_at == [] and outcome.carried_rps is None
+    assert outcome.summary().endswith("; at 437/s, the batching's capacity, its timeout may shed up to 3.0% of normal "
+                                      "traffic (requests the batching answered there later than the timeout and a "
+                                      "full batch; not measured with the policy: the time budget)")
 
 
 def test_where_a_re_measure_took_the_capacity_a_step_down_the_point_at_that_capacity_is_read():
     """The ladder met 546.7/s and the finalists' re-measure there missed: the capacity is 437.4/s, and what the
-    policy would shed is read there, not at the point above it."""
+    policy would shed is read there and measured from there down, not at the point above it."""
     search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})
     search.prober.points += [_ladder_point("b4-i2-d0", 437.4, 40.0, 0.01),
                              _ladder_point("b4-i2-d0", 546.7, 40.0, 0.2)]
     assert search.run().capacity_shed == (437.4, pytest.approx(0.01))
+    assert search.normal_at == [("b4-i2-d0-q19000", 437.4)]
 
 
-def test_what_a_fallback_policy_would_shed_near_capacity_is_in_what_is_written():
-    search = RecordedPolicySearch({("b4-i2-d0-q19000", 2.0): (54.0, 410.0)}, default=(70.0, 300.0),
-                                  capacities={"b4-i2-d0": 437.4})
-    search.prober.points.append(_ladder_point("b4-i2-d0", 437.4, 40.0, 0.046))
+def test_what_a_fallback_policy_costs_near_capacity_is_in_what_is_written():
+    timeout = "b4-i2-d0-q19000"
+    search = RecordedPolicySearch({(timeout, 2.0): (54.0, 410.0)}, default=(70.0, 300.0),
+                                  capacities={"b4-i2-d0": 437.4}, keeps_up_to={timeout: 400.0})
+    _shedding_ladder(search)
     outcome = search.run()
-    assert outcome.fallback is not None and outcome.fallback.key == "b4-i2-d0-q19000"
-    assert "at 437/s, the batching's capacity, its timeout would shed about 4.6% of normal traffic" in \
-        outcome.fallback_summary()
+    assert outcome.fallback is not None and outcome.fallback.key == timeout and outcome.carried_rps == 350.0
+    assert outcome.fallback_summary().endswith("size replicas by 350/s")
 
 
 def test_nothing_is_said_of_normal_traffic_near_capacity_without_a_written_policy_or_a_ladder_above_headroom():
     unmeasured = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4}).run()
-    assert unmeasured.chosen is not None and unmeasured.capacity_shed is None
-    assert "the batching's capacity" not in unmeasured.summary()
+    assert unmeasured.chosen is not None and unmeasured.capacity_shed is None and unmeasured.carried_rps is None
     not_climbed = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 180.0})  # its ladder stopped at headroom
     not_climbed.prober.points.append(_ladder_point("b4-i2-d0", 180.0, 40.0, 0.046))
-    assert not_climbed.run().capacity_shed is None
+    assert not_climbed.run().capacity_shed is None and not_climbed.normal_at == []
     nothing = RecordedPolicySearch({}, default=(70.0, 300.0), sheds_normal=Everything(),  # type: ignore[arg-type]
                                    capacities={"b4-i2-d0": 437.4})
-    nothing.prober.points.append(_ladder_point("b4-i2-d0", 437.4, 40.0, 0.046))
+    _shedding_ladder(nothing)
     outcome = nothing.run()
     assert outcome.chosen is None and outcome.fallback is None and outcome.capacity_shed is None
+    assert nothing.normal_at == []
 
 
 def test_a_served_config_with_a_queue_policy_of_its_own_is_read_under_its_own_key():
     """Re-tuning a version trm wrote with a policy: the search measured the batching under its served key."""
     served = Candidate(4, 2, True, 0).with_queue_policy(25000, 0, 0)
-    search = RecordedPolicySearch(HELD_19_MS, batching=served, capacities={served.key: 437.4})
-    search.prober.points.append(_ladder_point(served.key, 437.4, 40.0, 0.03))
-    assert search.run().capacity_shed == (437.4, pytest.approx(0.03))
+    search = RecordedPolicySearch(HELD_19_MS, batching=served, capacities={served.key: 437.4},
+                                  keeps_up_to={"b4-i2-d0-q19000": 400.0})
+    search.prober.points += [_ladder_point(served.key, 350.0, 12.0, 0.0),
+                             _ladder_point(served.key, 437.4, 40.0, 0.03)]
+    outcome = search.run()
+    assert outcome.capacity_shed == (437.4, pytest.approx(0.03)) and outcome.carried_rps == 350.0
 
 
 def test_a_fallback_that_sheds_normal_traffic_gives_way_to_the_next_and_two_are_checked_at_most():
