@@ -610,8 +610,7 @@ class PolicySearch:
         shed = self._capacity_shed(written)
         if written is None or shed is None or round(shed[1], 4) <= MAX_NORMAL_REJECT:
             return shed, None
-        structure = written.without_queue_policy().key
-        keys = {structure} | ({self.measured_key} if self.batching.key == structure else set())
+        keys = self._measured_keys(written)
         below = sorted({p.rate for p in self.prober.points if p.candidate in keys and p.meets_slo
                         and self.headroom_rps * 1.001 < p.rate < shed[0] * 0.999})
         rungs = [*below, shed[0]]
@@ -634,6 +633,12 @@ class PolicySearch:
             index = (kept + missed) // 2
         return shed, rungs[kept] if kept >= 0 else self.headroom_rps
 
+    def _measured_keys(self, written: Candidate) -> set[str]:
+        """The keys the batching search measured ``written``'s structure under: its own, and, for the batching
+        choice, the served config's (whose own queue policy is in its key)."""
+        structure = written.without_queue_policy().key
+        return {structure} | ({self.measured_key} if self.batching.key == structure else set())
+
     def _capacity_shed(self, written: Candidate | None) -> tuple[float, float] | None:
         """(rate, ``shed_estimate``) for ``written`` at its structure's capacity on the batching search's ladder
         (the last point measured there within the SLO), from the latencies measured without the policy: no point
@@ -643,9 +648,7 @@ class PolicySearch:
         on the tuner's ladder, the written 80 ms timeout 199/s by the independent load, 4.6 % rejected at 275/s)."""
         if written is None or not written.has_queue_policy:
             return None
-        structure = written.without_queue_policy().key
-        # the batching as the search measured it: a served config's own queue policy is in its key
-        keys = {structure} | ({self.measured_key} if self.batching.key == structure else set())
+        keys = self._measured_keys(written)
         capacity = max((self.capacities.get(key, 0.0) for key in keys), default=0.0)
         at_capacity = [p for p in self.prober.points if p.candidate in keys and p.meets_slo
                        and abs(p.rate - capacity) <= 0.001 * capacity and p.measurement is not None
