@@ -679,12 +679,11 @@ def test_drain_swap_of_a_streaming_llm_waits_for_the_streams_on_the_old_version(
 
 
 def _running_streams(metrics_url: str, model: str, version: str) -> float:
-    """``vllm:num_requests_running`` of one model version, from the server's /metrics (0 when not there yet)."""
+    """``vllm:num_requests_running`` of one model version, its engines together, from the server's /metrics (0 when
+    not there yet)."""
     import urllib.request
 
     text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running{") and f'model="{model}"' in line and \
-                f'version="{version}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running{") and f'model="{model}"' in line
+               and f'version="{version}"' in line)

@@ -9,6 +9,7 @@ load that keeps requests waiting; `trm top` reads the same server.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import threading
 from pathlib import Path
@@ -215,3 +216,24 @@ def test_top_reads_the_engine_series_and_estimates_quantiles_from_bucket_deltas(
     assert row.itl_p50_ms is None and row.itl_p99_ms is None  # no histogram: no figure, not zero
     shown = render_top(View((), 2.0, (), llm=(row,)))
     assert "\x1b" not in shown and "chat\\x1b[2J" in shown and "87.5" in shown
+
+
+def test_the_series_of_two_engines_of_one_version_add_up():
+    """During a reload (or with two instances) two engines of one version report, each under its own ``engine``
+    label: their requests add up (a rollout's drain waits for both), the fuller KV cache is the one shown,
+    counters and histogram buckets add up."""
+    from repo_manager.ops.observe.top import parse_llm
+
+    lines = []
+    for engine, running, waiting, kv, tokens, fast in (("101", 3, 1, 0.5, 40, 7), ("202", 1, 0, 0.75, 2, 1)):
+        labels = f'model="chat",version="1",engine="{engine}"'
+        lines += [f"vllm:num_requests_running{{{labels}}} {running}",
+                  f"vllm:num_requests_waiting{{{labels}}} {waiting}", f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
+                  f"vllm:generation_tokens_total{{{labels}}} {tokens}",
+                  f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {fast}']
+    lines.append('vllm:num_requests_running{model="chat",version="2",engine="303"} 5')
+    found = parse_llm("\n".join(lines))
+    assert found[("chat", "1")].gauges == {"running": 4.0, "waiting": 1.0, "kv_cache": 0.75}
+    assert found[("chat", "1")].counters == {"generation_tokens": 42.0}
+    assert found[("chat", "1")].buckets == {"ttft": {math.inf: 8.0}}
+    assert found[("chat", "2")].gauges == {"running": 5.0}

@@ -856,6 +856,66 @@ def test_a_python_model_with_custom_metrics_unloads_without_crashing_its_stub(tm
     assert crashed == [], crashed
 
 
+def _engine_series(metrics_url: str, model: str) -> dict[str, float]:
+    """``vllm:num_requests_running`` of ``model`` per ``engine`` label, from the server's /metrics."""
+    import urllib.request
+
+    from repo_manager.ops.observe.top import LABEL
+
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            labels = dict(LABEL.findall(line.split("{", 1)[1].rsplit("}", 1)[0]))
+            if labels.get("model") == model:
+                found[labels.get("engine", "")] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def _generate(url: str, model: str) -> str:
+    import urllib.request
+
+    body = json.dumps({"text_input": "a b", "sampling_parameters": json.dumps({"max_tokens": 1})}).encode()
+    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["text_output"]
+
+
+def test_a_reload_of_an_engine_that_reports_custom_metrics_keeps_the_server_up(tmp_path):
+    """A reload with a new config (what tune-batching does to an LLM) loads the new engine before the old one goes.
+    With equal labels Triton gave both one Prometheus series and freed it with the old engine: the new engine's next
+    update crashed tritonserver (SIGSEGV, server issue #8663). The stand-in labels its series with trm's vLLM
+    backend's own ``metric_labels``: each engine its own series, the old one's gone with it, the server up."""
+    from vllm_metrics_model import write_engine_stand_in
+
+    from repo_manager.ops.publish import publish_model
+
+    settings = Settings(repository=tmp_path / "repo")
+    publish_model(settings, write_engine_stand_in(tmp_path / "src", "chat"), "chat", verify_model=False)
+    with TritonServer(settings.repository) as server, TritonClient(server.url) as client:
+        client.load("chat")
+        assert _generate(server.url, "chat") == " t0"
+        first = set(_engine_series(server.endpoints.metrics, "chat"))
+        old = {pid for pid, (_, program) in descendants(server.pid).items() if "python_backend_stub" in program}
+        assert len(first) == 1 and first <= {str(pid) for pid in old}, (first, old)
+        config = cfg.read_config(settings.repository / "chat" / "config.pbtxt")
+        for next_ms in ("5", "6"):  # two reloads (each a new config): the second one's old engine is the first's new
+            config.parameters["next_ms"].string_value = next_ms
+            client.load("chat", config)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and old & set(descendants(server.pid)):
+                time.sleep(0.2)  # the old engine has gone (its finalize freed its series)
+            assert not old & set(descendants(server.pid)), "the old engine did not go"
+            for _ in range(3):
+                assert _generate(server.url, "chat") == " t0"  # the new engine updates its series: no crash
+            series = _engine_series(server.endpoints.metrics, "chat")
+            assert set(series) and not set(series) & first, (series, first)  # only the new engine's series
+            first = set(series)
+            old = {pid for pid, (_, program) in descendants(server.pid).items() if "python_backend_stub" in program}
+        assert server.process.poll() is None
+
+
 def test_a_load_longer_than_the_clients_call_timeout_is_waited_for_and_one_past_the_load_timeout_says_so(triton):
     """A load answers when the model is ready, which on a busy node took a small ONNX model's stub over a
     minute: it waits up to the client's load timeout, not its 1 s call timeout here (before, a verification

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,6 +243,11 @@ def test_vllm_metrics_and_the_gauges_the_official_backend_lacks(served):
             "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= names, names
     generated = [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:generation_tokens_total")]
     assert generated and generated[0] >= TOKENS
+    # each engine its own series (a reload cannot free the new engine's series with the old one's: the server's
+    # crash that tests/test_processes.py reproduces): labelled with the pid of the stub that runs the engine
+    engines = {found for line in lines for found in re.findall(r'engine="(\d+)"', line)}
+    assert len(engines) == 1 and all('engine="' in line for line in lines), lines
+    assert "python_backend_stub" in Path(f"/proc/{engines.pop()}/cmdline").read_text()
 
 
 def _executed(served) -> int:

@@ -3,8 +3,8 @@
 The real vLLM engine is not in the shared venv. This stand-in speaks the official vLLM backend's request
 interface (tests/stream_model.py's config: ``text_input``, ``stream``, ``sampling_parameters`` ...) and,
 like an engine, runs at most ``slots`` requests at a time: the others wait in its own queue. It reports,
-through Triton's custom metrics (``pb_utils.MetricFamily``, labels ``model`` and ``version`` as trm's vLLM
-backend sets them), the families and names vLLM exports: counters ``vllm:prompt_tokens_total`` and
+through Triton's custom metrics (``pb_utils.MetricFamily``, labels ``model``, ``version`` and ``engine`` from trm's
+vLLM backend's own ``metric_labels``), the families and names vLLM exports: counters ``vllm:prompt_tokens_total`` and
 ``vllm:generation_tokens_total``; gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
 ``vllm:kv_cache_usage_perc`` (running / slots: 1 is full); histograms ``vllm:time_to_first_token_seconds``
 (from arrival, so queueing counts), ``vllm:time_per_output_token_seconds`` and
@@ -14,9 +14,22 @@ token once running, then ``next_ms`` per token (sleeps).
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from stream_model import CONFIG
+
+BACKEND = Path(__file__).resolve().parents[1] / "repo_manager/adapters/triton/backends/vllm/model.py"
+
+
+def _backend_function(name: str) -> str:
+    """The source of one top-level function of trm's vLLM backend: the stand-in labels its series as the backend
+    does, with the backend's own code."""
+    source = BACKEND.read_text()
+    found = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == name]
+    assert found, f"trm's vLLM backend has no function {name}"
+    return ast.get_source_segment(source, found[0])
+
 
 MODEL_PY = '''
 import json
@@ -32,6 +45,9 @@ BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0
            20.0, 40.0, 80.0]
 
 
+%METRIC_LABELS%
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = json.loads(args["model_config"]).get("parameters", {})
@@ -45,7 +61,7 @@ class TritonPythonModel:
         self.running = self.waiting = 0
         self.granted = 0
         """Slots handed over to waiting requests and not yet taken (``_release``)."""
-        labels = {"model": args["model_name"], "version": args["model_version"]}
+        labels = metric_labels(args["model_name"], args["model_version"])
         family = pb.MetricFamily
         self.families = []
 
@@ -145,7 +161,7 @@ def write_engine_stand_in(folder: Path, name: str = "chat", *, first_ms: float =
     file every stream of more than 16 tokens waits for before its last token (at most 10 minutes), so a test
     decides when they end (a smoke check's request, 16 tokens by default, is not held)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.py").write_text(MODEL_PY)
+    (folder / "model.py").write_text(MODEL_PY.replace("%METRIC_LABELS%", _backend_function("metric_labels")))
     config = CONFIG.format(name=name, first_ms=first_ms, next_ms=next_ms)
     config += f'parameters {{ key: "slots" value {{ string_value: "{slots}" }} }}\n'
     if hold is not None:

@@ -95,7 +95,8 @@ class LlmSample:
 
 
 def parse_llm(text: str) -> dict[Key, LlmSample]:
-    """The ``vllm:*`` series of a /metrics text, per (model, version); models without them are absent."""
+    """The ``vllm:*`` series of a /metrics text, per (model, version), the series of its engines together
+    (trm's backend labels each engine's own series with ``engine``); models without them are absent."""
     found: dict[Key, LlmSample] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
@@ -116,8 +117,11 @@ def parse_llm(text: str) -> dict[Key, LlmSample]:
         key = (labels["model"], labels.get("version", ""))
         sample = found.setdefault(key, LlmSample({}, {}, {}))
         base = name.removesuffix("_bucket")
-        if name in LLM_GAUGES:
-            sample.gauges[LLM_GAUGES[name]] = value
+        if name in LLM_GAUGES:  # two engines of one version (a reload, two instances): requests add up, the
+            gauge = LLM_GAUGES[name]  # fuller KV cache is the one that stops admitting
+            before = sample.gauges.get(gauge)
+            sample.gauges[gauge] = value if before is None else max(before, value) if gauge == "kv_cache" \
+                else before + value
         elif name in LLM_COUNTERS:
             sample.counters[LLM_COUNTERS[name]] = sample.counters.get(LLM_COUNTERS[name], 0.0) + value
         elif name.endswith("_bucket") and base in LLM_HISTOGRAMS and "le" in labels:

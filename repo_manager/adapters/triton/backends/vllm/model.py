@@ -21,6 +21,8 @@ The interface is the official backend's:
 What trm adds:
 - gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
   (the official backend has none; vllm_backend PR #92);
+- a third label, ``engine`` (the stub's pid), beside the official ``model`` and ``version``: each engine has its
+  own series, so that a reload cannot crash the server (``metric_labels``);
 - a relative ``model`` path in model.json is resolved against the version folder (the official backend
   passes it to vLLM as given, which resolves it against the server's working directory), and an absolute one
   that does not exist, or the placeholder of trm's stored form (a model.json loaded as the store holds it,
@@ -128,7 +130,7 @@ class TritonPythonModel:
                                    SamplingParams.__annotations__)
         output = pb_utils.get_output_config_by_name(self.config, "text_output")
         self.output_dtype = pb_utils.triton_string_to_numpy(output["data_type"])
-        self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
+        self.metrics = _Metrics(metric_labels(args["model_name"], args["model_version"]))
         self.max_model_len = None
         self.engine = None
         self.loop = asyncio.new_event_loop()
@@ -388,6 +390,16 @@ def _send_error(sender, message, dtype, code):
 _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0]
 _TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
+
+
+def metric_labels(model, version):
+    """The labels of this engine's series: the official backend's ``model`` and ``version``, and ``engine``, the
+    stub's pid. Two engines of one model version are alive at once during a reload (the new one loads before the
+    old one goes) and with two instances; Triton (2.51, and server issue #8663 upstream) gives them one shared
+    Prometheus series when their labels are equal, and frees it when the first of them goes: the next update by
+    the other one crashed tritonserver (SIGSEGV at the first request after a reload of a model that reports
+    custom metrics, tests/test_processes.py). Each engine's own series cannot be freed under another."""
+    return {"model": model, "version": version, "engine": str(os.getpid())}
 
 
 class _Metrics:
