@@ -276,10 +276,16 @@ def _assert_written_as_recorded(result, data, manifest) -> None:
         assert "warning: " in result.err and overload["summary"] in result.err
     # what the written policy costs near capacity: estimated from the batching's own ladder where it climbed, and
     # measured with the policy down that ladder where the estimate passes a burst's worth
+    # (or, for a policy on a simpler structure the batching search did not climb, up to the choice's capacity)
     shed, carried = overload["capacity_shed"], overload["carried_with_policy_rps"]
     text = overload["summary"] + (overload["fallback_summary"] or "")
-    headroom = data["slo"]["headroom_rps"]
-    if shed is None or shed["shed_about"] <= MAX_NORMAL_REJECT:
+    headroom, against = data["slo"]["headroom_rps"], overload["batching_capacity_rps"]
+    if against is not None:
+        assert written.has_queue_policy and written.without_queue_policy().key != data["batching"]["key"]
+        assert ("may carry less" in text) == (carried is None)
+        if carried is not None:
+            assert headroom <= carried <= against and ("size replicas by" in text) == (carried < against)
+    elif shed is None or shed["shed_about"] <= MAX_NORMAL_REJECT:
         assert carried is None and "size replicas" not in text and "may shed up to" not in text
     if shed is not None:
         assert written.has_queue_policy and 0.0 <= shed["shed_about"] <= 1.0 and shed["rate_rps"] > headroom

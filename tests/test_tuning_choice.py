@@ -1463,3 +1463,47 @@ def test_a_round_at_peak_x_headroom_that_was_unstable_saturated_or_empty_breaks_
     prober.points.append(Point(B8.key, "confirm", 480.0, False, stable, SimpleNamespace(
         p99_ms=20.0, valid=True, saturated=saturated, latencies_ms=latencies(20.0)[:measured])))
     assert not search._holds_headroom(B8) and search._missed(B8)
+
+
+def _unclimbed_max_batch_4(keeps_up_to: dict[str, float] | None = None):
+    """The 3 ms + 3 ms/item model under 50 ms as bench_tuning measured it: the batching choice, max batch 8, leaves
+    no timeout range and climbed to 437/s (ladder points from 225/s); max batch 4 was never measured by the batching
+    search (its bound, 533/s, passed), and the 19 ms timeout on it held at 2 x and 3 x."""
+    search = RecordedPolicySearch(HELD_19_MS, default=(70.0, 300.0), batching=Candidate(8, 2, True, 0),
+                                  capacities={"b8-i2-d0": 437.4}, keeps_up_to=keeps_up_to)
+    search.prober.points += [_ladder_point("b8-i2-d0", rate, 12.0, 0.0) for rate in (225.0, 281.3, 351.6, 437.4)]
+    return search
+
+
+def test_a_policy_on_a_simpler_structure_the_search_did_not_climb_is_measured_up_to_the_choices_capacity():
+    """The written config (max batch 4 with its 19 ms timeout) is measured with its policy at the choice's capacity,
+    437/s (it sheds), then bisected down the choice's ladder (281/s kept, 352/s kept): the summary says it carries
+    352/s where the choice carried 437/s, and the record has both."""
+    timeout = "b4-i2-d0-q19000"
+    search = _unclimbed_max_batch_4({timeout: 360.0})
+    outcome = search.run()
+    assert outcome.chosen is not None and outcome.chosen.key == timeout
+    assert search.normal_at == [(timeout, 437.4), (timeout, 281.3), (timeout, 351.6)]
+    assert outcome.capacity_shed is None and outcome.carried_rps == 351.6 and outcome.choice_capacity_rps == 437.4
+    data = outcome.to_dict()
+    assert data["carried_with_policy_rps"] == 351.6 and data["batching_capacity_rps"] == 437.4
+    assert outcome.summary().endswith("; with its timeout the written config kept the SLO up to 352/s (a rejection "
+                                      "counted as a miss), the batching choice without a policy up to 437/s: size "
+                                      "replicas by 352/s")
+
+
+def test_a_simpler_structure_that_keeps_the_choices_capacity_with_its_policy_is_said_to_cost_nothing():
+    search = _unclimbed_max_batch_4()
+    outcome = search.run()
+    assert search.normal_at == [("b4-i2-d0-q19000", 437.4)] and outcome.carried_rps == 437.4
+    assert "size replicas" not in outcome.summary() and "may carry less" not in outcome.summary()
+
+
+def test_without_the_budget_to_measure_a_simpler_structure_the_summary_says_it_may_carry_less():
+    search = _unclimbed_max_batch_4()
+    point_and_load = 1.0 + 1.5  # the harness's point cost and the prober's LOAD_S: only that is refused
+    search.prober.can_afford = lambda seconds: seconds != point_and_load
+    outcome = search.run()
+    assert search.normal_at == [] and outcome.carried_rps is None and outcome.choice_capacity_rps == 437.4
+    assert outcome.summary().endswith("; its structure was not measured above peak x headroom with the policy (the "
+                                      "time budget): it may carry less than the batching choice's 437/s")

@@ -201,9 +201,12 @@ class OverloadOutcome:
     ladder, about the share of requests its timeout sheds there: ``shed_estimate``); None without a written policy
     or a ladder above peak x headroom."""
     carried_rps: float | None = None
-    """The highest ladder rate at or below that capacity the written config kept within the SLO with its policy, a
-    rejection counted as a miss (measured where ``capacity_shed`` passes ``MAX_NORMAL_REJECT``; None: not
-    measured)."""
+    """The highest ladder rate at or below that capacity (or ``choice_capacity_rps``) the written config kept within
+    the SLO with its policy, a rejection counted as a miss (measured where ``capacity_shed`` passes
+    ``MAX_NORMAL_REJECT``, or where ``choice_capacity_rps`` is set; None: not measured)."""
+    choice_capacity_rps: float | None = None
+    """Where the written policy is on a simpler structure than the batching choice that the batching search did not
+    climb: the choice's capacity on its ladder, up to which the written config was measured (``carried_rps``)."""
 
     @property
     def outcome(self) -> str:
@@ -225,17 +228,7 @@ class OverloadOutcome:
         asked = f"{self.factor:g} x capacity {self.capacity_rps:.0f}/s = {self.rate:.0f}/s"
         if self.outcome == HELD:
             held = f"queue policy {self.chosen.label if self.chosen else ''} kept the SLO at {asked}"
-            if self.higher is None:
-                return held + self.capacity_cost()
-            o = self.higher.overload
-            at = f"{self.higher.rate:.0f}/s ({self.higher.rate / self.capacity_rps:.2g} x capacity)"
-            if self.higher.drive_problem:
-                return (held + f"; at {at} not measurable from this client ({self.higher.drive_problem})"
-                        + self.capacity_cost())
-            kept = "kept too" if o.accepted_p99_ms <= HIGHER_MARGIN * self.slo_ms else \
-                f"kept, past {HIGHER_MARGIN:.0%} of the SLO"
-            return held + (f"; at {at} accepted p99 {o.accepted_p99_ms:.1f} ms, goodput {o.goodput_rps:.0f}/s: "
-                           + (kept if self.higher.meets else f"not kept ({self.higher.note})")) + self.capacity_cost()
+            return held + self._at_the_larger_spike() + self.capacity_cost()
         if self.outcome == NOT_MEASURABLE:
             why = "; ".join(dict.fromkeys(p.drive_problem for p in self.points if p.drive_problem))
             return (f"the overload of {asked} could not be driven from this client ({why}): not measurable on "
@@ -248,6 +241,19 @@ class OverloadOutcome:
                        p.sheds_normal_traffic for p in self.points) else ""))
         return f"no queue policy kept the SLO for accepted requests at {asked}" + why + \
             ("; the time budget ended the search" if self.cut_short else "")
+
+    def _at_the_larger_spike(self) -> str:
+        """How the held policy did at ``HIGHER_FACTOR`` x the asked overload, as a clause ("" where not measured)."""
+        if self.higher is None:
+            return ""
+        o = self.higher.overload
+        at = f"{self.higher.rate:.0f}/s ({self.higher.rate / self.capacity_rps:.2g} x capacity)"
+        if self.higher.drive_problem:
+            return f"; at {at} not measurable from this client ({self.higher.drive_problem})"
+        kept = "kept too" if o.accepted_p99_ms <= HIGHER_MARGIN * self.slo_ms else \
+            f"kept, past {HIGHER_MARGIN:.0%} of the SLO"
+        return (f"; at {at} accepted p99 {o.accepted_p99_ms:.1f} ms, goodput {o.goodput_rps:.0f}/s: "
+                + (kept if self.higher.meets else f"not kept ({self.higher.note})"))
 
     def fallback_summary(self) -> str:
         """What is written when no policy held, in one sentence ("" when a policy held or none is written)."""
@@ -267,7 +273,17 @@ class OverloadOutcome:
     def capacity_cost(self) -> str:
         """What the written policy costs at normal traffic near capacity, as a clause: "" where its timeout would
         shed at most ``MAX_NORMAL_REJECT`` there, or where it was measured to keep the batching's capacity."""
-        if self.capacity_shed is None or round(self.capacity_shed[1], 4) <= MAX_NORMAL_REJECT:
+        if self.choice_capacity_rps is not None:
+            choice = self.choice_capacity_rps
+            if self.carried_rps is None:
+                return (f"; its structure was not measured above peak x headroom with the policy (the time budget): it "
+                        f"may carry less than the batching choice's {choice:.0f}/s")
+            if self.carried_rps >= choice * 0.999:
+                return ""
+            return (f"; with its timeout the written config kept the SLO up to {self.carried_rps:.0f}/s (a rejection "
+                    f"counted as a miss), the batching choice without a policy up to {choice:.0f}/s: size replicas by "
+                    f"{self.carried_rps:.0f}/s")
+        if self.capacity_shed is None or not sheds_past_a_burst(self.capacity_shed):
             return ""
         rate, share = self.capacity_shed
         if self.carried_rps is None:
@@ -315,6 +331,7 @@ class OverloadOutcome:
             "capacity_shed": None if self.capacity_shed is None else {
                 "rate_rps": self.capacity_shed[0], "shed_about": round(self.capacity_shed[1], 4)},
             "carried_with_policy_rps": self.carried_rps,
+            "batching_capacity_rps": self.choice_capacity_rps,
             "tried": [p.candidate.label for p in self.points],
             "points": [p.to_dict() for p in self.points],
             "notes": list(self.notes),
@@ -345,6 +362,12 @@ def shed_estimate(latencies_ms: np.ndarray, timeout_ms: float, full_batch_ms: fl
     if not len(latencies_ms):
         return 1.0
     return float(np.mean(latencies_ms > timeout_ms + full_batch_ms))
+
+
+def sheds_past_a_burst(shed: tuple[float, float] | None) -> bool:
+    """Whether a ``capacity_shed`` (rate, estimated share) says the written policy sheds more than a Poisson
+    burst's worth (``MAX_NORMAL_REJECT``) at that rate: then it is measured there, and what it costs is said."""
+    return shed is not None and round(shed[1], 4) > MAX_NORMAL_REJECT
 
 
 def not_drivable(points: Sequence[OverloadPoint]) -> bool:
@@ -594,33 +617,53 @@ class PolicySearch:
             closest = min(self.points, key=lambda p: (not p.overload.valid, p.sheds_normal_traffic,
                                                       p.overload.accepted_p99_ms)).candidate
         fallback = self._fallback() if chosen is None and self.want_fallback else None
-        shed, carried = self._written_capacity(chosen or fallback)  # (its notes too)
+        shed, carried, against = self._written_capacity(chosen or fallback)  # (its notes too)
         return OverloadOutcome(self.factor, self.capacity, self.rate, self.recover_rps, tuple(self.points), chosen,
-                               closest, tuple(self.notes), self.cut_short, higher, fallback, self.slo_ms, shed, carried)
+                               closest, tuple(self.notes), self.cut_short, higher, fallback, self.slo_ms, shed, carried,
+                               against)
 
-    def _written_capacity(self, written: Candidate | None) -> tuple[tuple[float, float] | None, float | None]:
-        """What the written policy would shed at its structure's capacity (``_capacity_shed``) and, where that is
-        more than a Poisson burst's worth, the highest rate of the structure's ladder at or below that capacity that
-        the written config keeps within the SLO with its policy, a rejection counted as a miss (None: the budget
-        left no point for it). Measured at the capacity first (one point where the policy costs nothing there),
-        then bisected over the ladder's rates below it, down to peak x headroom, which the policy's own check
-        kept: four points at most on a ladder of six rates. The estimate alone leans high, since rejections leave
-        the others less to wait for (bench_overload's default model: a 49 ms timeout estimated at 32.7 % shed 11.8 %
-        at 275/s, and more than 0.2 % already at 165/s by the independent load)."""
+    def _written_capacity(self, written: Candidate | None
+                          ) -> tuple[tuple[float, float] | None, float | None, float | None]:
+        """(``_capacity_shed``, carried, against) for the written policy: what it would shed at its structure's
+        capacity and, where that is more than a Poisson burst's worth, the highest rate of the structure's ladder at
+        or below that capacity that the written config keeps within the SLO with its policy, a rejection counted as a
+        miss (None: the budget left no point for it). The estimate alone leans high, since rejections leave the others
+        less to wait for (bench_overload's default model: a 49 ms timeout estimated at 32.7 % shed 11.8 % at 275/s,
+        and more than 0.2 % already at 165/s by the independent load).
+
+        Where the policy is on a simpler structure that the batching search did not climb, its capacity is known only
+        by the profile's bound (every execution a full batch), which leans high too (3 ms + 3 ms/item under 50 ms: max
+        batch 4 bounded at 533/s, within ``SIMPLER_CAPACITY`` of max batch 8's 489.5/s, carried 351-386/s with an
+        18.8 ms timeout by the independent load): it is measured over the batching choice's ladder up to the choice's
+        capacity, ``against`` (None otherwise), so that the summary says what the written config carries."""
         shed = self._capacity_shed(written)
-        if written is None or shed is None or round(shed[1], 4) <= MAX_NORMAL_REJECT:
-            return shed, None
-        keys = self._measured_keys(written)
+        against = self._unclimbed_simpler(written)
+        if written is not None and against is not None:
+            return shed, self._highest_kept(written, self._ladder_rates(self._measured_keys(self.batching), against)), \
+                against
+        if written is None or shed is None or not sheds_past_a_burst(shed):
+            return shed, None, None
+        return shed, self._highest_kept(written, self._ladder_rates(self._measured_keys(written), shed[0])), None
+
+    def _ladder_rates(self, keys: set[str], capacity: float) -> list[float]:
+        """The rates the batching search's ladder met the SLO at under ``keys``, above peak x headroom and below
+        ``capacity``, then ``capacity``."""
         below = sorted({p.rate for p in self.prober.points if p.candidate in keys and p.meets_slo
-                        and self.headroom_rps * 1.001 < p.rate < shed[0] * 0.999})
-        rungs = [*below, shed[0]]
+                        and self.headroom_rps * 1.001 < p.rate < capacity * 0.999})
+        return [*below, capacity]
+
+    def _highest_kept(self, written: Candidate, rungs: list[float]) -> float | None:
+        """The highest of ``rungs`` at which ``written`` keeps the SLO with its policy (peak x headroom, which the
+        policy's own check kept, where none does; None: the budget left no point for it). Measured at the last rung
+        first (one point where the policy costs nothing there), then bisected down to peak x headroom: four points
+        at most on a ladder of six rates."""
         kept, missed = -1, len(rungs)  # indexes: peak x headroom (kept by the policy's check), none missed yet
-        index = len(rungs) - 1  # the capacity first
+        index = len(rungs) - 1
         while kept + 1 < missed:
             rate = rungs[index]
             if not self.prober.can_afford(self.prober.point_cost_s(rate) + LOAD_S) or not self.prober.load(written):
                 self.notes.append(f"{written.label}: not measured at {rate:.0f}/s with its queue policy: time budget")
-                return shed, None
+                return None
             self.prober.say(f"normal traffic {rate:.0f}/s with the queue policy: {written.label}")
             problems = self._normal_traffic(written, rate)
             if problems:
@@ -631,7 +674,18 @@ class PolicySearch:
                 self.notes.append(f"{written.label}: kept the SLO at {rate:.0f}/s with its queue policy (rejections "
                                   "counted as misses)")
             index = (kept + missed) // 2
-        return shed, rungs[kept] if kept >= 0 else self.headroom_rps
+        return rungs[kept] if kept >= 0 else self.headroom_rps
+
+    def _unclimbed_simpler(self, written: Candidate | None) -> float | None:
+        """The batching choice's capacity on its ladder, where ``written`` has a queue policy on another structure
+        that the batching search did not climb above peak x headroom and the choice's ladder did; None otherwise."""
+        if written is None or not written.has_queue_policy:
+            return None
+        key = written.without_queue_policy().key
+        if key == self.batching.key or self.capacities.get(key, 0.0) > self.headroom_rps * 1.001:
+            return None
+        capacity = max((self.capacities.get(k, 0.0) for k in self._measured_keys(self.batching)), default=0.0)
+        return capacity if capacity > self.headroom_rps * 1.001 else None
 
     def _measured_keys(self, written: Candidate) -> set[str]:
         """The keys the batching search measured ``written``'s structure under: its own, and, for the batching
