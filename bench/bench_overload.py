@@ -68,10 +68,12 @@ def run(args: argparse.Namespace) -> dict:
     publish_model(settings, source, "ranker", verify_model=False)
     repo = LocalRepository(settings.repository)
     request = TuneRequest("ranker", args.p99_ms, args.low, args.peak, budget_s=args.budget, requests=args.requests,
-                          max_batch_limit=args.seed_max_batch, overload_factor=2.0)
+                          max_batch_limit=args.seed_max_batch, overload_factor=2.0,
+                          fast_rejection=args.fast_rejection)
     tuned = tune_batching(settings, request, lambda m, used, budget: log(f"  trm [{used:5.1f}s] {m}"))
     results: dict = {"model": {"fixed_ms": args.fixed_ms, "per_item_ms": args.per_item_ms},
                      "slo_p99_ms": args.p99_ms, "trm_seconds": round(tuned.seconds, 1), "status": tuned.status,
+                     "fast_rejection": args.fast_rejection,
                      "tuning_overload": tuned.overload.to_dict() if tuned.overload else None}
     base = version_config(repo, "ranker", 1)
     rows = []
@@ -197,6 +199,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help="trm's search budget (s; default: trm tune-batching's own)")
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--fast-rejection", action="store_true", help="trm tune-batching --fast-rejection")
     parser.add_argument("--fixed-ms", type=float, default=40.0)
     parser.add_argument("--per-item-ms", type=float, default=2.0)
     parser.add_argument("--seed-max-batch", type=int, default=8)

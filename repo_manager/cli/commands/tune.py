@@ -71,6 +71,10 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 @click.option("--require-overload-policy", is_flag=True,
               help="Fail (exit 9, nothing written) unless a queue policy is shown to keep the SLO under the "
                    "overload; by default the batching choice is written without one, with a warning.")
+@click.option("--fast-rejection", is_flag=True,
+              help="Also try max_queue_size on top of the queue timeout, kept where measured not to lose goodput: "
+                   "a full queue rejects at once instead of after the timeout (off by default: on Triton 2.51 a "
+                   "refusal can stall the batcher, docs/tuning.md).")
 @click.option("--priority-levels", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="Give the dynamic batcher this many priority levels (requests without one get the lowest).")
 @click.option("--write", is_flag=True, help="Publish the choice as a new version (default: dry run).")
@@ -95,7 +99,8 @@ def live_progress(ctx: Context, budget_s: float) -> Iterator:
 def tune_batching_command(ctx: Context, name: str, repository: str | None, triton_url: str | None,
                           p99_ms: float | None, low_rps: float | None, peak_rps: float | None, headroom: float,
                           budget_s: float | None, requests: int | None, overload_factor: float,
-                          require_overload_policy: bool, priority_levels: int, write: bool, report_dir: str | None,
+                          require_overload_policy: bool, fast_rejection: bool, priority_levels: int, write: bool,
+                          report_dir: str | None,
                           check_only: bool, ttft_p99_ms: float | None, itl_p99_ms: float | None, seqs: str | None,
                           tokens: str | None, search: str | None, input_tokens: int | None,
                           output_tokens: int | None) -> None:
@@ -140,6 +145,7 @@ def tune_batching_command(ctx: Context, name: str, repository: str | None, trito
     request = TuneRequest(name, p99_ms, low_rps, peak_rps, headroom=headroom, budget_s=budget_s or DEFAULT_BUDGET_S,
                           write=write, requests=requests, report_dir=Path(report_dir) if report_dir else None,
                           overload_factor=overload_factor, priority_levels=priority_levels,
+                          fast_rejection=fast_rejection,
                           require_overload_policy=require_overload_policy)
     if budget_s is None:  # the default never refuses: low rates need longer points than 300 s allow
         request = dataclasses.replace(request, budget_s=max(DEFAULT_BUDGET_S, request.minimum_budget_s()))

@@ -87,6 +87,8 @@ class TuneRequest:
     """The queue policy must keep the SLO for accepted requests at this multiple of the measured
     capacity (0: choose no queue policy)."""
     priority_levels: int = 0
+    fast_rejection: bool = False
+    """Also try ``max_queue_size`` on top of the held queue timeout (``overload.PolicySearch``)."""
     overload_s: float = 3.0
     """Seconds of overload per queue-policy try (then ``recover_s`` at the peak rate)."""
     recover_s: float = 2.0
@@ -336,6 +338,7 @@ def tune_batching(settings: Settings, request: TuneRequest, progress: Progress =
                 overload = PolicySearch(prober, profile, outcome.chosen, capacity, request.p99_ms,
                                         request.overload_factor, request.peak_rps, request.peak_rps * request.headroom,
                                         priority_levels=request.priority_levels, overload_s=request.overload_s,
+                                        fast_rejection=request.fast_rejection,
                                         recover_s=request.recover_s,
                                         capacity_note=evaluation.capacity_note,
                                         fallback=not request.require_overload_policy,
