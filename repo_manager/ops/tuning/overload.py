@@ -277,30 +277,25 @@ class OverloadOutcome:
         keep the batching's capacity, or, not measured (the time budget), where its timeout is estimated to shed at
         most ``MAX_NORMAL_REJECT`` there."""
         if self.choice_capacity_rps is not None:
-            choice = self.choice_capacity_rps
+            rate, alone = self.choice_capacity_rps, "the batching choice without a policy"
             if self.carried_rps is None:
                 return (f"; its structure was not measured above peak x headroom with the policy (the time budget): it "
-                        f"may carry less than the batching choice's {choice:.0f}/s")
-            if self.carried_rps >= choice * 0.999:
-                return ""
-            return (f"; with its timeout the written config kept the SLO up to {self.carried_rps:.0f}/s (a rejection "
-                    f"counted as a miss), the batching choice without a policy up to {choice:.0f}/s: size replicas by "
-                    f"{self.carried_rps:.0f}/s")
-        if self.capacity_shed is None:
+                        f"may carry less than the batching choice's {rate:.0f}/s")
+        elif self.capacity_shed is not None:
+            (rate, share), alone = self.capacity_shed, "the batching alone"
+            if self.carried_rps is None:
+                if round(share, 4) <= MAX_NORMAL_REJECT:  # at most a Poisson burst's worth: nothing to say
+                    return ""
+                shown = f"{share:.1%}" if share >= 0.01 else f"{share:.2%}"
+                return (f"; at {rate:.0f}/s, the batching's capacity, its timeout may shed up to {shown} of normal "
+                        "traffic (requests the batching answered there later than the timeout and a full batch; not "
+                        "measured with the policy: the time budget)")
+        else:
             return ""
-        rate, share = self.capacity_shed
-        if self.carried_rps is None:
-            if not sheds_past_a_burst(self.capacity_shed):
-                return ""
-            shown = f"{share:.1%}" if share >= 0.01 else f"{share:.2%}"
-            return (f"; at {rate:.0f}/s, the batching's capacity, its timeout may shed up to {shown} of normal traffic "
-                    "(requests the batching answered there later than the timeout and a full batch; not measured "
-                    "with the policy: the time budget)")
         if self.carried_rps >= rate * 0.999:
             return ""
         return (f"; with its timeout the written config kept the SLO up to {self.carried_rps:.0f}/s (a rejection "
-                f"counted as a miss), the batching alone up to {rate:.0f}/s: size replicas by "
-                f"{self.carried_rps:.0f}/s")
+                f"counted as a miss), {alone} up to {rate:.0f}/s: size replicas by {self.carried_rps:.0f}/s")
 
     def to_dict(self) -> dict[str, Any]:
         def summary_of(point: OverloadPoint | None) -> dict[str, Any] | None:
@@ -367,12 +362,6 @@ def shed_estimate(latencies_ms: np.ndarray, timeout_ms: float, full_batch_ms: fl
     if not len(latencies_ms):
         return 1.0
     return float(np.mean(latencies_ms > timeout_ms + full_batch_ms))
-
-
-def sheds_past_a_burst(shed: tuple[float, float] | None) -> bool:
-    """Whether a ``capacity_shed`` (rate, estimated share) says the written policy sheds more than a Poisson
-    burst's worth (``MAX_NORMAL_REJECT``) at that rate: where it was not measured there, that is said."""
-    return shed is not None and round(shed[1], 4) > MAX_NORMAL_REJECT
 
 
 def not_drivable(points: Sequence[OverloadPoint]) -> bool:
@@ -694,8 +683,12 @@ class PolicySearch:
         key = written.without_queue_policy().key
         if key == self.batching.key or self.capacities.get(key, 0.0) > self.headroom_rps * 1.001:
             return None
-        capacity = max((self.capacities.get(k, 0.0) for k in self._measured_keys(self.batching)), default=0.0)
+        capacity = self._ladder_capacity(self._measured_keys(self.batching))
         return capacity if capacity > self.headroom_rps * 1.001 else None
+
+    def _ladder_capacity(self, keys: set[str]) -> float:
+        """The highest capacity the batching search measured under ``keys`` (0 where none)."""
+        return max((self.capacities.get(key, 0.0) for key in keys), default=0.0)
 
     def _measured_keys(self, written: Candidate) -> set[str]:
         """The keys the batching search measured ``written``'s structure under: its own, and, for the batching
@@ -713,7 +706,7 @@ class PolicySearch:
         if written is None or not written.has_queue_policy:
             return None
         keys = self._measured_keys(written)
-        capacity = max((self.capacities.get(key, 0.0) for key in keys), default=0.0)
+        capacity = self._ladder_capacity(keys)
         at_capacity = [p for p in self.prober.points if p.candidate in keys and p.meets_slo
                        and abs(p.rate - capacity) <= 0.001 * capacity and p.measurement is not None
                        and len(p.measurement.latencies_ms)]
