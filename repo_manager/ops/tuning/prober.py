@@ -246,22 +246,22 @@ class Prober:
         if not result.valid:
             note = f"retried: {result.invalid_reason}"
             result = self._measure(replace(spec, seed=spec.seed + 1000))
-        stable = self._stable(result)
+        stable = self.stable(result)
         if result.valid and not stable and self._kept_faster(candidate.key, rate):
             # a queue cannot grow at a rate below one the same config kept stably: the windows differ by noise
             note, stable = "windows differed, not a growing queue: a higher rate was kept", True
         if result.valid and not stable:
             note = "unstable, measured again with twice the requests"
             result = self._measure(replace(spec, requests=spec.requests * 2, seed=spec.seed + 2000))
-            stable = self._stable(result)
+            stable = self.stable(result)
         passed = self._passes(result, stable)
         if not strict and not passed and near_miss(result, self.slo_ms, stable=stable):
             # a near miss on a shared machine may be a disturbance of the machine, not the config: one
             # more measurement decides (finalists are measured again, interleaved, before any choice)
             retry = self._measure(replace(spec, seed=spec.seed + 3000))
-            if self._passes(retry, self._stable(retry)):
+            if self._passes(retry, self.stable(retry)):
                 note = (note + "; " if note else "") + f"missed at p99 {result.p99_ms:.1f} ms, met on a retry"
-                result, stable, passed = retry, self._stable(retry), True
+                result, stable, passed = retry, self.stable(retry), True
             else:
                 note = (note + "; " if note else "") + f"missed twice (p99 {result.p99_ms:.1f}, {retry.p99_ms:.1f} ms)"
         point = Point(candidate.key, level, rate, passed, stable, result,
@@ -305,7 +305,9 @@ class Prober:
         """``key`` met the SLO, stably, at a higher rate than ``rate``."""
         return any(p.candidate == key and p.rate > rate and p.meets_slo and p.stable for p in self.points)
 
-    def _stable(self, result: Measurement) -> bool:
+    def stable(self, result: Measurement) -> bool:
+        """Whether ``result`` shows no growing queue: its last window's p99 within 1.5 x its first's (or a quarter of
+        the SLO, whichever is more). A point that is not stable is measured again with twice the requests."""
         windows = result.window_p99_ms
         if not result.valid or result.saturated or len(windows) < 2:
             return True
