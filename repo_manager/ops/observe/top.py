@@ -117,11 +117,9 @@ def parse_llm(text: str) -> dict[Key, LlmSample]:
         key = (labels["model"], labels.get("version", ""))
         sample = found.setdefault(key, LlmSample({}, {}, {}))
         base = name.removesuffix("_bucket")
-        if name in LLM_GAUGES:  # two engines of one version (a reload, two instances): requests add up, the
-            gauge = LLM_GAUGES[name]  # fuller KV cache is the one that stops admitting
-            before = sample.gauges.get(gauge)
-            sample.gauges[gauge] = value if before is None else max(before, value) if gauge == "kv_cache" \
-                else before + value
+        if name in LLM_GAUGES:
+            gauge = LLM_GAUGES[name]
+            sample.gauges[gauge] = _merge_engines(gauge, sample.gauges.get(gauge), value)
         elif name in LLM_COUNTERS:
             sample.counters[LLM_COUNTERS[name]] = sample.counters.get(LLM_COUNTERS[name], 0.0) + value
         elif name.endswith("_bucket") and base in LLM_HISTOGRAMS and "le" in labels:
@@ -132,6 +130,14 @@ def parse_llm(text: str) -> dict[Key, LlmSample]:
             into = sample.buckets.setdefault(LLM_HISTOGRAMS[base], {})
             into[bound] = into.get(bound, 0.0) + value
     return found
+
+
+def _merge_engines(gauge: str, before: float | None, value: float) -> float:
+    """One gauge of two engines of one version (a reload, two instances): requests add up; of the KV caches, the
+    fuller one is the one that stops admitting."""
+    if before is None:
+        return value
+    return max(before, value) if gauge == "kv_cache" else before + value
 
 
 def bucket_quantile(q: float, buckets: dict[float, float]) -> float | None:

@@ -658,7 +658,7 @@ class PolicySearch:
         """The rates the batching search's ladder met the SLO at under ``keys``, above peak x headroom and below
         ``capacity``, then ``capacity``."""
         below = sorted({p.rate for p in self.prober.points if p.candidate in keys and p.meets_slo
-                        and self.headroom_rps * 1.001 < p.rate < capacity * 0.999})
+                        and self._above_headroom(p.rate) and p.rate < capacity * 0.999})
         return [*below, capacity]
 
     def _highest_kept(self, written: Candidate, rungs: list[float]) -> float | None:
@@ -693,10 +693,14 @@ class PolicySearch:
         if written is None or not written.has_queue_policy:
             return None
         key = written.without_queue_policy().key
-        if key == self.batching.key or self.capacities.get(key, 0.0) > self.headroom_rps * 1.001:
+        if key == self.batching.key or self._above_headroom(self.capacities.get(key, 0.0)):
             return None
         capacity = self._ladder_capacity(self._measured_keys(self.batching))
-        return capacity if capacity > self.headroom_rps * 1.001 else None
+        return capacity if self._above_headroom(capacity) else None
+
+    def _above_headroom(self, rate: float) -> bool:
+        """``rate`` is a ladder rate above peak x headroom (the ladder's rates are rounded to 0.1/s)."""
+        return rate > self.headroom_rps * 1.001
 
     def _ladder_capacity(self, keys: set[str]) -> float:
         """The highest capacity the batching search measured under ``keys`` (0 where none)."""
@@ -722,7 +726,7 @@ class PolicySearch:
         at_capacity = [p for p in self.prober.points if p.candidate in keys and p.meets_slo
                        and abs(p.rate - capacity) <= 0.001 * capacity and p.measurement is not None
                        and len(p.measurement.latencies_ms)]
-        if capacity <= self.headroom_rps * 1.001 or not at_capacity:
+        if not self._above_headroom(capacity) or not at_capacity:
             return None
         full = self.profile.exec_at(written.max_batch_size) + self.profile.overhead_ms
         return capacity, shed_estimate(at_capacity[-1].measurement.latencies_ms, written.queue_timeout_us / 1000, full)
