@@ -55,15 +55,18 @@ def test_a_run_the_client_cannot_drive_stops_sending_and_says_so(shedding_server
     (instead of sending 300,000 requests late), and the phases it could not drive are invalid, with the
     unsent requests counted, never taken for answers, rejections or errors."""
     server, config = shedding_server
+    # of the ~12,000 requests such a flood sends, a few went unanswered until the client's timeout in some runs (6, 22
+    # and 87, in three runs of seven here, at the default 60 s; no listen-queue overflow was counted): 5 s, as the
+    # policy search's own runs allow at least, so that they fail as errors in seconds
     trace = run_schedule(Target("slow", server.url), [Phase(100_000, 3.0), Phase(15, 1.0)],
-                         Workload.from_config(config))
+                         Workload.from_config(config), timeout_s=5.0)
     spike, after = trace.phase_stats(0, SLO_MS), trace.phase_stats(1, SLO_MS)
     assert not spike.valid and spike.unsent > 0 and spike.requests + spike.unsent == 300_000
     assert spike.answered + spike.rejected + spike.errors == spike.requests
     assert not after.valid and (after.requests, after.unsent) == (0, 15) and trace.recovery(1, SLO_MS) is None
     # it stopped sending at the bound, and for good: nothing went out later than GIVE_UP_LAG_S behind its schedule,
     # and every request after the first unsent one stayed unsent (how long the answers to what went out take is
-    # the server's queue policy's business: up to its 60 s timeout here, so the run's length is not asserted)
+    # the server's and the network's business, so the run's length is not asserted)
     sent = trace.outcome != UNSENT
     assert trace.lag_ms[sent].max() <= GIVE_UP_LAG_S * 1000
     first_unsent = int(np.argmin(sent))
