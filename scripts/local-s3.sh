@@ -64,8 +64,13 @@ for s in sockets:
 print(" ".join(f"-{name}={s.getsockname()[1]}" for name, s in zip(names, sockets)))
 PY
 )
+    # weed writes its glog files and scratch stores under $TMPDIR: they stay in $DATA/tmp
+    local scratch
+    mkdir -p "$DATA/tmp"
+    scratch=$(cd "$DATA/tmp" && pwd)
     # shellcheck disable=SC2086  # flags are separate words
-    AWS_ACCESS_KEY_ID=$ACCESS_KEY AWS_SECRET_ACCESS_KEY=$SECRET_KEY setsid "$weed" mini -dir="$DATA/data" \
+    AWS_ACCESS_KEY_ID=$ACCESS_KEY AWS_SECRET_ACCESS_KEY=$SECRET_KEY TMPDIR=$scratch \
+        setsid "$weed" -logdir="$scratch" mini -dir="$DATA/data" \
         -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$S3_PORT" -bucket="$BUCKET" -admin.ui=false $flags \
         >"$DATA/weed.log" 2>&1 </dev/null &
     echo $! >"$DATA/weed.pid"
@@ -96,7 +101,7 @@ stop() {
     kill -INT "$pid"  # weed stops promptly on SIGINT (on SIGTERM it lingers)
     for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
     kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$DATA/weed.pid"
+    rm -f "$DATA/weed.pid" "/tmp/seaweedfs-s3-$S3_PORT.sock"  # weed leaves its socket behind
     echo "local-s3.sh: stopped (the data stays in $DATA/)" >&2
 }
 

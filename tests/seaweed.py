@@ -71,10 +71,14 @@ class SeaweedServer:
         self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         store = self.data_dir / "data"
         store.mkdir(parents=True, exist_ok=True)
-        command = [find_weed(), "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                   f"-bucket={','.join(self.buckets)}", "-admin.ui=false"]
+        # weed writes its glog files, sockets and scratch stores under $TMPDIR or /tmp: all go in data_dir
+        scratch = self.data_dir / "tmp"
+        scratch.mkdir(exist_ok=True)
+        command = [find_weed(), f"-logdir={scratch}", "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                   f"-bucket={','.join(self.buckets)}", "-admin.ui=false",
+                   f"-s3.localSocket={scratch / 's3.sock'}", f"-filer.localSocket={scratch / 'filer.sock'}"]
         command += [f"-{flag}={port}" for flag, port in self.ports.items()]
-        env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, TMPDIR=str(scratch))
         # weed stops promptly on SIGINT (its Ctrl-C path); on SIGTERM it lingers
         self._process = ManagedProcess(command, log_path=self.log_path, env=env, cwd=self.data_dir,
                                        stop_signal=signal.SIGINT)
