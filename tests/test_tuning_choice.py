@@ -891,6 +891,24 @@ def test_below_a_capacity_the_policy_does_not_keep_the_ladders_rates_are_bisecte
     assert outcome.carried_rps == 281.3 and outcome.summary().endswith("size replicas by 281/s")
 
 
+def test_a_written_delay_climbed_from_above_its_structures_ladder_is_bisected_over_that_ladder():
+    """A queue delay for a busy batcher is measured at the ladder's rate above the best capacity and climbed from
+    there; the rungs below are carried from the same structure without the delay. Where the written config sheds at
+    its capacity with its policy, those rungs are bisected: it keeps 281/s, not only peak x headroom (the tuning
+    check's model: 480/s was said where the ladder below had 600 and 750/s)."""
+    delayed = Candidate(4, 2, True, 2000)
+    search = RecordedPolicySearch({}, default=(31.0, 420.0), batching=delayed, fast_rejection=False,
+                                  capacities={delayed.key: 437.4}, keeps_up_to={"b4-i2-d2000-q20000": 300.0})
+    search.prober.points += [_ladder_point("b4-i2-d0", rate, 40.0, 0.03) for rate in (225.0, 281.3, 351.6)]
+    search.prober.points += [_ladder_point("b4-i2-d0", 439.5, 80.0, 0.2, meets=False),
+                             _ladder_point(delayed.key, 437.4, 40.0, 0.03)]
+    outcome = search.run()
+    written = "b4-i2-d2000-q20000"
+    assert outcome.chosen is not None and outcome.chosen.key == written
+    assert search.normal_at == [(written, 437.4), (written, 281.3), (written, 351.6)]
+    assert outcome.carried_rps == 281.3 and outcome.summary().endswith("size replicas by 281/s")
+
+
 def test_a_written_config_that_keeps_the_batchings_capacity_with_its_policy_is_said_to_cost_nothing():
     timeout = "b4-i2-d0-q19000"
     search = RecordedPolicySearch(HELD_19_MS, capacities={"b4-i2-d0": 437.4})

@@ -648,15 +648,21 @@ class PolicySearch:
         shed = self._capacity_shed(written)
         against = self._unclimbed_simpler(written)
         if written is not None and against is not None:
-            return shed, self._highest_kept(written, self._ladder_rates(self._measured_keys(self.batching), against)), \
-                against
+            return shed, self._highest_kept(written, self._ladder_rates(self.batching, against)), against
         if written is None or shed is None:
             return shed, None, None
-        return shed, self._highest_kept(written, self._ladder_rates(self._measured_keys(written), shed[0])), None
+        return shed, self._highest_kept(written, self._ladder_rates(written, shed[0])), None
 
-    def _ladder_rates(self, keys: set[str], capacity: float) -> list[float]:
-        """The rates the batching search's ladder met the SLO at under ``keys``, above peak x headroom and below
-        ``capacity``, then ``capacity``."""
+    def _ladder_rates(self, structure: Candidate, capacity: float) -> list[float]:
+        """The rates the batching search's ladder met the SLO at on ``structure`` (``_measured_keys``), above peak x
+        headroom and below ``capacity``, then ``capacity``. For a structure with a queue delay, the rates its
+        structure without the delay met count too: a delay tried for a busy batcher is climbed from the ladder's rate
+        above the best capacity, the rungs below carried from the structure without it (``Search.climb``'s
+        ``carries``). Without them a written config that missed at that rate with its policy was said to keep only
+        peak x headroom (the tuning check's model: 480/s, where the ladder below had 600 and 750/s)."""
+        keys = self._measured_keys(structure)
+        if structure.delay_us:
+            keys.add(structure.without_queue_policy().with_delay(0).key)
         below = sorted({p.rate for p in self.prober.points if p.candidate in keys and p.meets_slo
                         and self._above_headroom(p.rate) and p.rate < capacity * 0.999})
         return [*below, capacity]
