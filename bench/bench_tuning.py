@@ -93,9 +93,8 @@ def run(args: argparse.Namespace) -> dict:
     results["trm_seconds"] = round(tuned.seconds, 1)
     results["trm_choice"] = tuned.chosen.to_dict() if tuned.chosen else None
     results["trm_status"] = tuned.status  # the batching is the choice whether or not a queue policy held
-    results["trm_overload"] = tuned.overload.summary() if tuned.overload else None
-    # the whole overload record: what was written without a held policy, and its near-capacity figure
-    results["trm_overload_record"] = tuned.overload.to_dict() if tuned.overload else None
+    # the overload step's whole record (its summary, what was written without a held policy, the near-capacity figure)
+    results["trm_overload"] = tuned.overload.to_dict() if tuned.overload else None
 
     with TritonServer(repo.root) as server, TritonClient(server.url) as client:
         load_version(client, repo, "ranker")

@@ -662,7 +662,7 @@ class PolicySearch:
         peak x headroom (the tuning check's model: 480/s, where the ladder below had 600 and 750/s)."""
         keys = self._measured_keys(structure)
         if structure.delay_us:
-            keys.add(structure.without_queue_policy().with_delay(0).key)
+            keys.add(structure.with_delay(0).key)  # (with_delay leaves the queue policy out)
         below = sorted({p.rate for p in self.prober.points if p.candidate in keys and p.meets_slo
                         and self._above_headroom(p.rate) and p.rate < capacity * 0.999})
         return [*below, capacity]
